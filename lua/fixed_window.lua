@@ -1,0 +1,59 @@
+-- Fixed window: one epoch-aligned counter per window. Same semantics as
+-- fixed_window() in src/storage/memory.rs.
+--
+-- KEYS[1]  limiter state (hash): w = window index, c = count in that window
+-- ARGV[1]  limit (requests per window, > 0)
+-- ARGV[2]  window length in microseconds
+-- ARGV[3]  hits (cost of this call; 0 checks without counting)
+-- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+--
+-- Returns {admitted (0/1), remaining, reset_micros} as integers.
+-- Every counted hit stays counted in its window, admitted or not, except a
+-- cost above the limit, which can never pass and is not recorded.
+-- The clock is the server's (TIME), never the caller's.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local limit = tonumber(ARGV[1])
+local w = tonumber(ARGV[2])
+local hits = tonumber(ARGV[3])
+local negative = ARGV[4] == '1'
+
+-- Integer division on doubles (exact below 2^53), corrected for rounding.
+local idx = math.floor(now / w)
+if idx * w > now then idx = idx - 1 end
+if (idx + 1) * w <= now then idx = idx + 1 end
+local window_end = (idx + 1) * w
+local reset = window_end - now
+
+local st = redis.call('HMGET', KEYS[1], 'w', 'c')
+local count = 0
+if tonumber(st[1]) == idx then count = tonumber(st[2]) or 0 end
+local before = count
+
+local function remaining()
+  if count < limit then return limit - count end
+  return 0
+end
+
+local admitted = 1
+if negative then
+  count = count - hits
+  if count < 0 then count = 0 end
+elseif hits > limit then
+  admitted = 0
+else
+  count = count + hits
+  if count > limit then admitted = 0 end
+end
+
+if count ~= before then
+  if count == 0 then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count))
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(reset / 1000)))
+  end
+end
+
+return {admitted, remaining(), reset}

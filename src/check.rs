@@ -1,0 +1,141 @@
+//! `tollgate check`: a small RLS client for debugging a running service
+//! (tollgate or any other Envoy rate-limit service).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::proto::rate_limit_descriptor::Entry;
+use crate::proto::rate_limit_response::{Code, rate_limit};
+use crate::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient};
+
+/// Parses `k=v[,k2=v2...]` into descriptor entries. The first `=` of each
+/// pair splits key from value, so values may contain `=`.
+pub fn parse_descriptor(s: &str) -> Result<Vec<(String, String)>, String> {
+    s.split(',')
+        .map(|pair| {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not key=value"))?;
+            if k.is_empty() {
+                return Err(format!("{pair:?} has an empty key"));
+            }
+            Ok((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Builds a request from parsed descriptors.
+pub fn request(domain: &str, descriptors: &[Vec<(String, String)>], hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(key, value)| Entry {
+                        key: key.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: hits,
+    }
+}
+
+/// Sends one request to `addr` (`host:port` or `http://host:port`).
+pub async fn call(addr: &str, req: RateLimitRequest, timeout: Duration) -> anyhow::Result<RateLimitResponse> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    let channel = tonic::transport::Endpoint::from_shared(uri.clone())
+        .with_context(|| format!("{addr} is not a valid address"))?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {uri}"))?;
+    let mut client = RateLimitServiceClient::new(channel);
+    let resp = client
+        .should_rate_limit(req)
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
+    Ok(resp.into_inner())
+}
+
+fn code_name(code: i32) -> &'static str {
+    match Code::try_from(code) {
+        Ok(Code::Ok) => "OK",
+        Ok(Code::OverLimit) => "OVER_LIMIT",
+        _ => "UNKNOWN",
+    }
+}
+
+/// Human-readable rendering of a response, one line per descriptor.
+pub fn render(req: &RateLimitRequest, resp: &RateLimitResponse) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "overall: {}", code_name(resp.overall_code));
+    for (i, s) in resp.statuses.iter().enumerate() {
+        let entries = req
+            .descriptors
+            .get(i)
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| format!("{}={}", e.key, e.value))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        let _ = write!(out, "descriptor {i} [{entries}]: {}", code_name(s.code));
+        match &s.current_limit {
+            Some(l) => {
+                let unit = rate_limit::Unit::try_from(l.unit)
+                    .map(|u| u.as_str_name().to_ascii_lowercase())
+                    .unwrap_or_else(|_| l.unit.to_string());
+                let _ = write!(out, " limit={}/{unit}", l.requests_per_unit);
+                if !l.name.is_empty() {
+                    let _ = write!(out, " name={}", l.name);
+                }
+                let _ = write!(out, " remaining={}", s.limit_remaining);
+            }
+            None if s.limit_remaining == u32::MAX => {
+                let _ = write!(out, " unlimited");
+            }
+            None => {
+                let _ = write!(out, " no limit");
+            }
+        }
+        if let Some(d) = &s.duration_until_reset {
+            let secs = d.seconds as f64 + f64::from(d.nanos) / 1e9;
+            let _ = write!(out, " reset={secs:.3}s");
+        }
+        out.push('\n');
+    }
+    for h in &resp.response_headers_to_add {
+        let _ = writeln!(out, "header {}: {}", h.key, h.value);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_parse() {
+        assert_eq!(
+            parse_descriptor("a=1,b=x=y").unwrap(),
+            vec![("a".into(), "1".into()), ("b".into(), "x=y".into())]
+        );
+        assert_eq!(parse_descriptor("k=").unwrap(), vec![("k".into(), "".into())]);
+        assert!(parse_descriptor("novalue").is_err());
+        assert!(parse_descriptor("=v").is_err());
+    }
+}

@@ -1,0 +1,207 @@
+//! The command line: `serve`, `validate`, `check` and `bench`. `main` only
+//! calls [`main`] here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::settings::{Settings, Sources};
+
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about = "A global rate-limit service for Envoy")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the RLS gRPC API and the HTTP health check.
+    Serve(ServeArgs),
+    /// Check a directory of rule files; prints every error, exits 1 if any.
+    Validate {
+        /// The rules directory.
+        dir: PathBuf,
+    },
+    /// Send one ShouldRateLimit request and print the answer.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Settings file (YAML). Environment variables TOLLGATE_* and flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Directory of rule files.
+    #[arg(long)]
+    pub rules: Option<PathBuf>,
+    /// gRPC listen address [default: 0.0.0.0:8081].
+    #[arg(long)]
+    pub grpc_addr: Option<String>,
+    /// HTTP listen address [default: 0.0.0.0:8080].
+    #[arg(long)]
+    pub http_addr: Option<String>,
+    /// Algorithm of rules that name none [default: sliding_window_counter].
+    #[arg(long)]
+    pub default_algorithm: Option<String>,
+    /// `memory` or a Redis URL (redis://, rediss://, redis-cluster://, redis-sentinel://).
+    #[arg(long)]
+    pub store: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Address of the service, host:port.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub addr: String,
+    #[arg(long)]
+    pub domain: String,
+    /// Descriptor entries `k=v[,k2=v2...]`; repeat for several descriptors.
+    #[arg(long = "descriptor", required = true)]
+    pub descriptors: Vec<String>,
+    /// Request hits_addend (0 counts as 1).
+    #[arg(long, default_value_t = 0)]
+    pub hits: u32,
+    /// Give up after this many milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub timeout_ms: u64,
+}
+
+/// Exit code for bad settings (EX_USAGE).
+pub const EXIT_BAD_SETTINGS: u8 = 64;
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Validate { dir } => validate(&dir),
+        Command::Check(args) => check(args),
+    }
+}
+
+impl ServeArgs {
+    fn sources(&self) -> Sources {
+        let mut overrides = Vec::new();
+        let mut set = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                overrides.push((k.to_string(), v));
+            }
+        };
+        set("rules_dir", self.rules.as_ref().map(|p| p.display().to_string()));
+        set("grpc_addr", self.grpc_addr.clone());
+        set("http_addr", self.http_addr.clone());
+        set("default_algorithm", self.default_algorithm.clone());
+        set("store", self.store.clone());
+        Sources {
+            file: self.config.clone(),
+            env: Sources::process_env(),
+            overrides,
+        }
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    // Settings are validated before anything else happens.
+    let settings = match Settings::load(&args.sources()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_BAD_SETTINGS);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&settings.log))
+        .init();
+    let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
+        rt.block_on(crate::server::serve(&settings, shutdown_signal()))
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("tollgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn validate(dir: &std::path::Path) -> ExitCode {
+    match crate::rules::load_dir(dir) {
+        Ok(set) => {
+            let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            println!(
+                "{}: {} domain(s) valid: {}",
+                dir.display(),
+                names.len(),
+                names.join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{e}");
+            }
+            eprintln!("{} error(s)", errors.0.len());
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    let mut descriptors = Vec::new();
+    for d in &args.descriptors {
+        match crate::check::parse_descriptor(d) {
+            Ok(entries) => descriptors.push(entries),
+            Err(e) => {
+                eprintln!("--descriptor {e}");
+                return ExitCode::from(EXIT_BAD_SETTINGS);
+            }
+        }
+    }
+    let req = crate::check::request(&args.domain, &descriptors, args.hits);
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let result = runtime()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(crate::check::call(&args.addr, req.clone(), timeout)));
+    match result {
+        Ok(resp) => {
+            print!("{}", crate::check::render(&req, &resp));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tollgate check: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

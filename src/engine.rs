@@ -1,0 +1,379 @@
+//! The decision: for one request, which limit applies to each descriptor and
+//! is it over? The engine coordinates the rules (which limit?) and the store
+//! (what count?); it knows nothing of gRPC or of Envoy's message types.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use crate::clock::Clock;
+use crate::limit::{Algorithm, FailurePolicy, Unit};
+use crate::rules::{LimitSpec, Rule, RuleSet};
+use crate::storage::{Decision, Hit, Store, StoreError};
+
+/// One descriptor of a request, protocol-neutral.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    pub entries: Vec<(String, String)>,
+    /// A caller-supplied limit that replaces the configured one.
+    pub limit_override: Option<LimitOverride>,
+    /// Per-descriptor cost; wins over the request's when present (0 checks).
+    pub hits: Option<u64>,
+    /// Give the hits back instead of taking them.
+    pub negative: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+/// A request, protocol-neutral.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    pub domain: String,
+    pub descriptors: Vec<Descriptor>,
+    /// The request-wide cost; 0 means 1.
+    pub hits: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// The limit that was applied to a descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub name: Option<String>,
+    pub algorithm: Algorithm,
+}
+
+/// The answer for one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    /// `None` when no limit applies (no rule, whitelist, unlimited).
+    pub limit: Option<AppliedLimit>,
+    /// `u32::MAX` for unlimited descriptors, 0 when no limit applies.
+    pub remaining: u32,
+    pub reset: Option<Duration>,
+}
+
+impl Status {
+    fn no_limit() -> Self {
+        Status {
+            code: Code::Ok,
+            limit: None,
+            remaining: 0,
+            reset: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub overall: Code,
+    pub statuses: Vec<Status>,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("domain must not be empty")]
+    EmptyDomain,
+    #[error("descriptors must not be empty")]
+    NoDescriptors,
+    #[error("descriptor {index}: {reason}")]
+    BadDescriptor { index: usize, reason: String },
+    #[error("descriptor {index}: {source}")]
+    Store { index: usize, source: StoreError },
+}
+
+/// Settings the engine applies where a rule is silent.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    pub default_algorithm: Algorithm,
+    pub on_store_error: FailurePolicy,
+    /// Global shadow mode: count everything, always answer OK overall.
+    pub shadow_mode: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            default_algorithm: Algorithm::SlidingWindowCounter,
+            on_store_error: FailurePolicy::Error,
+            shadow_mode: false,
+        }
+    }
+}
+
+/// The current rules, swapped whole on reload. Readers clone the inner
+/// `Arc` and release the lock at once, so a std lock never waits on I/O.
+#[derive(Debug, Clone, Default)]
+pub struct RulesHandle(Arc<RwLock<Arc<RuleSet>>>);
+
+impl RulesHandle {
+    pub fn new(rules: RuleSet) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(rules))))
+    }
+
+    pub fn current(&self) -> Arc<RuleSet> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn replace(&self, rules: RuleSet) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+    }
+}
+
+/// Cheap to clone; clones share rules, store and clock.
+#[derive(Clone)]
+pub struct Engine {
+    rules: RulesHandle,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    options: EngineOptions,
+}
+
+/// What one descriptor resolved to before counting.
+enum Plan<'r> {
+    NoLimit,
+    Unlimited,
+    Limited {
+        rule: Option<&'r Rule>,
+        limit: AppliedLimit,
+        policy: FailurePolicy,
+    },
+}
+
+impl Engine {
+    pub fn new(
+        rules: RulesHandle,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        options: EngineOptions,
+    ) -> Self {
+        Self {
+            rules,
+            store,
+            clock,
+            options,
+        }
+    }
+
+    pub fn rules(&self) -> &RulesHandle {
+        &self.rules
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    pub async fn should_rate_limit(&self, req: &Request) -> Result<Response, EngineError> {
+        if req.domain.is_empty() {
+            return Err(EngineError::EmptyDomain);
+        }
+        if req.descriptors.is_empty() {
+            return Err(EngineError::NoDescriptors);
+        }
+        for (index, d) in req.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(EngineError::BadDescriptor {
+                    index,
+                    reason: "a descriptor needs at least one entry".into(),
+                });
+            }
+        }
+        let rules = self.rules.current();
+        let plans = self.plan(&rules, req);
+        let request_hits = if req.hits == 0 { 1 } else { req.hits };
+
+        let calls = req.descriptors.iter().zip(&plans).map(|(d, plan)| async move {
+            let Plan::Limited { limit, .. } = plan else {
+                return None;
+            };
+            if limit.requests_per_unit == 0 {
+                return None;
+            }
+            let hit = Hit {
+                domain: &req.domain,
+                entries: &d.entries,
+                algorithm: limit.algorithm,
+                limit: u64::from(limit.requests_per_unit),
+                unit: limit.unit,
+                hits: d.hits.unwrap_or(request_hits),
+                negative: d.negative,
+            };
+            Some(self.store.hit(hit).await)
+        });
+        // Descriptors of one request go to the store concurrently: on a
+        // cluster they usually live on different nodes.
+        let outcomes = join_all(calls).await;
+
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut any_over = false;
+        let mut quota_total = 0;
+        let mut quota_over = 0;
+        for (index, (plan, outcome)) in plans.into_iter().zip(outcomes).enumerate() {
+            let status = match plan {
+                Plan::NoLimit => Status::no_limit(),
+                Plan::Unlimited => Status {
+                    code: Code::Ok,
+                    limit: None,
+                    remaining: u32::MAX,
+                    reset: None,
+                },
+                Plan::Limited {
+                    rule,
+                    limit,
+                    policy,
+                } => {
+                    let mut status = match outcome {
+                        // A zero limit is a ban: no store needed.
+                        None => {
+                            let w = limit.unit.micros();
+                            let now = self.clock.now_micros();
+                            Status {
+                                code: Code::OverLimit,
+                                reset: Some(Duration::from_micros(w - now % w)),
+                                limit: Some(limit),
+                                remaining: 0,
+                            }
+                        }
+                        Some(Ok(decision)) => limited_status(limit, decision, d_negative(req, index)),
+                        Some(Err(source)) => match policy {
+                            FailurePolicy::Error => {
+                                return Err(EngineError::Store { index, source });
+                            }
+                            FailurePolicy::Allow => Status {
+                                code: Code::Ok,
+                                remaining: limit.requests_per_unit,
+                                reset: None,
+                                limit: Some(limit),
+                            },
+                            FailurePolicy::Deny => Status {
+                                code: Code::OverLimit,
+                                remaining: 0,
+                                reset: None,
+                                limit: Some(limit),
+                            },
+                        },
+                    };
+                    let shadow = rule.is_some_and(|r| r.shadow_mode);
+                    let quota = rule.is_some_and(|r| r.quota_mode);
+                    if shadow {
+                        status.code = Code::Ok;
+                    } else if quota {
+                        quota_total += 1;
+                        if status.code == Code::OverLimit {
+                            quota_over += 1;
+                        }
+                    } else if status.code == Code::OverLimit {
+                        any_over = true;
+                    }
+                    status
+                }
+            };
+            statuses.push(status);
+        }
+        let over = any_over || (quota_total > 0 && quota_over == quota_total);
+        let overall = if over && !self.options.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Ok(Response { overall, statuses })
+    }
+
+    /// Resolves every descriptor to a limit, applying overrides and
+    /// `replaces` across the request.
+    fn plan<'r>(&self, rules: &'r RuleSet, req: &Request) -> Vec<Plan<'r>> {
+        if !rules.has_domain(&req.domain) {
+            return req.descriptors.iter().map(|_| Plan::NoLimit).collect();
+        }
+        let found: Vec<(Option<&Rule>, Option<LimitOverride>)> = req
+            .descriptors
+            .iter()
+            .map(|d| match d.limit_override {
+                Some(o) => (None, Some(o)),
+                None => (rules.find(&req.domain, &d.entries), None),
+            })
+            .collect();
+        let replaced: Vec<&str> = found
+            .iter()
+            .filter_map(|(r, _)| *r)
+            .flat_map(|r| r.replaces.iter().map(String::as_str))
+            .collect();
+        found
+            .into_iter()
+            .map(|(rule, over)| {
+                if let Some(o) = over {
+                    return Plan::Limited {
+                        rule: None,
+                        limit: AppliedLimit {
+                            requests_per_unit: o.requests_per_unit,
+                            unit: o.unit,
+                            name: None,
+                            algorithm: self.options.default_algorithm,
+                        },
+                        policy: self.options.on_store_error,
+                    };
+                }
+                let Some(rule) = rule else {
+                    return Plan::NoLimit;
+                };
+                if rule
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| replaced.contains(&n))
+                {
+                    return Plan::NoLimit;
+                }
+                match rule.limit {
+                    LimitSpec::Unlimited => Plan::Unlimited,
+                    LimitSpec::PerUnit {
+                        requests_per_unit,
+                        unit,
+                    } => Plan::Limited {
+                        rule: Some(rule),
+                        limit: AppliedLimit {
+                            requests_per_unit,
+                            unit,
+                            name: rule.name.clone(),
+                            algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
+                        },
+                        policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
+                    },
+                }
+            })
+            .collect()
+    }
+}
+
+fn d_negative(req: &Request, index: usize) -> bool {
+    req.descriptors[index].negative
+}
+
+fn limited_status(limit: AppliedLimit, d: Decision, negative: bool) -> Status {
+    Status {
+        // Giving hits back always answers OK.
+        code: if d.admitted || negative {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        },
+        remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+        reset: Some(Duration::from_micros(d.reset_micros)),
+        limit: Some(limit),
+    }
+}

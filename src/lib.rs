@@ -1,0 +1,21 @@
+//! tollgate: a global rate-limit service speaking Envoy's `RateLimitService`
+//! v3 protocol, with fixed windows, sliding window counters and sliding window
+//! logs, on an embedded store or Redis.
+//!
+//! Start at [`server::run`] for the service and at [`engine::Engine`] for the
+//! decision logic; `ARCHITECTURE.md` has the map.
+
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod cli;
+pub mod clock;
+pub mod engine;
+pub mod limit;
+pub mod proto;
+pub mod reload;
+pub mod rules;
+pub mod server;
+pub mod service;
+pub mod settings;
+pub mod storage;

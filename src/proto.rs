@@ -1,0 +1,22 @@
+//! Envoy's rate-limit protocol, generated at build time from `proto/`.
+//! Only [`crate::service`], [`crate::check`] and [`crate::bench`] use these
+//! types; the engine never sees them.
+
+#![allow(clippy::all, missing_docs)]
+
+include!(concat!(env!("OUT_DIR"), "/tollgate_proto.rs"));
+
+/// The encoded descriptor set served by gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/tollgate_descriptor.bin"));
+
+pub use envoy::config::core::v3::HeaderValue;
+pub use envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+pub use envoy::extensions::common::ratelimit::v3::rate_limit_descriptor;
+pub use envoy::r#type::v3::RateLimitUnit;
+pub use envoy::service::ratelimit::v3::rate_limit_response;
+pub use envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+pub use envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+pub use envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};

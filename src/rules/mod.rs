@@ -1,0 +1,145 @@
+//! Which limit applies? Rule files in the reference service's YAML format are
+//! parsed once into an immutable [`RuleSet`]; matching a descriptor is a pure
+//! function over it. This module does no I/O except reading rule files in
+//! [`RuleSet::load_dir`], and knows nothing of Envoy's protocol or of stores.
+
+mod load;
+mod matcher;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::limit::{Algorithm, FailurePolicy, Unit};
+
+pub use load::{load_dir, parse_file};
+
+/// The limit a rule gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitSpec {
+    /// `unlimited: true`: always OK, never counted.
+    Unlimited,
+    /// `requests_per_unit` per `unit`; 0 always rejects.
+    PerUnit { requests_per_unit: u32, unit: Unit },
+}
+
+/// A `rate_limit` block and the flags of the descriptor node that holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub limit: LimitSpec,
+    /// `rate_limit.name`, used by `replaces` and reported in responses.
+    pub name: Option<String>,
+    /// Names of limits this one drops from the same request.
+    pub replaces: Vec<String>,
+    /// `rate_limit.algorithm`; `None` means the configured default.
+    pub algorithm: Option<Algorithm>,
+    /// `rate_limit.on_store_error`; `None` means the configured default.
+    pub on_store_error: Option<FailurePolicy>,
+    /// `shadow_mode`: counted, but the descriptor always answers OK.
+    pub shadow_mode: bool,
+    /// `quota_mode`: over only matters when every quota descriptor is over.
+    pub quota_mode: bool,
+    /// `detailed_metric`: metrics name the full descriptor values.
+    pub detailed_metric: bool,
+    /// Where the rule was written, for logs: `file.yaml:12`.
+    pub source: String,
+}
+
+/// One descriptor node of a rule tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Node {
+    pub key: String,
+    /// Empty for the key-only default node.
+    pub value: String,
+    pub rule: Option<Rule>,
+    pub children: Level,
+}
+
+/// The nodes of one level of a rule tree, indexed for matching.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Level {
+    /// `(key, value)` with a value free of `*`.
+    pub exact: HashMap<(String, String), Node>,
+    /// Values containing `*`, in file order (the first match wins).
+    pub wildcard: Vec<Node>,
+    /// Key-only nodes (no `value`).
+    pub default: HashMap<String, Node>,
+}
+
+/// A domain: one rule file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Domain {
+    pub name: String,
+    pub root: Level,
+    /// The file it came from.
+    pub file: PathBuf,
+}
+
+/// Every loaded domain. Immutable; a reload builds a new one and swaps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleSet {
+    pub domains: HashMap<String, Domain>,
+}
+
+impl RuleSet {
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The rule for one descriptor, by the reference service's matching.
+    /// `None`: the domain is unknown, nothing matched, the request's depth
+    /// differs from the rule's, or the matched node carries no limit.
+    pub fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<&Rule> {
+        matcher::find(self.domains.get(domain)?, entries)
+    }
+
+    pub fn len(&self) -> usize {
+        self.domains.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+}
+
+/// One problem in one rule file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError {
+    pub file: PathBuf,
+    /// 1-based line, when the problem has a position.
+    pub line: Option<usize>,
+    /// YAML path of the offending node, e.g. `descriptors[0].rate_limit.unit`.
+    pub path: String,
+    pub reason: String,
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+/// Every problem found while loading rules. Never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleErrors(pub Vec<RuleError>);
+
+impl fmt::Display for RuleErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RuleErrors {}

@@ -1,0 +1,184 @@
+//! Wiring: build the engine from settings, then serve gRPC (RLS, health,
+//! reflection) and HTTP on listeners the caller bound, until `shutdown`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::http::StatusCode;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::clock::{Clock, SystemClock};
+use crate::engine::{Engine, EngineOptions, RulesHandle};
+use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitServiceServer};
+use crate::reload;
+use crate::rules::{self, RuleSet};
+use crate::service::RateLimiter;
+use crate::settings::{Settings, StoreSetting};
+use crate::storage::{MemoryStore, Store};
+
+/// The health service names answered besides the overall "".
+pub const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
+
+/// Loads rules and opens the store. Rule errors are fatal at startup (a
+/// reload with errors is not); an unreachable Redis is not: the store keeps
+/// connecting and health says NOT_SERVING meanwhile.
+pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Engine> {
+    let rules = match &settings.rules_dir {
+        Some(dir) => rules::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => RuleSet::default(),
+    };
+    let store = build_store(settings, clock.clone()).await?;
+    Ok(Engine::new(
+        RulesHandle::new(rules),
+        store,
+        clock,
+        EngineOptions {
+            default_algorithm: settings.default_algorithm,
+            on_store_error: settings.on_store_error,
+            shadow_mode: settings.shadow_mode,
+        },
+    ))
+}
+
+async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<dyn Store>> {
+    match &settings.store {
+        StoreSetting::Memory => Ok(Arc::new(MemoryStore::new(clock))),
+        StoreSetting::Redis(_) => anyhow::bail!("REDIS-WIRING-PENDING"),
+    }
+}
+
+/// Serves until `shutdown` resolves, then drains for up to
+/// `settings.shutdown_grace`.
+pub async fn run(
+    settings: &Settings,
+    engine: Engine,
+    grpc: TcpListener,
+    http: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let service = RateLimitServiceServer::new(RateLimiter::new(
+        engine.clone(),
+        settings.rate_limit_headers.clone(),
+    ));
+
+    // Health follows the store: SERVING only while it can answer.
+    let store = engine.store().clone();
+    let health_task = {
+        let reporter = reporter.clone();
+        let stop = stopped();
+        tokio::spawn(async move {
+            tokio::pin!(stop);
+            let mut last = None;
+            loop {
+                let status = if store.is_ready() {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                };
+                if last != Some(status) {
+                    for name in HEALTH_SERVICES {
+                        reporter.set_service_status(name, status).await;
+                    }
+                    tracing::info!(store = store.kind(), ?status, "health");
+                    last = Some(status);
+                }
+                tokio::select! {
+                    _ = &mut stop => break,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+            for name in HEALTH_SERVICES {
+                reporter
+                    .set_service_status(name, ServingStatus::NotServing)
+                    .await;
+            }
+        })
+    };
+
+    if let (Some(dir), Some(every)) = (settings.rules_dir.clone(), settings.rules_reload) {
+        tokio::spawn(reload::watch(dir, every, engine.rules().clone(), stopped()));
+    }
+
+    tracing::info!(addr = %grpc.local_addr()?, "gRPC listening");
+    tracing::info!(addr = %http.local_addr()?, "HTTP listening");
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped());
+    let ready_store = engine.store().clone();
+    let router = axum::Router::new().route(
+        "/healthcheck",
+        axum::routing::get(move || {
+            let store = ready_store.clone();
+            async move {
+                if store.is_ready() {
+                    (StatusCode::OK, "OK\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "store not ready\n")
+                }
+            }
+        }),
+    );
+    let http_server = axum::serve(http, router).with_graceful_shutdown(stopped());
+
+    let grace = settings.shutdown_grace;
+    let servers = async move {
+        let (g, h) = tokio::join!(grpc_server, http_server);
+        g.context("gRPC server")?;
+        h.context("HTTP server")?;
+        anyhow::Ok(())
+    };
+    tokio::pin!(servers);
+    tokio::select! {
+        r = &mut servers => return r,
+        _ = shutdown => {}
+    }
+    tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down");
+    let _ = stop_tx.send(true);
+    let _ = health_task.await;
+    match tokio::time::timeout(grace, servers).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!("grace period over; dropping open calls");
+            Ok(())
+        }
+    }
+}
+
+/// Builds the engine on the real clock and serves: what `tollgate serve` does.
+pub async fn serve(
+    settings: &Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let engine = build_engine(settings, Arc::new(SystemClock)).await?;
+    let grpc = TcpListener::bind(settings.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC address {}", settings.grpc_addr))?;
+    let http = TcpListener::bind(settings.http_addr)
+        .await
+        .with_context(|| format!("binding HTTP address {}", settings.http_addr))?;
+    run(settings, engine, grpc, http, shutdown).await
+}

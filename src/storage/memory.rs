@@ -1,0 +1,336 @@
+//! The embedded store: every limiter in process memory, for a single replica
+//! or a laptop. Same semantics as the Redis scripts in `lua/`, on an injected
+//! clock.
+//!
+//! Limiters live in a fixed number of shards, each a `std::sync::Mutex` over a
+//! map. A std mutex is right here: it is held only for a few arithmetic steps
+//! and never across an `.await`, so the decision and the record are one atomic
+//! step per limiter. Expired limiters are swept from a shard every
+//! [`SWEEP_EVERY`] operations on it, so memory follows the live windows.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex};
+
+use crate::clock::{Clock, SystemClock};
+use crate::limit::Algorithm;
+use crate::storage::keys::{KeyBuilder, Role};
+use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
+
+const SHARDS: usize = 32;
+const SWEEP_EVERY: u64 = 1024;
+
+#[derive(Debug)]
+enum State {
+    Fixed {
+        window: u64,
+        count: u64,
+    },
+    Counter {
+        window: u64,
+        prev: u64,
+        cur: u64,
+    },
+    Log {
+        /// (timestamp in microseconds, cost), oldest first.
+        entries: VecDeque<(u64, u64)>,
+        sum: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: State,
+    /// After this instant the state holds nothing that still counts.
+    expires_at: u64,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    slots: HashMap<String, Slot>,
+    ops: u64,
+}
+
+/// In-process store. Cheap to clone; clones share counters.
+#[derive(Clone)]
+pub struct MemoryStore {
+    shards: Arc<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    keys: KeyBuilder,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock))
+    }
+}
+
+impl MemoryStore {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        let shards: Vec<Mutex<Shard>> = (0..SHARDS).map(|_| Mutex::default()).collect();
+        Self {
+            shards: shards.into(),
+            hasher: RandomState::new(),
+            clock,
+            keys: KeyBuilder::default(),
+        }
+    }
+
+    /// Number of limiters held (expired ones included until swept).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| lock(s).slots.len())
+            .sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired limiter now.
+    pub fn sweep(&self) {
+        let now = self.clock.now_micros();
+        for shard in self.shards.iter() {
+            lock(shard).slots.retain(|_, slot| slot.expires_at > now);
+        }
+    }
+
+    fn decide(&self, hit: &Hit<'_>) -> Decision {
+        let key = self.keys.limiter(hit).key(Role::State);
+        let now = self.clock.now_micros();
+        let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
+        let mut shard = lock(&self.shards[index]);
+        shard.ops += 1;
+        if shard.ops % SWEEP_EVERY == 0 {
+            shard.slots.retain(|_, slot| slot.expires_at > now);
+        }
+        let slot = shard.slots.entry(key).or_insert_with(|| Slot {
+            state: match hit.algorithm {
+                Algorithm::FixedWindow => State::Fixed {
+                    window: 0,
+                    count: 0,
+                },
+                Algorithm::SlidingWindowCounter => State::Counter {
+                    window: 0,
+                    prev: 0,
+                    cur: 0,
+                },
+                Algorithm::SlidingWindowLog => State::Log {
+                    entries: VecDeque::new(),
+                    sum: 0,
+                },
+            },
+            expires_at: 0,
+        });
+        let w = hit.unit.micros();
+        match &mut slot.state {
+            State::Fixed { window, count } => {
+                let (d, exp) = fixed_window(now, w, hit, window, count);
+                slot.expires_at = slot.expires_at.max(exp);
+                d
+            }
+            State::Counter { window, prev, cur } => {
+                let (d, exp) = sliding_counter(now, w, hit, window, prev, cur);
+                slot.expires_at = slot.expires_at.max(exp);
+                d
+            }
+            State::Log { entries, sum } => {
+                let (d, exp) = sliding_log(now, w, hit, entries, sum);
+                slot.expires_at = exp;
+                d
+            }
+        }
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+    // A poisoned shard only means another thread panicked mid-update of plain
+    // integers; the numbers are still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Store for MemoryStore {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let decision = self.decide(&hit);
+        Box::pin(async move { Ok(decision) })
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}
+
+/// Epoch-aligned fixed window. Every counted hit stays counted, admitted or
+/// not (as the reference service does), except a cost above the limit, which
+/// can never pass and is not recorded.
+fn fixed_window(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    window: &mut u64,
+    count: &mut u64,
+) -> (Decision, u64) {
+    let idx = now / w;
+    let end = (idx + 1) * w;
+    if *window != idx {
+        *window = idx;
+        *count = 0;
+    }
+    let limit = hit.limit;
+    let reset = end - now;
+    if hit.negative {
+        *count = count.saturating_sub(hit.hits);
+        return (decision(true, limit.saturating_sub(*count), reset), end);
+    }
+    if hit.hits > limit {
+        return (decision(false, limit.saturating_sub(*count), reset), end);
+    }
+    *count += hit.hits;
+    let admitted = *count <= limit;
+    (decision(admitted, limit.saturating_sub(*count), reset), end)
+}
+
+/// Two epoch-aligned buckets; the previous one weighs what is left of it in
+/// the trailing window. Only admitted hits are recorded.
+fn sliding_counter(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    window: &mut u64,
+    prev: &mut u64,
+    cur: &mut u64,
+) -> (Decision, u64) {
+    let idx = now / w;
+    let start = idx * w;
+    let elapsed = now - start;
+    if *window + 1 == idx {
+        *prev = *cur;
+        *cur = 0;
+    } else if *window != idx {
+        *prev = 0;
+        *cur = 0;
+    }
+    *window = idx;
+    let expires = start + 2 * w;
+    let limit = hit.limit;
+    // The same floating-point steps as lua/sliding_window_counter.lua.
+    let weight = (w - elapsed) as f64 / w as f64;
+    let estimate = |prev: u64, cur: u64| prev as f64 * weight + cur as f64;
+    let remaining = |est: f64| {
+        let r = (limit as f64 - est).floor();
+        if r > 0.0 { r as u64 } else { 0 }
+    };
+    let ok_reset = |prev: u64, cur: u64| {
+        if prev > 0 {
+            start + w - now
+        } else if cur > 0 {
+            start + 2 * w - now
+        } else {
+            0
+        }
+    };
+    if hit.negative {
+        let back = hit.hits.min(*cur);
+        *cur -= back;
+        *prev = prev.saturating_sub(hit.hits - back);
+        let est = estimate(*prev, *cur);
+        return (decision(true, remaining(est), ok_reset(*prev, *cur)), expires);
+    }
+    let est = estimate(*prev, *cur);
+    if hit.hits > limit {
+        return (decision(false, remaining(est), w), expires);
+    }
+    if est + hit.hits as f64 <= limit as f64 {
+        *cur += hit.hits;
+        let est = estimate(*prev, *cur);
+        return (decision(true, remaining(est), ok_reset(*prev, *cur)), expires);
+    }
+    // Refused: when does prev * weight(t) + cur + hits fit under the limit?
+    let need = (limit - hit.hits) as f64;
+    let wf = w as f64;
+    let wait = if (*cur as f64) <= need {
+        // Later in this bucket, as the previous bucket's weight falls.
+        let at = (wf * (1.0 - (need - *cur as f64) / *prev as f64)).ceil() as u64;
+        at.saturating_sub(elapsed).max(1)
+    } else {
+        // In the next bucket, where this bucket becomes the previous one.
+        let at = (wf * (1.0 - need / *cur as f64)).ceil() as u64;
+        start + w - now + at
+    };
+    (decision(false, remaining(est), wait), expires)
+}
+
+/// The exact trailing window: every admitted hit with its time and cost.
+fn sliding_log(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    entries: &mut VecDeque<(u64, u64)>,
+    sum: &mut u64,
+) -> (Decision, u64) {
+    // A hit at time t counts while t > now - w.
+    while let Some(&(ts, cost)) = entries.front() {
+        if ts + w <= now {
+            entries.pop_front();
+            *sum -= cost;
+        } else {
+            break;
+        }
+    }
+    let limit = hit.limit;
+    let oldest_reset = |entries: &VecDeque<(u64, u64)>| {
+        entries.front().map(|&(ts, _)| ts + w - now).unwrap_or(0)
+    };
+    let expires = |entries: &VecDeque<(u64, u64)>| {
+        entries.back().map(|&(ts, _)| ts + w).unwrap_or(now)
+    };
+    if hit.negative {
+        let mut back = hit.hits;
+        while back > 0 {
+            let Some(last) = entries.back_mut() else { break };
+            let take = back.min(last.1);
+            last.1 -= take;
+            *sum -= take;
+            back -= take;
+            if last.1 == 0 {
+                entries.pop_back();
+            }
+        }
+        let d = decision(true, limit.saturating_sub(*sum), oldest_reset(entries));
+        return (d, expires(entries));
+    }
+    if hit.hits > limit {
+        let d = decision(false, limit.saturating_sub(*sum), w);
+        return (d, expires(entries));
+    }
+    if *sum + hit.hits <= limit {
+        if hit.hits > 0 {
+            entries.push_back((now, hit.hits));
+            *sum += hit.hits;
+        }
+        let d = decision(true, limit - *sum, oldest_reset(entries));
+        return (d, expires(entries));
+    }
+    // Refused: the first moment enough of the oldest hits have left.
+    let mut freed = 0;
+    let mut wait = w;
+    for &(ts, cost) in entries.iter() {
+        freed += cost;
+        if *sum - freed + hit.hits <= limit {
+            wait = ts + w - now;
+            break;
+        }
+    }
+    let d = decision(false, limit.saturating_sub(*sum), wait);
+    (d, expires(entries))
+}
+
+fn decision(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {
+    Decision {
+        admitted,
+        remaining,
+        reset_micros,
+    }
+}

@@ -1,0 +1,86 @@
+//! Where counts live. A [`Store`] answers one question for one limiter:
+//! "given this many hits now, is it admitted, and what is left?". It decides
+//! and records in one atomic step, on its own clock.
+//!
+//! Every implementation passes the same contract suite (`tests/contract.rs`),
+//! so the embedded store and Redis behave the same.
+
+pub mod keys;
+pub mod memory;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::limit::{Algorithm, Unit};
+
+pub use memory::MemoryStore;
+
+/// A boxed future, so stores can sit behind `Arc<dyn Store>`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One limiter's share of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Hit<'a> {
+    pub domain: &'a str,
+    /// The descriptor's entries, in request order; with `domain`, the
+    /// limiter's identity.
+    pub entries: &'a [(String, String)],
+    pub algorithm: Algorithm,
+    /// Requests per unit; never 0 (a zero limit is decided without a store).
+    pub limit: u64,
+    pub unit: Unit,
+    /// Cost of this call. 0 checks without counting.
+    pub hits: u64,
+    /// Give `hits` back instead of taking them (never below zero).
+    pub negative: bool,
+}
+
+/// What a store decided for one [`Hit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub admitted: bool,
+    /// What is left after this call, by the algorithm's count.
+    pub remaining: u64,
+    /// Admitted: microseconds until the oldest counted hit stops counting
+    /// (fixed window: until the window ends). Refused: microseconds until a
+    /// hit of this cost would be admitted.
+    pub reset_micros: u64,
+}
+
+/// Why a store could not answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The backend did not answer within the configured timeout.
+    #[error("store timed out after {0} ms")]
+    Timeout(u64),
+    /// The backend is unreachable or failing; retrying later may work.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Too many recent failures; the store is not tried until a probe succeeds.
+    #[error("store circuit open after repeated failures")]
+    CircuitOpen,
+    /// The backend answered something this version does not understand.
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+}
+
+impl StoreError {
+    /// Whether trying again later can succeed.
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, StoreError::Protocol(_))
+    }
+}
+
+/// A counting backend. Implementations must be safe under concurrent calls:
+/// no lost updates and no over-admission for one limiter.
+pub trait Store: Send + Sync + 'static {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// True once the store can answer (Redis: reachable, scripts loaded).
+    fn is_ready(&self) -> bool {
+        true
+    }
+
+    /// A short name for logs: `memory`, `redis`, `redis-cluster`...
+    fn kind(&self) -> &'static str;
+}
