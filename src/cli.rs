@@ -27,6 +27,8 @@ pub enum Command {
     },
     /// Send one ShouldRateLimit request and print the answer.
     Check(CheckArgs),
+    /// Load-test an RLS address (tollgate or any Envoy rate-limit service).
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -78,6 +80,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Validate { dir } => validate(&dir),
         Command::Check(args) => check(args),
+        Command::Bench(args) => crate::bench::main(args),
     }
 }
 

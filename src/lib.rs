@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod check;
 pub mod cli;
 pub mod clock;

@@ -115,7 +115,9 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), RuleError> {
             continue;
         }
         let path = entry.path();
-        let Ok(kind) = entry.file_type() else { continue };
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
         if kind.is_dir() {
             collect_files(&path, out)?;
         } else if is_rule_file(&path) && fs::metadata(&path).is_ok_and(|m| m.is_file()) {
@@ -159,10 +161,16 @@ fn parse(file: &Path, text: &str) -> Result<(Domain, usize), RuleErrors> {
         return Err(RuleErrors(w.errors));
     };
     if map.is_empty() {
-        w.error(None, "", "empty rule file (expected `domain` and `descriptors`)");
+        w.error(
+            None,
+            "",
+            "empty rule file (expected `domain` and `descriptors`)",
+        );
         return Err(RuleErrors(w.errors));
     }
     let (domain, domain_line, root_level) = w.root(map);
+    // A parent's "missing" error is found after its children's: read top down.
+    w.errors.sort_by_key(|e| e.line);
     match domain {
         Some(name) if w.errors.is_empty() => Ok((
             Domain {
@@ -182,9 +190,10 @@ fn load_error(e: &LoadError) -> (usize, String) {
             m.line(),
             "a rule file must be a mapping with `domain` and `descriptors`".into(),
         ),
-        LoadError::UnexpectedAnchor(m) => {
-            (m.line(), "YAML anchors and aliases are not supported".into())
-        }
+        LoadError::UnexpectedAnchor(m) => (
+            m.line(),
+            "YAML anchors and aliases are not supported".into(),
+        ),
         LoadError::MappingKeyMustBeScalar(m) => (m.line(), "mapping keys must be strings".into()),
         LoadError::UnexpectedTag(m) => (m.line(), "YAML tags are not supported".into()),
         LoadError::ScanError(m, e) => (m.line(), format!("invalid YAML: {}", e.info())),
@@ -434,12 +443,7 @@ impl<'f> Walker<'f> {
         })
     }
 
-    fn rate_limit(
-        &mut self,
-        key: &MarkedScalarNode,
-        node: &Yaml,
-        path: &str,
-    ) -> Option<RateLimit> {
+    fn rate_limit(&mut self, key: &MarkedScalarNode, node: &Yaml, path: &str) -> Option<RateLimit> {
         let Some(map) = node.as_mapping() else {
             self.error(
                 line_of(node),
@@ -511,9 +515,9 @@ impl<'f> Walker<'f> {
         let algorithm = fields
             .get("algorithm")
             .and_then(|(_, v)| self.parsed::<Algorithm>(v, &join(path, "algorithm")));
-        let on_store_error = fields.get("on_store_error").and_then(|(_, v)| {
-            self.parsed::<FailurePolicy>(v, &join(path, "on_store_error"))
-        });
+        let on_store_error = fields
+            .get("on_store_error")
+            .and_then(|(_, v)| self.parsed::<FailurePolicy>(v, &join(path, "on_store_error")));
 
         if self.errors.len() > errors_before {
             return None;
@@ -595,9 +599,7 @@ impl<'f> Walker<'f> {
         // The YAML 1.1 spellings that the reference's yaml.v2 accepts.
         match text.as_str() {
             "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => Some(true),
-            "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => {
-                Some(false)
-            }
+            "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => Some(false),
             _ => {
                 self.error(
                     line_of(node),
@@ -620,11 +622,7 @@ impl<'f> Walker<'f> {
         }
     }
 
-    fn parsed<T: std::str::FromStr<Err = String>>(
-        &mut self,
-        node: &Yaml,
-        path: &str,
-    ) -> Option<T> {
+    fn parsed<T: std::str::FromStr<Err = String>>(&mut self, node: &Yaml, path: &str) -> Option<T> {
         let text = self.string(node, path)?;
         match text.parse::<T>() {
             Ok(v) => Some(v),
@@ -677,7 +675,11 @@ mod tests {
         assert_eq!(parse_u32("-0"), Ok(0));
         assert_eq!(parse_u32("4294967295"), Ok(u32::MAX));
         assert!(parse_u32("4294967296").unwrap_err().contains("too large"));
-        assert!(parse_u32("99999999999999999999999").unwrap_err().contains("too large"));
+        assert!(
+            parse_u32("99999999999999999999999")
+                .unwrap_err()
+                .contains("too large")
+        );
         assert!(parse_u32("-1").unwrap_err().contains("negative"));
         assert!(parse_u32("lots").unwrap_err().contains("whole number"));
         assert!(parse_u32("1.5").unwrap_err().contains("whole number"));
@@ -699,6 +701,10 @@ mod tests {
     fn quoted_null_is_a_value() {
         let text = "domain: d\ndescriptors:\n  - key: k\n    value: \"null\"\n";
         let d = parse_file(Path::new("q.yaml"), text).unwrap();
-        assert!(d.root.exact.contains_key(&("k".to_string(), "null".to_string())));
+        assert!(
+            d.root
+                .exact
+                .contains_key(&("k".to_string(), "null".to_string()))
+        );
     }
 }

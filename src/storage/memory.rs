@@ -216,8 +216,11 @@ fn sliding_counter(
     let expires = start + 2 * w;
     let limit = hit.limit;
     // The same floating-point steps as lua/sliding_window_counter.lua.
-    let weight = (w - elapsed) as f64 / w as f64;
-    let estimate = |prev: u64, cur: u64| prev as f64 * weight + cur as f64;
+    // Multiplying before dividing keeps the estimate exact while
+    // prev x window stays below 2^53.
+    let wf = w as f64;
+    let left = (w - elapsed) as f64;
+    let estimate = |prev: u64, cur: u64| prev as f64 * left / wf + cur as f64;
     let remaining = |est: f64| {
         let r = (limit as f64 - est).floor();
         if r > 0.0 { r as u64 } else { 0 }
@@ -248,15 +251,16 @@ fn sliding_counter(
         return (decision(true, remaining(est), ok_reset(*prev, *cur)), expires);
     }
     // Refused: when does prev * weight(t) + cur + hits fit under the limit?
+    // prev x (w - e) / w <= room  holds from  e = w - floor(w x room / prev).
     let need = (limit - hit.hits) as f64;
-    let wf = w as f64;
     let wait = if (*cur as f64) <= need {
         // Later in this bucket, as the previous bucket's weight falls.
-        let at = (wf * (1.0 - (need - *cur as f64) / *prev as f64)).ceil() as u64;
+        let room = need - *cur as f64;
+        let at = w - ((wf * room / *prev as f64).floor() as u64).min(w);
         at.saturating_sub(elapsed).max(1)
     } else {
         // In the next bucket, where this bucket becomes the previous one.
-        let at = (wf * (1.0 - need / *cur as f64)).ceil() as u64;
+        let at = w - ((wf * need / *cur as f64).floor() as u64).min(w);
         start + w - now + at
     };
     (decision(false, remaining(est), wait), expires)

@@ -5,15 +5,19 @@
 //! Every implementation passes the same contract suite (`tests/contract.rs`),
 //! so the embedded store and Redis behave the same.
 
+pub mod breaker;
 pub mod keys;
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
 
 use crate::limit::{Algorithm, Unit};
 
+pub use breaker::{Breaker, BreakerConfig};
 pub use memory::MemoryStore;
+pub use redis::{RedisConfig, RedisStore};
 
 /// A boxed future, so stores can sit behind `Arc<dyn Store>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,0 +1,146 @@
+-- Sliding window log: every admitted hit with its time and cost; exact.
+-- Same semantics as sliding_log() in src/storage/memory.rs.
+--
+-- KEYS[1]  the log (sorted set): score = hit time in microseconds, member =
+--          "<seq>" for a cost of 1 or "<seq>:<cost>", so a weighted hit is
+--          one member
+-- KEYS[2]  the log's metadata (hash): s = sum of the costs in the log,
+--          q = last sequence number handed out. Same hash tag as KEYS[1].
+-- ARGV[1]  limit (requests per window, > 0)
+-- ARGV[2]  window length in microseconds
+-- ARGV[3]  hits (cost of this call; 0 checks without counting)
+-- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+--
+-- Returns {admitted (0/1), remaining, reset_micros} as integers.
+-- Only admitted hits are recorded; a hit at time ts counts while
+-- ts > now - window. Both keys expire when the newest hit stops counting.
+-- The clock is the server's (TIME), never the caller's.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local limit = tonumber(ARGV[1])
+local w = tonumber(ARGV[2])
+local hits = tonumber(ARGV[3])
+local negative = ARGV[4] == '1'
+local log, meta = KEYS[1], KEYS[2]
+
+-- Scores and counts go out as integer strings: the default number to string
+-- conversion would write a timestamp as 1.7e+15.
+local function int(x)
+  return string.format('%d', x)
+end
+local function cost_of(member)
+  local sep = string.find(member, ':', 1, true)
+  if sep then return tonumber(string.sub(member, sep + 1)) end
+  return 1
+end
+local function member(seq, cost)
+  if cost == 1 then return int(seq) end
+  return int(seq) .. ':' .. int(cost)
+end
+
+local m = redis.call('HMGET', meta, 's', 'q')
+local sum = tonumber(m[1])
+local seq = tonumber(m[2]) or 0
+local dirty = false
+if sum == nil or redis.call('EXISTS', log) == 0 then
+  -- First use, or one of the two keys was lost (evicted): the log is the
+  -- truth, rebuild the sum from it.
+  sum = 0
+  local all = redis.call('ZRANGE', log, 0, -1)
+  for i = 1, #all do
+    sum = sum + cost_of(all[i])
+  end
+end
+
+-- Prune the hits that stopped counting.
+local cutoff = int(now - w)
+local gone = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
+if #gone > 0 then
+  for i = 1, #gone do
+    sum = sum - cost_of(gone[i])
+  end
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+  dirty = true
+end
+
+local function oldest_reset()
+  local first = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')
+  if #first == 0 then return 0 end
+  return tonumber(first[2]) + w - now
+end
+local function remaining()
+  if sum < limit then return limit - sum end
+  return 0
+end
+local function save()
+  local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    redis.call('DEL', log, meta)
+    return
+  end
+  local ttl = int(math.ceil((tonumber(last[2]) + w - now) / 1000))
+  redis.call('HSET', meta, 's', int(sum), 'q', int(seq))
+  redis.call('PEXPIRE', log, ttl)
+  redis.call('PEXPIRE', meta, ttl)
+end
+
+if negative then
+  -- Give back from the newest hits.
+  local back = hits
+  while back > 0 do
+    local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+    if #last == 0 then break end
+    local cost = cost_of(last[1])
+    local take = math.min(back, cost)
+    redis.call('ZREM', log, last[1])
+    if take < cost then
+      local sep = string.find(last[1], ':', 1, true)
+      local id = tonumber(string.sub(last[1], 1, sep - 1))
+      redis.call('ZADD', log, last[2], member(id, cost - take))
+    end
+    sum = sum - take
+    back = back - take
+    dirty = true
+  end
+  if dirty then save() end
+  return {1, remaining(), oldest_reset()}
+end
+
+if hits > limit then
+  if dirty then save() end
+  return {0, remaining(), w}
+end
+
+if sum + hits <= limit then
+  if hits > 0 then
+    seq = seq + 1
+    redis.call('ZADD', log, int(now), member(seq, hits))
+    sum = sum + hits
+    dirty = true
+  end
+  if dirty then save() end
+  return {1, limit - sum, oldest_reset()}
+end
+
+-- Refused: the first moment enough of the oldest hits have left.
+local wait = w
+local freed = 0
+local batch = 128
+local from = 0
+local found = false
+while not found do
+  local page = redis.call('ZRANGE', log, from, from + batch - 1, 'WITHSCORES')
+  if #page == 0 then break end
+  for i = 1, #page, 2 do
+    freed = freed + cost_of(page[i])
+    if sum - freed + hits <= limit then
+      wait = tonumber(page[i + 1]) + w - now
+      found = true
+      break
+    end
+  end
+  from = from + batch
+end
+if dirty then save() end
+return {0, remaining(), wait}

@@ -1,0 +1,531 @@
+//! The Redis store: one Lua script per algorithm (`lua/*.lua`), run with
+//! `EVALSHA` so deciding and recording is one atomic step on the server, on
+//! the server's clock. Standalone, Cluster and Sentinel deployments, with or
+//! without TLS. This is the only module that knows fred.
+//!
+//! Invariants:
+//! * A call never waits longer than `command_timeout`, connected or not: a
+//!   caller (Envoy, 20 ms by default) prefers a fast error to a late answer.
+//! * Nothing piles up while Redis is away: a call made while disconnected
+//!   fails at once, fred's command queue is bounded, and a command is written
+//!   at most once (`max_command_attempts = 1`), so a hit cut off by a dropped
+//!   connection is never counted twice by a silent retry.
+//! * [`RedisStore::connect`] never fails because Redis is down: the store
+//!   starts not ready and keeps reconnecting in the background.
+//! * Scripts are reloaded on `NOSCRIPT`, because a failed-over primary (or a
+//!   restarted server) has an empty script cache: Redis 7 does not replicate
+//!   `SCRIPT LOAD`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use fred::prelude::{
+    Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Pool,
+    ReconnectPolicy, ServerConfig, TlsConfig,
+};
+use fred::types::config::UnresponsiveConfig;
+use fred::types::scripts::Script;
+use tokio::sync::broadcast::error::TryRecvError;
+use tokio::task::AbortHandle;
+
+use crate::limit::Algorithm;
+use crate::storage::keys::{self, KeyBuilder, Role};
+use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
+
+const FIXED_WINDOW_LUA: &str = include_str!("../../lua/fixed_window.lua");
+const SLIDING_COUNTER_LUA: &str = include_str!("../../lua/sliding_window_counter.lua");
+const SLIDING_LOG_LUA: &str = include_str!("../../lua/sliding_window_log.lua");
+
+/// Commands queued inside fred per client before it answers `Backpressure`.
+const MAX_QUEUED_COMMANDS: usize = 4096;
+/// Reconnect backoff, in milliseconds: exponential between these bounds.
+const RECONNECT_MIN_MS: u32 = 50;
+const RECONNECT_MAX_MS: u32 = 1_000;
+/// A connection with a reply outstanding for this long is closed and
+/// reopened (a paused or black-holed node sends no FIN).
+const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(2);
+/// How often the background task checks connections and scripts.
+const SUPERVISE_EVERY: Duration = Duration::from_millis(100);
+/// Lua numbers are doubles: integers are exact up to 2^53.
+const MAX_EXACT: u64 = 1 << 53;
+
+/// How to reach Redis.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://`, `rediss://` (TLS), `redis-cluster://h:p?node=h2:p2`,
+    /// `redis-sentinel://h:p?sentinelServiceName=name&node=...`, as fred
+    /// parses them.
+    pub url: String,
+    /// Overrides the URL's user name.
+    pub username: Option<String>,
+    /// Overrides the URL's password.
+    pub password: Option<String>,
+    /// PEM bundle of trusted CAs (default: the system's). Giving any TLS file
+    /// turns TLS on.
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for mutual TLS (with `tls_key_file`).
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// Connections (each auto-pipelines, so a few are plenty).
+    pub pool_size: usize,
+    /// Bound on opening one connection (TCP, TLS, AUTH, cluster discovery).
+    pub connect_timeout: Duration,
+    /// Bound on one call, end to end. Keep it well under Envoy's timeout
+    /// (20 ms by default) so Envoy gets a real answer or error.
+    pub command_timeout: Duration,
+    /// Key prefix; see [`keys`].
+    pub key_prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            username: None,
+            password: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            pool_size: 4,
+            connect_timeout: Duration::from_secs(1),
+            command_timeout: Duration::from_millis(10),
+            key_prefix: keys::DEFAULT_PREFIX.to_owned(),
+        }
+    }
+}
+
+/// A [`Store`] on Redis. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    fixed_window: Script,
+    sliding_counter: Script,
+    sliding_log: Script,
+    keys: KeyBuilder,
+    kind: &'static str,
+    command_timeout: Duration,
+    /// Scripts loaded since the last (re)connection.
+    loaded: AtomicBool,
+    /// fred's connection tasks and our supervisor; aborted on drop so a
+    /// dropped store stops reconnecting.
+    tasks: Vec<AbortHandle>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl RedisStore {
+    /// Builds the store and starts connecting in the background. Fails only
+    /// on invalid settings (URL, TLS files), never because Redis is down;
+    /// see [`Store::is_ready`] and [`RedisStore::wait_ready`]. Needs a tokio
+    /// runtime.
+    pub async fn connect(config: RedisConfig) -> Result<RedisStore, StoreError> {
+        let mut fred_config = Config::from_url(&config.url)
+            .map_err(|e| invalid(format!("redis url {:?}: {e}", redact(&config.url))))?;
+        if config.username.is_some() {
+            fred_config.username = config.username.clone();
+        }
+        if config.password.is_some() {
+            fred_config.password = config.password.clone();
+        }
+        // Keep retrying the first connection too, instead of failing.
+        fred_config.fail_fast = false;
+        let wants_tls = fred_config.tls.is_some()
+            || config.tls_ca_file.is_some()
+            || config.tls_cert_file.is_some()
+            || config.tls_key_file.is_some();
+        if wants_tls {
+            fred_config.tls = Some(tls_config(&config)?);
+        }
+        let kind = match fred_config.server {
+            ServerConfig::Clustered { .. } => "redis-cluster",
+            ServerConfig::Sentinel { .. } => "redis-sentinel",
+            _ => "redis",
+        };
+
+        let connect_timeout = config.connect_timeout;
+        let command_timeout = config.command_timeout;
+        let pool = Builder::from_config(fred_config)
+            .with_connection_config(|c| {
+                c.connection_timeout = connect_timeout;
+                c.internal_command_timeout = connect_timeout;
+                c.max_command_attempts = 1;
+                c.max_command_buffer_len = MAX_QUEUED_COMMANDS;
+                c.unresponsive = UnresponsiveConfig {
+                    max_timeout: Some(UNRESPONSIVE_AFTER),
+                    interval: Duration::from_millis(500),
+                };
+                c.tcp.nodelay = Some(true);
+            })
+            .with_performance_config(|p| p.default_command_timeout = command_timeout)
+            .set_policy(ReconnectPolicy::new_exponential(
+                0,
+                RECONNECT_MIN_MS,
+                RECONNECT_MAX_MS,
+                2,
+            ))
+            .build_pool(config.pool_size.max(1))
+            .map_err(|e| invalid(format!("redis client: {e}")))?;
+
+        let mut tasks = Vec::new();
+        for handle in pool.connect_pool() {
+            tasks.push(handle.abort_handle());
+            tokio::spawn(async move {
+                // Ends only on a fatal error (bad settings), quit or abort.
+                if let Ok(Err(e)) = handle.await {
+                    tracing::error!(error = %e, "redis connection task stopped");
+                }
+            });
+        }
+
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            tasks.push(tokio::spawn(supervise(weak.clone(), pool.clone())).abort_handle());
+            Inner {
+                pool,
+                fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
+                sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
+                sliding_log: Script::from_lua(SLIDING_LOG_LUA),
+                keys: KeyBuilder::new(config.key_prefix),
+                kind,
+                command_timeout,
+                loaded: AtomicBool::new(false),
+                tasks,
+            }
+        });
+        Ok(RedisStore { inner })
+    }
+
+    /// Waits until the store is ready or `timeout` passes; returns readiness.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.is_ready() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: [String; 4],
+    ) -> Result<Decision, StoreError> {
+        let client = self.inner.pool.next_connected();
+        if !client.is_connected() {
+            return Err(StoreError::Unavailable("not connected to redis".into()));
+        }
+        let timeout = self.inner.command_timeout;
+        // fred applies the same timeout per command; this one also bounds a
+        // NOSCRIPT reload and any wait in fred's queue.
+        let call = script.evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec());
+        let reply = match tokio::time::timeout(timeout, call).await {
+            Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
+            Ok(Err(e)) => return Err(store_error(e, timeout)),
+            Ok(Ok(reply)) => reply,
+        };
+        match reply[..] {
+            [admitted, remaining, reset]
+                if (0..=1).contains(&admitted) && remaining >= 0 && reset >= 0 =>
+            {
+                Ok(Decision {
+                    admitted: admitted == 1,
+                    remaining: remaining as u64,
+                    reset_micros: reset as u64,
+                })
+            }
+            _ => Err(StoreError::Protocol(format!(
+                "unexpected script reply {reply:?}"
+            ))),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let limiter = self.inner.keys.limiter(&hit);
+        let (script, keys) = match hit.algorithm {
+            Algorithm::FixedWindow => (&self.inner.fixed_window, vec![limiter.key(Role::State)]),
+            Algorithm::SlidingWindowCounter => (
+                &self.inner.sliding_counter,
+                vec![limiter.key(Role::State)],
+            ),
+            Algorithm::SlidingWindowLog => (
+                &self.inner.sliding_log,
+                vec![limiter.key(Role::LogSet), limiter.key(Role::LogMeta)],
+            ),
+        };
+        let args = [
+            hit.limit.min(MAX_EXACT).to_string(),
+            hit.unit.micros().to_string(),
+            hit.hits.min(MAX_EXACT).to_string(),
+            if hit.negative { "1" } else { "0" }.to_owned(),
+        ];
+        Box::pin(self.run(script, keys, args))
+    }
+
+    fn is_ready(&self) -> bool {
+        self.inner.loaded.load(Ordering::Acquire)
+            && self.inner.pool.clients().iter().any(|c| c.is_connected())
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind
+    }
+}
+
+/// Watches the connections: after every (re)connection, loads the scripts
+/// once, so the first calls do not pay for a `NOSCRIPT` round trip and
+/// readiness means "can answer". Holds only a weak reference: ends with the
+/// store.
+async fn supervise(store: Weak<Inner>, pool: Pool) {
+    let mut reconnects: Vec<_> = pool.clients().iter().map(|c| c.reconnect_rx()).collect();
+    loop {
+        tokio::time::sleep(SUPERVISE_EVERY).await;
+        let Some(inner) = store.upgrade() else { return };
+        let mut reconnected = false;
+        for (rx, client) in reconnects.iter_mut().zip(pool.clients()) {
+            loop {
+                match rx.try_recv() {
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Closed) => {
+                        // fred swaps the channel on some state changes.
+                        *rx = client.reconnect_rx();
+                        reconnected = true;
+                        break;
+                    }
+                    Ok(_) | Err(TryRecvError::Lagged(_)) => reconnected = true,
+                }
+            }
+        }
+        let connected = inner.pool.clients().iter().find(|c| c.is_connected());
+        let Some(client) = connected else {
+            inner.loaded.store(false, Ordering::Release);
+            continue;
+        };
+        if reconnected {
+            inner.loaded.store(false, Ordering::Release);
+        }
+        if inner.loaded.load(Ordering::Acquire) {
+            continue;
+        }
+        let load = load_scripts(&inner, client);
+        match tokio::time::timeout(Duration::from_secs(2), load).await {
+            Ok(Ok(())) => {
+                tracing::debug!(kind = inner.kind, "redis scripts loaded");
+                inner.loaded.store(true, Ordering::Release);
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "loading redis scripts failed"),
+            Err(_) => tracing::debug!("loading redis scripts timed out"),
+        }
+    }
+}
+
+async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), FredError> {
+    for script in [
+        &inner.fixed_window,
+        &inner.sliding_counter,
+        &inner.sliding_log,
+    ] {
+        // On a cluster, loads on every primary.
+        script.load(client).await?;
+    }
+    Ok(())
+}
+
+fn store_error(e: FredError, timeout: Duration) -> StoreError {
+    match e.kind() {
+        ErrorKind::Timeout => StoreError::Timeout(timeout.as_millis() as u64),
+        ErrorKind::Protocol | ErrorKind::Parse => StoreError::Protocol(e.to_string()),
+        ErrorKind::Unknown | ErrorKind::InvalidArgument | ErrorKind::InvalidCommand => {
+            // An error reply from Redis: transient server states are
+            // "unavailable"; anything else (a script error, CROSSSLOT,
+            // WRONGTYPE) is a bug or a foreign key, not worth a retry.
+            const TRANSIENT: [&str; 10] = [
+                "CLUSTERDOWN",
+                "TRYAGAIN",
+                "LOADING",
+                "READONLY",
+                "MASTERDOWN",
+                "BUSY",
+                "NOREPLICAS",
+                "MISCONF",
+                "OOM",
+                "NOSCRIPT",
+            ];
+            let details = e.details();
+            if TRANSIENT.iter().any(|p| details.starts_with(p)) {
+                StoreError::Unavailable(e.to_string())
+            } else {
+                StoreError::Protocol(e.to_string())
+            }
+        }
+        // IO, Canceled (written while disconnected), Backpressure, Cluster,
+        // Routing, Sentinel, Auth, Tls...: the backend is not reachable now.
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+/// Invalid settings are permanent: reported as the non-transient variant.
+fn invalid(message: String) -> StoreError {
+    StoreError::Protocol(format!("invalid redis settings: {message}"))
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn tls_config(config: &RedisConfig) -> Result<TlsConfig, StoreError> {
+    use fred::rustls::pki_types::pem::PemObject;
+    use fred::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use fred::rustls::{ClientConfig, RootCertStore, crypto::ring};
+
+    let file_error = |path: &PathBuf, e: &dyn std::fmt::Display| {
+        invalid(format!("reading {}: {e}", path.display()))
+    };
+    let mut roots = RootCertStore::empty();
+    match &config.tls_ca_file {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path).map_err(|e| file_error(path, &e))?;
+            for cert in certs {
+                let cert = cert.map_err(|e| file_error(path, &e))?;
+                roots.add(cert).map_err(|e| file_error(path, &e))?;
+            }
+        }
+        None => {
+            // Unreadable system certificates are skipped, as fred does not.
+            for cert in fred::rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let builder = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(format!("tls: {e}")))?
+        .with_root_certificates(roots);
+    let client = match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(cert_path), Some(key_path)) => {
+            let chain = CertificateDer::pem_file_iter(cert_path)
+                .map_err(|e| file_error(cert_path, &e))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| file_error(cert_path, &e))?;
+            let key =
+                PrivateKeyDer::from_pem_file(key_path).map_err(|e| file_error(key_path, &e))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| invalid(format!("tls client certificate: {e}")))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => {
+            return Err(invalid(
+                "tls_cert_file and tls_key_file must be given together".into(),
+            ));
+        }
+    };
+    Ok(client.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_hides_password() {
+        assert_eq!(
+            redact("redis://user:secret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[tokio::test]
+    async fn connect_succeeds_while_redis_is_down() {
+        // Port 1 on loopback: nothing listens there.
+        for url in [
+            "redis://127.0.0.1:1",
+            "rediss://127.0.0.1:1",
+            "redis-cluster://127.0.0.1:1",
+        ] {
+            let store = RedisStore::connect(RedisConfig {
+                url: url.into(),
+                ..RedisConfig::default()
+            })
+            .await
+            .unwrap();
+            assert!(!store.is_ready(), "{url}");
+            let entries = vec![("k".to_owned(), "v".to_owned())];
+            let started = std::time::Instant::now();
+            let result = store
+                .hit(Hit {
+                    domain: "d",
+                    entries: &entries,
+                    algorithm: Algorithm::FixedWindow,
+                    limit: 1,
+                    unit: crate::limit::Unit::Second,
+                    hits: 1,
+                    negative: false,
+                })
+                .await;
+            assert!(result.is_err(), "{url}");
+            assert!(started.elapsed() < Duration::from_millis(100), "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_settings_fail() {
+        let bad_url = RedisStore::connect(RedisConfig {
+            url: "not a url".into(),
+            ..RedisConfig::default()
+        })
+        .await;
+        assert!(bad_url.is_err());
+        let half_tls = RedisStore::connect(RedisConfig {
+            tls_cert_file: Some("/nonexistent.pem".into()),
+            ..RedisConfig::default()
+        })
+        .await;
+        assert!(half_tls.is_err());
+    }
+
+    #[tokio::test]
+    async fn kind_follows_the_url() {
+        for (url, kind) in [
+            ("redis://127.0.0.1:1", "redis"),
+            ("redis-cluster://127.0.0.1:1", "redis-cluster"),
+            (
+                "redis-sentinel://127.0.0.1:1?sentinelServiceName=m",
+                "redis-sentinel",
+            ),
+        ] {
+            let store = RedisStore::connect(RedisConfig {
+                url: url.into(),
+                ..RedisConfig::default()
+            })
+            .await
+            .unwrap();
+            assert_eq!(store.kind(), kind);
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The three algorithms on the embedded store, on a clock the test holds.
+
+use std::sync::Arc;
+
+use tollgate::clock::ManualClock;
+use tollgate::limit::{Algorithm, Unit};
+use tollgate::storage::{Decision, Hit, MemoryStore, Store};
+
+const MINUTE: u64 = 60_000_000;
+const SECOND: u64 = 1_000_000;
+/// A whole number of minutes since the epoch: window boundaries fall on
+/// multiples of 60 s from here.
+const T0: u64 = 1_800_000_000 * SECOND;
+
+struct Fixture {
+    clock: ManualClock,
+    store: MemoryStore,
+    entries: Vec<(String, String)>,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let clock = ManualClock::at_micros(T0);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        Self {
+            clock,
+            store,
+            entries: vec![("user".into(), "alice".into())],
+        }
+    }
+
+    async fn hit(&self, algorithm: Algorithm, limit: u64, hits: u64) -> Decision {
+        self.call(algorithm, limit, hits, false).await
+    }
+
+    async fn call(&self, algorithm: Algorithm, limit: u64, hits: u64, negative: bool) -> Decision {
+        self.store
+            .hit(Hit {
+                domain: "test",
+                entries: &self.entries,
+                algorithm,
+                limit,
+                unit: Unit::Minute,
+                hits,
+                negative,
+            })
+            .await
+            .expect("the embedded store always answers")
+    }
+
+    async fn burst(&self, algorithm: Algorithm, limit: u64, n: u64) -> u64 {
+        let mut admitted = 0;
+        for _ in 0..n {
+            if self.hit(algorithm, limit, 1).await.admitted {
+                admitted += 1;
+            }
+        }
+        admitted
+    }
+}
+
+#[tokio::test]
+async fn fixed_window_admits_twice_the_limit_across_a_boundary() {
+    let f = Fixture::new();
+    f.clock.set_micros(T0 + MINUTE - SECOND / 2);
+    assert_eq!(f.burst(Algorithm::FixedWindow, 100, 100).await, 100);
+    f.clock.advance_micros(SECOND);
+    assert_eq!(f.burst(Algorithm::FixedWindow, 100, 100).await, 100);
+}
+
+#[tokio::test]
+async fn sliding_log_admits_exactly_the_limit_across_a_boundary() {
+    let f = Fixture::new();
+    f.clock.set_micros(T0 + MINUTE - SECOND / 2);
+    assert_eq!(f.burst(Algorithm::SlidingWindowLog, 100, 100).await, 100);
+    f.clock.advance_micros(SECOND);
+    assert_eq!(f.burst(Algorithm::SlidingWindowLog, 100, 100).await, 0);
+    // A full window after the burst, it is all available again.
+    f.clock.set_micros(T0 + 2 * MINUTE - SECOND / 2);
+    assert_eq!(f.burst(Algorithm::SlidingWindowLog, 100, 100).await, 100);
+}
+
+#[tokio::test]
+async fn sliding_counter_stays_near_the_limit_across_a_boundary() {
+    let f = Fixture::new();
+    f.clock.set_micros(T0 + MINUTE - SECOND / 2);
+    assert_eq!(f.burst(Algorithm::SlidingWindowCounter, 100, 100).await, 100);
+    f.clock.advance_micros(SECOND);
+    // The previous bucket still weighs 59.5/60 of 100: one more hit at most.
+    assert!(f.burst(Algorithm::SlidingWindowCounter, 100, 100).await <= 1);
+}
+
+#[tokio::test]
+async fn sliding_counter_weights_the_previous_bucket() {
+    let f = Fixture::new();
+    let counter = Algorithm::SlidingWindowCounter;
+    // 40 in the previous window.
+    assert!(f.hit(counter, 50, 40).await.admitted);
+    // 25% into the next window, 10 in the current one: 40 x 0.75 + 10 = 40.
+    f.clock.set_micros(T0 + MINUTE + MINUTE / 4);
+    assert!(f.hit(counter, 50, 10).await.admitted);
+    // The next hit is allowed, estimate 40 + 1 = 41: 9 left.
+    let d = f.hit(counter, 50, 1).await;
+    assert!(d.admitted);
+    assert_eq!(d.remaining, 9);
+    // Nine more fit, the tenth does not.
+    assert!(f.hit(counter, 50, 9).await.admitted);
+    let refused = f.hit(counter, 50, 1).await;
+    assert!(!refused.admitted);
+    assert_eq!(refused.remaining, 0);
+    // Refused at estimate 50 with cur = 20: prev x w(t) + 20 + 1 <= 50 needs
+    // the weight to fall to 29/40, at 60 x (1 - 29/40) = 16.5 s into the
+    // window, 1.5 s from now.
+    assert_eq!(refused.reset_micros, 1_500_000);
+    f.clock.advance_micros(1_500_000 - 1);
+    assert!(!f.hit(counter, 50, 1).await.admitted);
+    f.clock.advance_micros(1);
+    assert!(f.hit(counter, 50, 1).await.admitted);
+}
+
+#[tokio::test]
+async fn weighted_cost_consumes_its_weight_on_every_algorithm() {
+    for algorithm in Algorithm::ALL {
+        let f = Fixture::new();
+        let d = f.hit(algorithm, 9500, 100).await;
+        assert!(d.admitted, "{algorithm}");
+        assert_eq!(d.remaining, 9400, "{algorithm}");
+        let d = f.hit(algorithm, 9500, 9400).await;
+        assert!(d.admitted, "{algorithm}");
+        assert_eq!(d.remaining, 0, "{algorithm}");
+        assert!(!f.hit(algorithm, 9500, 1).await.admitted, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn a_cost_above_the_limit_never_passes_and_is_not_recorded() {
+    for algorithm in Algorithm::ALL {
+        let f = Fixture::new();
+        let d = f.hit(algorithm, 10, 11).await;
+        assert!(!d.admitted, "{algorithm}");
+        assert_eq!(d.remaining, 10, "{algorithm}");
+        let d = f.hit(algorithm, 10, 10).await;
+        assert!(d.admitted, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn zero_hits_check_without_counting() {
+    for algorithm in Algorithm::ALL {
+        let f = Fixture::new();
+        f.hit(algorithm, 5, 3).await;
+        for _ in 0..3 {
+            let d = f.hit(algorithm, 5, 0).await;
+            assert!(d.admitted, "{algorithm}");
+            assert_eq!(d.remaining, 2, "{algorithm}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn negative_hits_give_back_but_never_below_zero() {
+    for algorithm in Algorithm::ALL {
+        let f = Fixture::new();
+        assert_eq!(f.hit(algorithm, 10, 6).await.remaining, 4, "{algorithm}");
+        let d = f.call(algorithm, 10, 4, true).await;
+        assert!(d.admitted, "{algorithm}");
+        assert_eq!(d.remaining, 8, "{algorithm}");
+        let d = f.call(algorithm, 10, 50, true).await;
+        assert_eq!(d.remaining, 10, "{algorithm}");
+        assert_eq!(f.hit(algorithm, 10, 10).await.remaining, 0, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn fixed_window_resets_at_the_epoch_aligned_end() {
+    let f = Fixture::new();
+    f.clock.set_micros(T0 + 20 * SECOND);
+    let d = f.hit(Algorithm::FixedWindow, 2, 1).await;
+    assert_eq!(d.reset_micros, 40 * SECOND);
+    f.hit(Algorithm::FixedWindow, 2, 1).await;
+    f.clock.advance_micros(15 * SECOND);
+    let d = f.hit(Algorithm::FixedWindow, 2, 1).await;
+    assert!(!d.admitted);
+    assert_eq!(d.reset_micros, 25 * SECOND);
+    // Every hit counts in a fixed window, refused ones included.
+    f.clock.set_micros(T0 + MINUTE);
+    assert_eq!(f.hit(Algorithm::FixedWindow, 2, 1).await.remaining, 1);
+}
+
+#[tokio::test]
+async fn sliding_log_reset_is_exact() {
+    let f = Fixture::new();
+    let log = Algorithm::SlidingWindowLog;
+    let d = f.hit(log, 3, 1).await;
+    assert_eq!(d.reset_micros, MINUTE);
+    f.clock.advance_micros(10 * SECOND);
+    f.hit(log, 3, 2).await;
+    f.clock.advance_micros(10 * SECOND);
+    // Full: 1 at T0, 2 at T0+10s. One hit fits when the first leaves (40 s
+    // from now); a hit of cost 3 only when both have left (50 s from now).
+    let one = f.hit(log, 3, 1).await;
+    assert!(!one.admitted);
+    assert_eq!(one.reset_micros, 40 * SECOND);
+    let three = f.hit(log, 3, 3).await;
+    assert!(!three.admitted);
+    assert_eq!(three.reset_micros, 50 * SECOND);
+    f.clock.advance_micros(40 * SECOND - 1);
+    assert!(!f.hit(log, 3, 1).await.admitted);
+    f.clock.advance_micros(1);
+    let d = f.hit(log, 3, 1).await;
+    assert!(d.admitted);
+    // The oldest counted hit (T0+10s) leaves 10 s from now.
+    assert_eq!(d.reset_micros, 10 * SECOND);
+}
+
+#[tokio::test]
+async fn concurrent_callers_never_over_admit() {
+    for algorithm in Algorithm::ALL {
+        let f = Arc::new(Fixture::new());
+        let tasks: Vec<_> = (0..300)
+            .map(|_| {
+                let f = f.clone();
+                tokio::spawn(async move { f.hit(algorithm, 100, 1).await.admitted })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += u32::from(t.await.unwrap());
+        }
+        assert_eq!(admitted, 100, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn expired_limiters_are_reclaimed() {
+    let f = Fixture::new();
+    for i in 0..1000 {
+        let entries = vec![("user".to_string(), format!("u{i}"))];
+        for algorithm in Algorithm::ALL {
+            f.store
+                .hit(Hit {
+                    domain: "test",
+                    entries: &entries,
+                    algorithm,
+                    limit: 10,
+                    unit: Unit::Second,
+                    hits: 1,
+                    negative: false,
+                })
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(f.store.len(), 3000);
+    // Two seconds on, every window (counter: both buckets) has passed.
+    f.clock.advance_micros(2 * SECOND + 1);
+    f.store.sweep();
+    assert!(f.store.is_empty(), "{} left", f.store.len());
+}

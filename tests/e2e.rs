@@ -1,0 +1,612 @@
+//! tollgate over real gRPC on loopback, driven by an independent client (the
+//! `envoy-types` crate's generated Envoy API), on the embedded store.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use tollgate::clock::SystemClock;
+use tollgate::settings::{Settings, Sources};
+
+struct Tollgate {
+    grpc: SocketAddr,
+    http: SocketAddr,
+    rules: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Tollgate {
+    /// Starts tollgate on loopback port 0 with `files` (name, YAML) as rules
+    /// and extra settings as `(name, value)` overrides.
+    async fn start(files: &[(&str, &str)], settings: &[(&str, &str)]) -> Tollgate {
+        let rules = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(rules.path().join(name), text).unwrap();
+        }
+        let mut overrides = vec![
+            ("rules_dir".to_string(), rules.path().display().to_string()),
+            ("rules_reload_ms".to_string(), "50".to_string()),
+        ];
+        overrides.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let settings = Settings::load(&Sources {
+            overrides,
+            ..Sources::default()
+        })
+        .unwrap();
+        let engine = tollgate::server::build_engine(&settings, Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            tollgate::server::run(&settings, engine, grpc, http, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Tollgate {
+            grpc: grpc_addr,
+            http: http_addr,
+            rules,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .unwrap()
+    }
+
+    async fn ask(&self, req: RateLimitRequest) -> RateLimitResponse {
+        self.client()
+            .await
+            .should_rate_limit(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap())
+            .await
+            .expect("tollgate stops within its grace period")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+fn limit(rpu: u32, unit: rate_limit::Unit, name: &str) -> Option<RateLimit> {
+    Some(RateLimit {
+        name: name.into(),
+        requests_per_unit: rpu,
+        unit: unit as i32,
+    })
+}
+
+const RULES: &str = r#"
+domain: shop
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+  - key: counter
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window_counter}
+  - key: log
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window_log, name: log_limit}
+  - key: open
+    rate_limit: {unlimited: true}
+  - key: trusted
+  - key: banned
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota_a
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: quota_b
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: broad
+    rate_limit: {unit: minute, requests_per_unit: 1, name: broad}
+  - key: narrow
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+      replaces: [{name: broad}]
+  - key: weighted
+    rate_limit: {unit: hour, requests_per_unit: 9500, algorithm: sliding_window_log}
+"#;
+
+#[tokio::test]
+async fn each_algorithm_counts_down_then_refuses_with_a_reset() {
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    for key in ["fixed", "counter", "log"] {
+        for remaining in [2, 1, 0] {
+            let r = t.ask(req("shop", vec![desc(&[(key, "x")])])).await;
+            assert_eq!(r.overall_code, Code::Ok as i32, "{key}");
+            assert_eq!(r.statuses[0].limit_remaining, remaining, "{key}");
+        }
+        let r = t.ask(req("shop", vec![desc(&[(key, "x")])])).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32, "{key}");
+        let s = &r.statuses[0];
+        assert_eq!(s.code, Code::OverLimit as i32);
+        let name = if key == "log" { "log_limit" } else { "" };
+        assert_eq!(s.current_limit, limit(3, rate_limit::Unit::Minute, name), "{key}");
+        assert_eq!(s.limit_remaining, 0);
+        let reset = s.duration_until_reset.expect("a refused status has a reset");
+        // The counter may have to wait into the next bucket: up to 2 windows.
+        let most = if key == "counter" { 120 } else { 60 };
+        assert!(reset.seconds <= most && (reset.seconds > 0 || reset.nanos > 0), "{key}: {reset:?}");
+    }
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn statuses_follow_request_order_and_the_reference_semantics() {
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    let r = t
+        .ask(req(
+            "shop",
+            vec![
+                desc(&[("log", "a")]),
+                desc(&[("nothing", "matches")]),
+                desc(&[("open", "x")]),
+                desc(&[("trusted", "x")]),
+                desc(&[("log", "a"), ("too", "deep")]),
+            ],
+        ))
+        .await;
+    let log = &r.statuses[0];
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 5);
+    assert_eq!(log.code, Code::Ok as i32);
+    assert_eq!(log.current_limit, limit(3, rate_limit::Unit::Minute, "log_limit"));
+    assert_eq!(log.limit_remaining, 2);
+    let no_limit = DescriptorStatus {
+        code: Code::Ok as i32,
+        ..Default::default()
+    };
+    assert_eq!(r.statuses[1], no_limit);
+    assert_eq!(
+        r.statuses[2],
+        DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..Default::default()
+        }
+    );
+    assert_eq!(r.statuses[3], no_limit);
+    assert_eq!(r.statuses[4], no_limit);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_invalid_argument() {
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    let mut c = t.client().await;
+    let e = c
+        .should_rate_limit(req("", vec![desc(&[("k", "v")])]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("domain"), "{}", e.message());
+    let e = c.should_rate_limit(req("shop", vec![])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("descriptors"), "{}", e.message());
+    let mut bad = desc(&[("k", "v")]);
+    bad.limit = Some(RateLimitOverride {
+        requests_per_unit: 5,
+        unit: 0,
+    });
+    let e = c.should_rate_limit(req("shop", vec![bad])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("unit"), "{}", e.message());
+    // The service still answers afterwards.
+    let r = t.ask(req("shop", vec![desc(&[("log", "z")])])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_domain_is_ok_without_limits() {
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    let r = t
+        .ask(req("elsewhere", vec![desc(&[("log", "a")]), desc(&[("fixed", "b")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    for s in &r.statuses {
+        assert_eq!(s.code, Code::Ok as i32);
+        assert_eq!(s.current_limit, None);
+    }
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn zero_limit_shadow_quota_replaces_and_override() {
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    // requests_per_unit 0 always rejects.
+    let r = t.ask(req("shop", vec![desc(&[("banned", "x")])])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].current_limit, limit(0, rate_limit::Unit::Hour, ""));
+
+    // Shadow: counted and over, but answered OK.
+    for _ in 0..3 {
+        let r = t.ask(req("shop", vec![desc(&[("shadow", "x")])])).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    }
+    assert_eq!(
+        t.ask(req("shop", vec![desc(&[("shadow", "x")])])).await.statuses[0].limit_remaining,
+        0
+    );
+
+    // Quota mode: over only when every quota descriptor is over.
+    let quota = || req("shop", vec![desc(&[("quota_a", "q")]), desc(&[("quota_b", "q")])]);
+    assert_eq!(t.ask(quota()).await.overall_code, Code::Ok as i32);
+    let r = t.ask(quota()).await; // a is over, b has 1 left
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let r = t.ask(quota()).await; // both over
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+
+    // `narrow` replaces `broad` in the same request.
+    for _ in 0..3 {
+        let r = t
+            .ask(req("shop", vec![desc(&[("broad", "x")]), desc(&[("narrow", "x")])]))
+            .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses[0].current_limit, None);
+    }
+    // Alone, `broad` applies.
+    let alone = req("shop", vec![desc(&[("broad", "y")])]);
+    assert_eq!(t.ask(alone.clone()).await.overall_code, Code::Ok as i32);
+    assert_eq!(t.ask(alone).await.overall_code, Code::OverLimit as i32);
+
+    // A request-supplied limit wins when the domain exists.
+    let mut o = desc(&[("anything", "x")]);
+    o.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 1, // SECOND
+    });
+    let r = t.ask(req("shop", vec![o.clone()])).await;
+    assert_eq!(r.statuses[0].current_limit, limit(1, rate_limit::Unit::Second, ""));
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(t.ask(req("shop", vec![o])).await.overall_code, Code::OverLimit as i32);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn hits_addend_weights_checks_and_gives_back() {
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    let weighted = |hits: Option<u64>, negative: bool, request_hits: u32| {
+        let mut d = desc(&[("weighted", "job")]);
+        d.hits_addend = hits.map(|value| UInt64Value { value });
+        d.is_negative_hits = negative;
+        RateLimitRequest {
+            domain: "shop".into(),
+            descriptors: vec![d],
+            hits_addend: request_hits,
+        }
+    };
+    // Request-level cost 100 against 9500.
+    let r = t.ask(weighted(None, false, 100)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 9400);
+    // Request hits_addend 0 counts as 1.
+    assert_eq!(t.ask(weighted(None, false, 0)).await.statuses[0].limit_remaining, 9399);
+    // A per-descriptor hits_addend wins, even 0 (check only).
+    assert_eq!(t.ask(weighted(Some(0), false, 500)).await.statuses[0].limit_remaining, 9399);
+    assert_eq!(t.ask(weighted(Some(399), false, 500)).await.statuses[0].limit_remaining, 9000);
+    // A cost above the limit never passes and costs nothing.
+    let r = t.ask(weighted(Some(9501), false, 0)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 9000);
+    // Giving hits back answers OK and restores the budget.
+    let r = t.ask(weighted(Some(1000), true, 0)).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 9500);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn global_shadow_mode_and_rate_limit_headers() {
+    let t = Tollgate::start(
+        &[("shop.yaml", RULES)],
+        &[
+            ("shadow_mode", "true"),
+            ("rate_limit_headers", "true"),
+            ("header_reset", "X-RateLimit-Reset"),
+        ],
+    )
+    .await;
+    let two = || req("shop", vec![desc(&[("log", "h")]), desc(&[("fixed", "h")])]);
+    t.ask(two()).await;
+    t.ask(two()).await;
+    t.ask(two()).await;
+    let r = t.ask(two()).await;
+    // Both are over, but global shadow mode answers OK overall.
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let headers: HashMap<_, _> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    assert_eq!(headers["RateLimit-Limit"], "3, 3;w=60");
+    assert_eq!(headers["RateLimit-Remaining"], "0");
+    let reset: u64 = headers["X-RateLimit-Reset"].parse().unwrap();
+    assert!((1..=60).contains(&reset), "{reset}");
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn health_reflection_and_http_healthcheck() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    let channel = Channel::from_shared(format!("http://{}", t.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["", "ratelimit"] {
+        let mut status = None;
+        for _ in 0..50 {
+            let s = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status;
+            status = Some(s);
+            if s == ServingStatus::Serving as i32 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(status, Some(ServingStatus::Serving as i32), "{service:?}");
+    }
+
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let mut reflection = ServerReflectionClient::new(channel);
+    let outbound = tokio_stream::iter(vec![ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    }]);
+    let mut inbound = reflection
+        .server_reflection_info(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = inbound.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+        panic!("unexpected reflection answer: {msg:?}");
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService"),
+        "{names:?}"
+    );
+
+    let body = http_get(t.http, "/healthcheck").await;
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.ends_with("OK\n"), "{body}");
+    t.stop().await;
+}
+
+/// A minimal HTTP/1.1 GET over a raw socket: enough for a health check.
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    out
+}
+
+#[tokio::test]
+async fn rules_reload_and_a_bad_reload_keeps_the_old_rules() {
+    let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    let path = t.rules.path().join("shop.yaml");
+    let ask_log = || req("shop", vec![desc(&[("log", "reload")])]);
+    assert_eq!(
+        t.ask(ask_log()).await.statuses[0].current_limit,
+        limit(3, rate_limit::Unit::Minute, "log_limit")
+    );
+    // A good edit takes effect.
+    std::fs::write(&path, RULES.replace("requests_per_unit: 3, algorithm: sliding_window_log", "requests_per_unit: 7, algorithm: sliding_window_log")).unwrap();
+    wait_for_limit(&t, 7).await;
+    // A broken file is refused; the last good rules stay.
+    std::fs::write(&path, "domain: shop\ndescriptors:\n  - key: log\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        t.ask(ask_log()).await.statuses[0].current_limit,
+        limit(7, rate_limit::Unit::Minute, "log_limit")
+    );
+    t.stop().await;
+}
+
+async fn wait_for_limit(t: &Tollgate, rpu: u32) {
+    for _ in 0..100 {
+        let r = t.ask(req("shop", vec![desc(&[("log", "reload")])])).await;
+        if r.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit) == Some(rpu) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the new limit {rpu} never applied");
+}
+
+fn tollgate_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
+}
+
+#[test]
+fn validate_prints_every_error_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: b\n    colour: red\n",
+    )
+    .unwrap();
+    let out = Command::new(tollgate_bin())
+        .args(["validate", &dir.path().display().to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("broken.yaml:4"), "{stderr}");
+    assert!(stderr.contains("fortnight"), "{stderr}");
+    assert!(stderr.contains("broken.yaml:6"), "{stderr}");
+    assert!(stderr.contains("colour"), "{stderr}");
+
+    let ok = Command::new(tollgate_bin())
+        .args(["validate", &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules").display().to_string()])
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+}
+
+#[test]
+fn bad_settings_exit_64_before_binding() {
+    let out = Command::new(tollgate_bin())
+        .args(["serve", "--grpc-addr", "not-an-address"])
+        .env("TOLLGATE_HTTP_ADDR", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("grpc_addr=not-an-address is not valid"), "{stderr}");
+}
+
+/// The README's walkthrough: `tollgate serve` as a process, then
+/// `tollgate check` until OVER_LIMIT, for each algorithm.
+#[test]
+fn serve_and_check_binaries() {
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(rules.path().join("shop.yaml"), RULES).unwrap();
+    let grpc = free_port();
+    let child = Command::new(tollgate_bin())
+        .args([
+            "serve",
+            "--rules",
+            &rules.path().display().to_string(),
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--http-addr",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut guard = Kill(child);
+    let check = |key: &str| {
+        Command::new(tollgate_bin())
+            .args(["check", "--addr", &format!("127.0.0.1:{grpc}"), "--domain", "shop", "--descriptor", &format!("{key}=cli")])
+            .output()
+            .unwrap()
+    };
+    // Wait until it serves.
+    let mut up = false;
+    for _ in 0..100 {
+        if check("trusted").status.success() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(up, "tollgate serve did not come up");
+    for key in ["fixed", "counter", "log"] {
+        for left in [2, 1, 0] {
+            let out = String::from_utf8(check(key).stdout).unwrap();
+            assert!(out.starts_with("overall: OK"), "{key}: {out}");
+            assert!(out.contains(&format!("remaining={left}")), "{key}: {out}");
+        }
+        let out = String::from_utf8(check(key).stdout).unwrap();
+        assert!(out.starts_with("overall: OVER_LIMIT"), "{key}: {out}");
+        assert!(out.contains("limit=3/minute"), "{key}: {out}");
+        assert!(out.contains("remaining=0 reset="), "{key}: {out}");
+    }
+    // SIGTERM: a graceful stop.
+    let child = &mut guard.0;
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let mut done = false;
+    for _ in 0..100 {
+        if let Ok(Some(status)) = child.try_wait() {
+            assert!(status.success(), "{status}");
+            done = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(done, "tollgate did not stop on SIGTERM");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

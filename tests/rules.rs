@@ -1,0 +1,572 @@
+//! Rule files: matching (table-driven, against `valid/matching.yaml`) and
+//! validation (one fixture per error under `invalid/`).
+
+use std::path::{Path, PathBuf};
+
+use tollgate::limit::{Algorithm, FailurePolicy, Unit};
+use tollgate::rules::{LimitSpec, Rule, RuleErrors, RuleSet, load_dir, parse_file};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rules")
+}
+
+fn matching() -> RuleSet {
+    load_dir(&fixtures().join("valid")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn find<'a>(set: &'a RuleSet, domain: &str, pairs: &[(&str, &str)]) -> Option<&'a Rule> {
+    set.find(domain, &entries(pairs))
+}
+
+/// What is being shown, the request's entries, the name of the rule expected.
+type Case = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Option<&'static str>,
+);
+
+#[test]
+fn matching_table() {
+    let set = matching();
+    #[rustfmt::skip]
+    let cases: &[Case] = &[
+        ("exact", &[("path", "/exact")], Some("exact")),
+        ("wildcard at the end", &[("path", "/api/users")], Some("api_any")),
+        ("first wildcard in file order wins", &[("path", "/api/v1/users")], Some("api_any")),
+        ("star matches empty", &[("path", "/api/")], Some("api_any")),
+        ("wildcard in the middle", &[("path", "/users/42/profile")], Some("user_profile")),
+        ("middle star matches empty", &[("path", "/users//profile")], Some("user_profile")),
+        ("middle wildcard needs its suffix", &[("path", "/users/42/posts")], Some("path_default")),
+        ("wildcard at the start", &[("path", "/img/logo.png")], Some("png")),
+        ("start star matches empty", &[("path", ".png")], Some("png")),
+        ("several stars", &[("path", "/aXXbYc")], Some("abc")),
+        ("several stars, all empty", &[("path", "/abc")], Some("abc")),
+        ("exact beats wildcard", &[("path", "/exact")], Some("exact")),
+        ("wildcard beats default", &[("path", "/exactly")], Some("exact_prefix")),
+        ("default node", &[("path", "/other")], Some("path_default")),
+        ("default node, empty value", &[("path", "")], Some("path_default")),
+        ("wildcards are per key", &[("host", "example.com")], Some("any_host")),
+        ("lone star matches empty", &[("host", "")], Some("any_host")),
+        ("unknown key", &[("nope", "x")], None),
+        ("nested exact", &[("tenant", "acme"), ("plan", "gold")], Some("acme_gold")),
+        ("no backtracking", &[("tenant", "acme"), ("plan", "silver")], None),
+        ("nested default", &[("tenant", "other"), ("plan", "silver")], Some("any_tenant_plan")),
+        ("shorter request, node with limit", &[("remote_address", "1.2.3.4")], Some("per_ip")),
+        ("full depth", &[("remote_address", "1.2.3.4"), ("path", "/x")], Some("per_ip_path")),
+        ("longer request", &[("remote_address", "1.2.3.4"), ("path", "/x"), ("m", "GET")], None),
+        ("longer than a leaf", &[("path", "/exact"), ("method", "GET")], None),
+        ("shorter request, node without limit", &[("database", "users")], None),
+        ("full depth, exact", &[("database", "users"), ("op", "read")], Some("users_read")),
+        ("child fails", &[("database", "users"), ("op", "write")], None),
+        ("longer than the rule path", &[("database", "users"), ("op", "read"), ("x", "y")], None),
+        ("whitelist node", &[("client", "internal")], None),
+        ("whitelist's default sibling", &[("client", "partner")], Some("client_default")),
+        ("whitelist node has no children", &[("client", "internal"), ("path", "/")], None),
+        ("empty request", &[], None),
+    ];
+    for (what, pairs, want) in cases {
+        let got = find(&set, "matching", pairs).map(|r| r.name.as_deref().unwrap_or("<unnamed>"));
+        assert_eq!(got, *want, "{what}: {pairs:?}");
+    }
+}
+
+#[test]
+fn unknown_domain_matches_nothing() {
+    let set = matching();
+    assert!(set.has_domain("matching"));
+    assert!(!set.has_domain("other"));
+    assert_eq!(find(&set, "other", &[("path", "/exact")]), None);
+}
+
+#[test]
+fn limits_and_flags_are_parsed() {
+    let set = matching();
+
+    let ban = find(&set, "matching", &[("banned", "x")]).unwrap();
+    assert_eq!(
+        ban.limit,
+        LimitSpec::PerUnit {
+            requests_per_unit: 0,
+            unit: Unit::Hour
+        }
+    );
+
+    let trusted = find(&set, "matching", &[("trusted", "x")]).unwrap();
+    assert_eq!(trusted.limit, LimitSpec::Unlimited);
+
+    let user = find(&set, "matching", &[("user", "alice")]).unwrap();
+    assert_eq!(
+        user,
+        &Rule {
+            limit: LimitSpec::PerUnit {
+                requests_per_unit: 100,
+                unit: Unit::Minute
+            },
+            name: Some("per_user".into()),
+            replaces: vec!["per_ip".into(), "path_default".into()],
+            algorithm: Some(Algorithm::SlidingWindowLog),
+            on_store_error: Some(FailurePolicy::Allow),
+            shadow_mode: true,
+            quota_mode: true,
+            detailed_metric: true,
+            source: "matching.yaml:81".into(),
+        }
+    );
+
+    let shout = find(&set, "matching", &[("shout", "x")]).unwrap();
+    assert_eq!(
+        shout.limit,
+        LimitSpec::PerUnit {
+            requests_per_unit: 16,
+            unit: Unit::Second
+        }
+    );
+    assert_eq!(shout.name, None);
+    assert_eq!(shout.algorithm, None);
+    assert_eq!(shout.on_store_error, None);
+    assert!(!shout.shadow_mode && !shout.quota_mode && !shout.detailed_metric);
+    assert!(shout.replaces.is_empty());
+}
+
+#[test]
+fn index_layout() {
+    let set = matching();
+    let root = &set.domains["matching"].root;
+    // In file order.
+    let wildcards: Vec<&str> = root.wildcard.iter().map(|n| n.value.as_str()).collect();
+    assert_eq!(
+        wildcards,
+        [
+            "/api/*",
+            "/api/v1/*",
+            "/users/*/profile",
+            "*.png",
+            "/a*b*c",
+            "/exact*",
+            "*"
+        ]
+    );
+    assert!(root.default.contains_key("path"));
+    assert!(
+        root.exact
+            .contains_key(&("path".to_string(), "/exact".to_string()))
+    );
+    assert_eq!(
+        set.domains["matching"].file,
+        fixtures().join("valid/matching.yaml")
+    );
+}
+
+#[test]
+fn replaces_without_own_name_is_fine() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: other\n";
+    let domain = parse_file(Path::new("d.yaml"), text).unwrap();
+    let rule = domain.root.default["k"].rule.as_ref().unwrap();
+    assert_eq!(rule.name, None);
+    assert_eq!(rule.replaces, ["other"]);
+}
+
+#[test]
+fn examples_load() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules");
+    let set = load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    assert!(set.has_domain("edge_proxy") && set.has_domain("mongo_cps"));
+    let name = |domain: &str, pairs: &[(&str, &str)]| {
+        find(&set, domain, pairs).map(|r| r.name.clone().unwrap_or_default())
+    };
+    let login = [("remote_address", "203.0.113.7"), ("path", "/login/sso")];
+    assert_eq!(name("edge_proxy", &login).as_deref(), Some("login_per_ip"));
+    let search = [("plan", "enterprise"), ("path", "/v1/orgs/acme/search")];
+    assert_eq!(
+        name("edge_proxy", &search).as_deref(),
+        Some("enterprise_search")
+    );
+    assert_eq!(
+        name("edge_proxy", &[("remote_address_class", "monitoring")]),
+        None
+    );
+    assert_eq!(
+        name("mongo_cps", &[("database", "users")]).as_deref(),
+        Some("")
+    );
+}
+
+#[test]
+fn empty_directory_is_an_empty_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = load_dir(dir.path()).unwrap();
+    assert!(set.is_empty());
+}
+
+#[test]
+fn missing_directory_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let errors = load_dir(&missing).unwrap_err();
+    assert_eq!(errors.0.len(), 1);
+    assert_eq!(errors.0[0].file, missing);
+    assert_eq!(errors.0[0].line, None);
+    assert!(errors.to_string().contains("cannot read rule directory"));
+}
+
+/// The layout of a Kubernetes ConfigMap volume: `x.yaml -> ..data/x.yaml`,
+/// `..data -> ..2026_01_01_00_00_00.123`. Each file must load once.
+#[cfg(unix)]
+#[test]
+fn configmap_mount_layout() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let stamp = dir.path().join("..2026_01_01_00_00_00.123");
+    std::fs::create_dir(&stamp).unwrap();
+    let rule = |d: &str| format!("domain: {d}\ndescriptors:\n  - key: k\n");
+    std::fs::write(stamp.join("one.yaml"), rule("one")).unwrap();
+    std::fs::write(stamp.join("two.yml"), rule("two")).unwrap();
+    std::fs::write(stamp.join("notes.txt"), "not a rule file").unwrap();
+    symlink(&stamp, dir.path().join("..data")).unwrap();
+    for name in ["one.yaml", "two.yml", "notes.txt"] {
+        symlink(Path::new("..data").join(name), dir.path().join(name)).unwrap();
+    }
+    // A subdirectory is read too; a hidden file is not.
+    std::fs::create_dir(dir.path().join("team")).unwrap();
+    std::fs::write(dir.path().join("team/three.yaml"), rule("three")).unwrap();
+    std::fs::write(dir.path().join(".hidden.yaml"), "not: valid").unwrap();
+
+    let set = load_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["one", "three", "two"]);
+}
+
+// ---- Validation: one fixture per error. ----
+
+fn invalid(name: &str) -> PathBuf {
+    fixtures().join("invalid").join(name)
+}
+
+fn errors_of(name: &str) -> RuleErrors {
+    let file = invalid(name);
+    let text = std::fs::read_to_string(&file).unwrap();
+    match parse_file(&file, &text) {
+        Ok(domain) => panic!("{name} parsed: {domain:?}"),
+        Err(errors) => {
+            assert!(!errors.0.is_empty());
+            errors
+        }
+    }
+}
+
+/// Asserts that one of the errors of the fixture is on `line`, at `path`,
+/// and says `reason`.
+#[track_caller]
+fn assert_error(name: &str, line: usize, path: &str, reason: &str) {
+    let errors = errors_of(name);
+    let text = errors.to_string();
+    let file_name = Path::new(name).file_name().unwrap().to_string_lossy();
+    let want = format!("{file_name}:{line}: ");
+    let found = text
+        .lines()
+        .any(|l| l.contains(&want) && l.contains(reason) && (path.is_empty() || l.contains(path)));
+    assert!(found, "expected {want}{path}: ...{reason}... in:\n{text}");
+    for e in &errors.0 {
+        assert_eq!(e.file, invalid(name));
+    }
+}
+
+#[test]
+fn unknown_key() {
+    assert_error(
+        "unknown_key.yaml",
+        12,
+        "descriptors[1].descriptors[0].rate_limit.unti: ",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, on_store_error)",
+    );
+}
+
+#[test]
+fn empty_domain() {
+    assert_error("empty_domain.yaml", 2, "domain: ", "empty domain");
+}
+
+#[test]
+fn missing_domain() {
+    assert_error("missing_domain.yaml", 2, "domain: ", "missing domain");
+}
+
+#[test]
+fn duplicate_domain() {
+    let dir = invalid("duplicate_domain");
+    let errors = load_dir(&dir).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    let e = &errors.0[0];
+    assert_eq!(e.file, dir.join("b.yaml"));
+    let text = errors.to_string();
+    assert!(text.contains("b.yaml:3: domain: "), "{text}");
+    assert!(
+        text.contains("duplicate domain \"duplicate_domain\""),
+        "{text}"
+    );
+    assert!(text.contains("a.yaml:2"), "{text}");
+}
+
+#[test]
+fn empty_key() {
+    assert_error(
+        "empty_key.yaml",
+        6,
+        "descriptors[0].descriptors[0].key: ",
+        "empty key",
+    );
+}
+
+#[test]
+fn missing_key() {
+    assert_error("missing_key.yaml", 8, "descriptors[1].key: ", "missing key");
+}
+
+#[test]
+fn duplicate_key_value() {
+    assert_error(
+        "duplicate_key_value.yaml",
+        14,
+        "descriptors[2]: ",
+        "duplicate descriptor: key \"database\" with value \"users\" already defined on line 4",
+    );
+}
+
+#[test]
+fn duplicate_default_key() {
+    assert_error(
+        "duplicate_default_key.yaml",
+        10,
+        "descriptors[0].descriptors[1]: ",
+        "duplicate descriptor: key \"plan\" without value already defined on line 6",
+    );
+}
+
+#[test]
+fn unit_with_unlimited() {
+    assert_error(
+        "unit_with_unlimited.yaml",
+        8,
+        "descriptors[0].rate_limit.unit: ",
+        "must not be set together with unlimited: true",
+    );
+}
+
+#[test]
+fn requests_per_unit_with_unlimited() {
+    assert_error(
+        "requests_per_unit_with_unlimited.yaml",
+        7,
+        "descriptors[0].rate_limit.requests_per_unit: ",
+        "must not be set together with unlimited: true",
+    );
+}
+
+#[test]
+fn unknown_unit() {
+    assert_error(
+        "unknown_unit.yaml",
+        7,
+        "descriptors[0].rate_limit.unit: ",
+        "unknown unit \"fortnight\"",
+    );
+}
+
+#[test]
+fn missing_unit() {
+    assert_error(
+        "missing_unit.yaml",
+        6,
+        "descriptors[0].rate_limit.unit: ",
+        "missing unit",
+    );
+}
+
+#[test]
+fn missing_requests_per_unit() {
+    assert_error(
+        "missing_requests_per_unit.yaml",
+        6,
+        "descriptors[0].rate_limit.requests_per_unit: ",
+        "missing requests_per_unit",
+    );
+}
+
+#[test]
+fn empty_replaces() {
+    assert_error(
+        "empty_replaces.yaml",
+        11,
+        "descriptors[0].rate_limit.replaces[1].name: ",
+        "empty replaces name",
+    );
+}
+
+#[test]
+fn self_replaces() {
+    assert_error(
+        "self_replaces.yaml",
+        10,
+        "descriptors[0].rate_limit.replaces[0].name: ",
+        "cannot replace itself",
+    );
+}
+
+#[test]
+fn unknown_algorithm() {
+    assert_error(
+        "unknown_algorithm.yaml",
+        8,
+        "descriptors[0].rate_limit.algorithm: ",
+        "unknown algorithm \"token_bucket\"",
+    );
+}
+
+#[test]
+fn unknown_on_store_error() {
+    assert_error(
+        "unknown_on_store_error.yaml",
+        8,
+        "descriptors[0].rate_limit.on_store_error: ",
+        "unknown store error policy \"retry\"",
+    );
+}
+
+#[test]
+fn bad_yaml_syntax() {
+    assert_error("bad_yaml_syntax.yaml", 6, "", "invalid YAML");
+}
+
+#[test]
+fn not_a_number() {
+    assert_error(
+        "not_a_number.yaml",
+        7,
+        "descriptors[0].rate_limit.requests_per_unit: ",
+        "expected a whole number, found \"lots\"",
+    );
+}
+
+#[test]
+fn negative_number() {
+    assert_error(
+        "negative_number.yaml",
+        7,
+        "descriptors[0].rate_limit.requests_per_unit: ",
+        "must not be negative",
+    );
+}
+
+#[test]
+fn too_large_number() {
+    assert_error(
+        "too_large_number.yaml",
+        7,
+        "descriptors[0].rate_limit.requests_per_unit: ",
+        "too large",
+    );
+}
+
+#[test]
+fn not_a_bool() {
+    assert_error(
+        "not_a_bool.yaml",
+        5,
+        "descriptors[0].shadow_mode: ",
+        "expected true or false, found \"maybe\"",
+    );
+}
+
+#[test]
+fn duplicate_yaml_key() {
+    assert_error(
+        "duplicate_yaml_key.yaml",
+        8,
+        "",
+        "duplicate key \"unit\" (first on line 6)",
+    );
+}
+
+#[test]
+fn empty_file() {
+    let errors = errors_of("empty_file.yaml");
+    assert_eq!(errors.0.len(), 1);
+    assert_eq!(errors.0[0].line, None);
+    let text = errors.to_string();
+    assert!(text.contains("empty_file.yaml: empty rule file"), "{text}");
+    // Truly empty too.
+    let errors = parse_file(Path::new("blank.yaml"), "").unwrap_err();
+    assert!(errors.to_string().contains("empty rule file"));
+}
+
+#[test]
+fn descriptors_not_a_list() {
+    assert_error(
+        "descriptors_not_a_list.yaml",
+        4,
+        "descriptors: ",
+        "expected a list of descriptors, found a mapping",
+    );
+}
+
+#[test]
+fn wrong_type() {
+    assert_error(
+        "wrong_type.yaml",
+        5,
+        "descriptors[0].rate_limit: ",
+        "expected a rate_limit mapping, found a scalar",
+    );
+}
+
+#[test]
+fn several_errors() {
+    let errors = errors_of("several_errors.yaml");
+    let lines: Vec<Option<usize>> = errors.0.iter().map(|e| e.line).collect();
+    assert_eq!(
+        lines,
+        [Some(7), Some(13), Some(14), Some(19), Some(24)],
+        "{errors}"
+    );
+    for (line, reason) in [
+        (7, "unknown unit"),
+        (13, "expected a whole number"),
+        (14, "empty key"),
+        (19, "unknown key \"colour\""),
+        (24, "must not be set together with unlimited"),
+    ] {
+        assert_error("several_errors.yaml", line, "", reason);
+    }
+}
+
+/// Every fixture has a test above, and a directory load reports the errors
+/// of every file, not only the first failing one.
+#[test]
+fn invalid_directory_reports_every_file() {
+    let dir = fixtures().join("invalid");
+    let errors = load_dir(&dir).unwrap_err();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.push(path.join("b.yaml"));
+        } else {
+            files.push(path);
+        }
+    }
+    for file in files {
+        assert!(
+            errors.0.iter().any(|e| e.file == file),
+            "no error for {}:\n{errors}",
+            file.display()
+        );
+    }
+}
