@@ -321,12 +321,13 @@ impl Report {
 
     /// The report as one line of JSON, for scripts.
     pub fn to_json(&self) -> String {
-        let (mode, concurrency, rate) = match self.load {
-            Load::Closed { concurrency } => ("closed", concurrency.to_string(), "null".to_string()),
+        let null = || "null".to_string();
+        let (mode, concurrency, rate, max_in_flight) = match self.load {
+            Load::Closed { concurrency } => ("closed", concurrency.to_string(), null(), null()),
             Load::Open {
                 rate,
                 max_in_flight,
-            } => ("open", max_in_flight.to_string(), rate.to_string()),
+            } => ("open", null(), rate.to_string(), max_in_flight.to_string()),
         };
         let errors = self
             .errors
@@ -337,7 +338,8 @@ impl Report {
         let l = &self.latency;
         format!(
             concat!(
-                "{{\"mode\":\"{}\",\"concurrency\":{},\"rate\":{},\"connections\":{},\"keys\":{},",
+                "{{\"mode\":\"{}\",\"concurrency\":{},\"rate\":{},\"max_in_flight\":{},",
+                "\"connections\":{},\"keys\":{},",
                 "\"duration_s\":{:.3},\"requests\":{},\"decisions_per_s\":{:.1},",
                 "\"ok\":{},\"over_limit\":{},\"errors\":{},\"errors_by_code\":{{{}}},",
                 "\"latency_us\":{{\"p50\":{},\"p90\":{},\"p99\":{},\"p999\":{},\"max\":{}}}}}"
@@ -345,6 +347,7 @@ impl Report {
             mode,
             concurrency,
             rate,
+            max_in_flight,
             self.connections,
             self.keys,
             self.elapsed.as_secs_f64(),
@@ -765,7 +768,8 @@ mod tests {
         assert_eq!(
             json,
             concat!(
-                r#"{"mode":"closed","concurrency":2,"rate":null,"connections":1,"keys":1,"#,
+                r#"{"mode":"closed","concurrency":2,"rate":null,"max_in_flight":null,"#,
+                r#""connections":1,"keys":1,"#,
                 r#""duration_s":2.000,"requests":16,"decisions_per_s":7.5,"ok":10,"over_limit":5,"#,
                 r#""errors":1,"errors_by_code":{"UNAVAILABLE":1},"#,
                 r#""latency_us":{"p50":1,"p90":2,"p99":3,"p999":4,"max":5}}"#

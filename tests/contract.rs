@@ -1,0 +1,449 @@
+//! One behaviour suite for every store: the embedded store (real clock),
+//! standalone Redis, a 3+3 Redis Cluster, and a smoke run through Sentinel.
+//! Each backend is started once and runs the whole suite; every case uses
+//! its own domain, so cases never share counters.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use tollgate::limit::{Algorithm, Unit};
+use tollgate::storage::{Decision, Hit, MemoryStore, RedisConfig, RedisStore, Store, StoreError};
+
+use support::redis::{RedisCluster, RedisSentinel, RedisServer};
+use support::unique_domain;
+
+type DynStore = Arc<dyn Store>;
+
+/// One limiter under test.
+#[derive(Clone)]
+struct Limiter {
+    domain: String,
+    entries: Vec<(String, String)>,
+    algorithm: Algorithm,
+    limit: u64,
+    unit: Unit,
+}
+
+impl Limiter {
+    fn new(case: &str, algorithm: Algorithm, limit: u64, unit: Unit) -> Limiter {
+        Limiter {
+            domain: unique_domain(case),
+            entries: vec![("user".into(), "alice".into())],
+            algorithm,
+            limit,
+            unit,
+        }
+    }
+
+    fn with_entries(&self, entries: &[(&str, &str)]) -> Limiter {
+        Limiter {
+            entries: entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..self.clone()
+        }
+    }
+
+    async fn call(&self, store: &dyn Store, hits: u64, negative: bool) -> Result<Decision, StoreError> {
+        store
+            .hit(Hit {
+                domain: &self.domain,
+                entries: &self.entries,
+                algorithm: self.algorithm,
+                limit: self.limit,
+                unit: self.unit,
+                hits,
+                negative,
+            })
+            .await
+    }
+
+    async fn hit(&self, store: &dyn Store, hits: u64) -> Decision {
+        self.call(store, hits, false).await.unwrap_or_else(|e| {
+            panic!(
+                "{} {}: hit of {hits} failed: {e}",
+                store.kind(),
+                self.algorithm
+            )
+        })
+    }
+
+    async fn give_back(&self, store: &dyn Store, hits: u64) -> Decision {
+        self.call(store, hits, true).await.unwrap_or_else(|e| {
+            panic!(
+                "{} {}: giving back {hits} failed: {e}",
+                store.kind(),
+                self.algorithm
+            )
+        })
+    }
+
+    fn window(&self) -> u64 {
+        self.unit.micros()
+    }
+
+    /// The longest reset an answer may carry: the counter's current bucket
+    /// keeps counting (weighted) through the next one.
+    fn max_reset(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::SlidingWindowCounter => 2 * self.window(),
+            _ => self.window(),
+        }
+    }
+
+    fn assert_reset_in_range(&self, store: &dyn Store, d: &Decision, what: &str) {
+        assert!(
+            d.reset_micros > 0 && d.reset_micros <= self.max_reset(),
+            "{} {}: {what}: reset {} not in (0, {}]",
+            store.kind(),
+            self.algorithm,
+            d.reset_micros,
+            self.max_reset()
+        );
+    }
+}
+
+fn ctx(store: &dyn Store, algorithm: Algorithm) -> String {
+    format!("{} {algorithm}", store.kind())
+}
+
+// ---------------------------------------------------------------- the cases
+
+async fn burst_up_to_the_limit_then_refused(store: &dyn Store, algorithm: Algorithm) {
+    let l = Limiter::new("burst", algorithm, 5, Unit::Hour);
+    for expected in (0..5).rev() {
+        let d = l.hit(store, 1).await;
+        assert!(d.admitted, "{}: hit within the limit", ctx(store, algorithm));
+        assert_eq!(d.remaining, expected, "{}: remaining counts down", ctx(store, algorithm));
+        l.assert_reset_in_range(store, &d, "admitted");
+    }
+    let d = l.hit(store, 1).await;
+    assert!(!d.admitted, "{}: hit over the limit", ctx(store, algorithm));
+    assert_eq!(d.remaining, 0, "{}", ctx(store, algorithm));
+    l.assert_reset_in_range(store, &d, "refused");
+}
+
+async fn weighted_cost(store: &dyn Store, algorithm: Algorithm) {
+    let l = Limiter::new("weighted", algorithm, 9_500, Unit::Hour);
+    let d = l.hit(store, 100).await;
+    assert!(d.admitted, "{}", ctx(store, algorithm));
+    assert_eq!(d.remaining, 9_400, "{}", ctx(store, algorithm));
+    let d = l.hit(store, 9_400).await;
+    assert!(d.admitted, "{}", ctx(store, algorithm));
+    assert_eq!(d.remaining, 0, "{}", ctx(store, algorithm));
+    let d = l.hit(store, 1).await;
+    assert!(!d.admitted, "{}", ctx(store, algorithm));
+}
+
+async fn cost_above_the_limit_is_refused_and_not_recorded(store: &dyn Store, algorithm: Algorithm) {
+    let l = Limiter::new("too-big", algorithm, 10, Unit::Hour);
+    assert_eq!(l.hit(store, 3).await.remaining, 7, "{}", ctx(store, algorithm));
+    let d = l.hit(store, 11).await;
+    assert!(!d.admitted, "{}: cost 11 > limit 10", ctx(store, algorithm));
+    assert_eq!(d.remaining, 7, "{}: nothing recorded", ctx(store, algorithm));
+    l.assert_reset_in_range(store, &d, "cost above the limit");
+    let d = l.hit(store, 7).await;
+    assert!(d.admitted, "{}: the rest is still there", ctx(store, algorithm));
+    assert_eq!(d.remaining, 0, "{}", ctx(store, algorithm));
+}
+
+async fn zero_hits_check_without_counting(store: &dyn Store, algorithm: Algorithm) {
+    let l = Limiter::new("check", algorithm, 10, Unit::Hour);
+    let fresh = l.hit(store, 0).await;
+    assert!(fresh.admitted, "{}", ctx(store, algorithm));
+    assert_eq!(fresh.remaining, 10, "{}", ctx(store, algorithm));
+    if algorithm != Algorithm::FixedWindow {
+        assert_eq!(fresh.reset_micros, 0, "{}: nothing counted yet", ctx(store, algorithm));
+    }
+    l.hit(store, 3).await;
+    for _ in 0..3 {
+        let d = l.hit(store, 0).await;
+        assert!(d.admitted, "{}", ctx(store, algorithm));
+        assert_eq!(d.remaining, 7, "{}: a check counts nothing", ctx(store, algorithm));
+        l.assert_reset_in_range(store, &d, "check");
+    }
+    l.hit(store, 7).await;
+    let d = l.hit(store, 0).await;
+    assert!(d.admitted, "{}: a check fits even when full", ctx(store, algorithm));
+    assert_eq!(d.remaining, 0, "{}", ctx(store, algorithm));
+}
+
+async fn negative_hits_give_back(store: &dyn Store, algorithm: Algorithm) {
+    let l = Limiter::new("negative", algorithm, 10, Unit::Hour);
+    assert_eq!(l.hit(store, 5).await.remaining, 5, "{}", ctx(store, algorithm));
+    assert_eq!(l.hit(store, 3).await.remaining, 2, "{}", ctx(store, algorithm));
+    let d = l.give_back(store, 2).await;
+    assert!(d.admitted, "{}", ctx(store, algorithm));
+    assert_eq!(d.remaining, 4, "{}", ctx(store, algorithm));
+    let d = l.give_back(store, 100).await;
+    assert_eq!(d.remaining, 10, "{}: never below zero", ctx(store, algorithm));
+    let d = l.hit(store, 10).await;
+    assert!(d.admitted, "{}: all of it is back", ctx(store, algorithm));
+    assert!(!l.hit(store, 1).await.admitted, "{}", ctx(store, algorithm));
+    // Giving back to a limiter that never counted anything.
+    let fresh = Limiter::new("negative-fresh", algorithm, 10, Unit::Hour);
+    assert_eq!(fresh.give_back(store, 4).await.remaining, 10, "{}", ctx(store, algorithm));
+    assert_eq!(fresh.hit(store, 1).await.remaining, 9, "{}", ctx(store, algorithm));
+}
+
+async fn log_reset_is_when_the_oldest_hit_leaves(store: &dyn Store) {
+    let l = Limiter::new("log-reset", Algorithm::SlidingWindowLog, 3, Unit::Hour);
+    let before_first = Instant::now();
+    l.hit(store, 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    l.hit(store, 2).await;
+    let d = l.hit(store, 1).await;
+    let elapsed = before_first.elapsed().as_micros() as u64;
+    assert!(!d.admitted, "{}", store.kind());
+    // The first hit leaves one window after it was counted, between our
+    // first call and now.
+    let w = l.window();
+    assert!(
+        d.reset_micros <= w - 50_000 && d.reset_micros + elapsed + 5_000 >= w,
+        "{}: reset {} with {elapsed} us elapsed since the first hit",
+        store.kind(),
+        d.reset_micros
+    );
+}
+
+async fn distinct_limiters_are_independent(store: &dyn Store, algorithm: Algorithm) {
+    let a = Limiter::new("independent", algorithm, 2, Unit::Hour);
+    let b = a.with_entries(&[("user", "bob")]);
+    let other_domain = Limiter::new("independent", algorithm, 2, Unit::Hour);
+    let other_unit = Limiter {
+        unit: Unit::Day,
+        ..a.clone()
+    };
+    a.hit(store, 2).await;
+    assert!(!a.hit(store, 1).await.admitted, "{}", ctx(store, algorithm));
+    for l in [&b, &other_domain, &other_unit] {
+        let d = l.hit(store, 1).await;
+        assert!(d.admitted, "{}: {:?}", ctx(store, algorithm), l.entries);
+        assert_eq!(d.remaining, 1, "{}: {:?}", ctx(store, algorithm), l.entries);
+    }
+}
+
+/// Descriptors that collide under naive joining, or carry bytes that mean
+/// something in a key, get separate counters; on a cluster no call fails
+/// (no CROSSSLOT).
+async fn awkward_descriptors_get_separate_counters(store: &dyn Store, algorithm: Algorithm) {
+    let base = Limiter::new("keys", algorithm, 1, Unit::Hour);
+    let long_a = "a".repeat(10 * 1024);
+    let long_b = format!("{}b", "a".repeat(10 * 1024 - 1));
+    let sets: Vec<Vec<(&str, &str)>> = vec![
+        vec![("k", "a_b"), ("k2", "c")],
+        vec![("k", "a"), ("k2", "b_c")],
+        vec![("k_a", "b")],
+        vec![("k", "a_b")],
+        vec![("k", "a:k2=c")],
+        vec![("k", "a"), ("k2", "c")],
+        vec![("k", "}")],
+        vec![("k", "{")],
+        vec![("k", "{x}")],
+        vec![("k", "}{")],
+        vec![("{k}", "v")],
+        vec![("k", ":")],
+        vec![("k", "=")],
+        vec![("k:", "v")],
+        vec![("k=", "v")],
+        vec![("k", " ")],
+        vec![("k", "a b")],
+        vec![("k", "a%20b")],
+        vec![("k", "%")],
+        vec![("k", "\n")],
+        vec![("k", "line\nbreak")],
+        vec![("k", "\r\n\t\0")],
+        vec![("k", "ключ")],
+        vec![("k", "😀")],
+        vec![("ключ", "😀")],
+        vec![("k", "")],
+        vec![("", "")],
+        vec![],
+        vec![("k", long_a.as_str())],
+        vec![("k", long_b.as_str())],
+        vec![(long_a.as_str(), "v")],
+    ];
+    let limiters: Vec<Limiter> = sets.iter().map(|s| base.with_entries(s)).collect();
+    // The domain is part of the identity too: "d:k=v" alone vs "d" + k=v.
+    let mut colon_domain = base.with_entries(&[]);
+    colon_domain.domain = format!("{}:k=v", base.domain);
+    let plain_domain = base.with_entries(&[("k", "v")]);
+    let limiters: Vec<Limiter> = limiters.into_iter().chain([colon_domain, plain_domain]).collect();
+
+    for l in &limiters {
+        let d = l.hit(store, 1).await;
+        assert!(
+            d.admitted,
+            "{}: {:?} shares a counter with an earlier descriptor",
+            ctx(store, algorithm),
+            l.entries
+        );
+    }
+    for l in &limiters {
+        let d = l.hit(store, 1).await;
+        assert!(
+            !d.admitted,
+            "{}: {:?} did not count its first hit",
+            ctx(store, algorithm),
+            l.entries
+        );
+    }
+}
+
+async fn concurrent_hits_never_over_admit(store: DynStore, algorithm: Algorithm) {
+    let l = Arc::new(Limiter::new("concurrent", algorithm, 100, Unit::Hour));
+    let tasks = (0..300).map(|_| {
+        let store = store.clone();
+        let l = l.clone();
+        tokio::spawn(async move { l.hit(&*store, 1).await })
+    });
+    let admitted = join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| r.expect("task panicked"))
+        .filter(|d| d.admitted)
+        .count();
+    let c = ctx(&*store, algorithm);
+    match algorithm {
+        Algorithm::SlidingWindowCounter => {
+            assert!((1..=100).contains(&admitted), "{c}: admitted {admitted}")
+        }
+        _ => assert_eq!(admitted, 100, "{c}"),
+    }
+    let d = l.hit(&*store, 0).await;
+    assert_eq!(d.remaining, 0, "{c}");
+}
+
+/// With a 1-second window: the refused answer's reset is when a retry
+/// succeeds (not much earlier, not later).
+async fn retry_after_reset_succeeds(store: &dyn Store, algorithm: Algorithm) {
+    let l = Limiter::new("retry", algorithm, 3, Unit::Second);
+    let c = ctx(store, algorithm);
+    let before_first = Instant::now();
+    for _ in 0..3 {
+        assert!(l.hit(store, 1).await.admitted, "{c}");
+    }
+    let refused = l.hit(store, 1).await;
+    let refused_at = Instant::now();
+    assert!(!refused.admitted, "{c}");
+    l.assert_reset_in_range(store, &refused, "refused");
+    let reset = Duration::from_micros(refused.reset_micros);
+    if algorithm == Algorithm::SlidingWindowLog {
+        let since_first = refused_at - before_first;
+        assert!(
+            reset + since_first + Duration::from_millis(5) >= Duration::from_secs(1),
+            "{c}: reset {reset:?} is too early ({since_first:?} since the first hit)"
+        );
+    }
+    if reset > Duration::from_millis(300) {
+        tokio::time::sleep_until((refused_at + reset - Duration::from_millis(150)).into()).await;
+        assert!(!l.hit(store, 1).await.admitted, "{c}: admitted 150 ms before the reset {reset:?}");
+    }
+    tokio::time::sleep_until((refused_at + reset + Duration::from_millis(30)).into()).await;
+    assert!(l.hit(store, 1).await.admitted, "{c}: refused 30 ms after the reset {reset:?}");
+}
+
+/// After the window passes the limiter admits again. The counter's previous
+/// bucket still weighs in during the next window, so it needs two.
+async fn admits_again_after_the_window(store: &dyn Store, algorithm: Algorithm) {
+    let l = Limiter::new("window", algorithm, 2, Unit::Second);
+    let c = ctx(store, algorithm);
+    l.hit(store, 2).await;
+    assert!(!l.hit(store, 1).await.admitted, "{c}");
+    let wait = match algorithm {
+        Algorithm::SlidingWindowCounter => Duration::from_millis(2_100),
+        _ => Duration::from_millis(1_100),
+    };
+    tokio::time::sleep(wait).await;
+    let d = l.hit(store, 1).await;
+    assert!(d.admitted, "{c}: after {wait:?}");
+    assert_eq!(d.remaining, 1, "{c}: after {wait:?}");
+}
+
+// ------------------------------------------------------------ the runners
+
+async fn run_suite(store: DynStore) {
+    let started = Instant::now();
+    for algorithm in Algorithm::ALL {
+        let s = &*store;
+        burst_up_to_the_limit_then_refused(s, algorithm).await;
+        weighted_cost(s, algorithm).await;
+        cost_above_the_limit_is_refused_and_not_recorded(s, algorithm).await;
+        zero_hits_check_without_counting(s, algorithm).await;
+        negative_hits_give_back(s, algorithm).await;
+        distinct_limiters_are_independent(s, algorithm).await;
+        awkward_descriptors_get_separate_counters(s, algorithm).await;
+        concurrent_hits_never_over_admit(store.clone(), algorithm).await;
+    }
+    log_reset_is_when_the_oldest_hit_leaves(&*store).await;
+    // The cases that wait for time to pass run side by side.
+    let timed = Algorithm::ALL.into_iter().flat_map(|algorithm| {
+        let a = store.clone();
+        let b = store.clone();
+        [
+            Box::pin(async move { retry_after_reset_succeeds(&*a, algorithm).await })
+                as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+            Box::pin(async move { admits_again_after_the_window(&*b, algorithm).await }),
+        ]
+    });
+    join_all(timed).await;
+    eprintln!("{} suite passed in {:?}", store.kind(), started.elapsed());
+}
+
+async fn connect(url: String) -> Arc<RedisStore> {
+    let store = RedisStore::connect(RedisConfig {
+        url,
+        // Generous: these tests check behaviour, not latency, on a shared
+        // machine running debug builds.
+        command_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    })
+    .await
+    .expect("valid settings");
+    assert!(
+        store.wait_ready(Duration::from_secs(20)).await,
+        "{} store not ready after 20 s",
+        store.kind()
+    );
+    Arc::new(store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_contract() {
+    run_suite(Arc::new(MemoryStore::default())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_standalone_contract() {
+    let server = RedisServer::start();
+    let store = connect(server.url()).await;
+    assert_eq!(store.kind(), "redis");
+    run_suite(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_contract() {
+    let cluster = RedisCluster::start();
+    let store = connect(cluster.url()).await;
+    assert_eq!(store.kind(), "redis-cluster");
+    run_suite(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sentinel_smoke() {
+    let sentinel = RedisSentinel::start();
+    let store = connect(sentinel.url()).await;
+    assert_eq!(store.kind(), "redis-sentinel");
+    for algorithm in Algorithm::ALL {
+        burst_up_to_the_limit_then_refused(&*store, algorithm).await;
+        weighted_cost(&*store, algorithm).await;
+        negative_hits_give_back(&*store, algorithm).await;
+    }
+    // The counters live on the primary the sentinel named.
+    let keys = support::redis::cli(sentinel.primary_port(), &["DBSIZE"]);
+    assert_ne!(keys, "0", "nothing was written to the primary");
+}

@@ -1,0 +1,518 @@
+//! Real `redis-server` processes for tests: a standalone server, a 3+3
+//! cluster, and a primary + replica behind a sentinel.
+//!
+//! Every process runs on a free loopback port, in its own temporary
+//! directory, without persistence (`--save "" --appendonly no`), and is
+//! killed when its owner is dropped, so a failing test still cleans up. The
+//! functions block (they spawn processes and poll them); call them before the
+//! code under test starts, or from a multi-threaded runtime.
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const INSTALL_HINT: &str = "install it with `apt-get install -y redis-server` \
+     (it provides redis-server and redis-cli)";
+/// Node timeout of test clusters: a killed primary is replaced in ~2-3 s.
+pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 1_000;
+/// Service name the test sentinel monitors.
+pub const SENTINEL_SERVICE: &str = "tollgate";
+
+/// Panics with an installation hint unless redis-server and redis-cli are
+/// on PATH.
+pub fn require_redis() {
+    for tool in ["redis-server", "redis-cli"] {
+        let found = std::env::var_os("PATH")
+            .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+            .unwrap_or(false);
+        assert!(found, "`{tool}` is not on PATH: {INSTALL_HINT}");
+    }
+}
+
+/// Runs `redis-cli -p <port> <args>` and returns its trimmed standard output
+/// (Redis error replies included), or the failure as text.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output();
+    match output {
+        Ok(out) => {
+            let mut text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            if !out.status.success() {
+                text.push_str(&String::from_utf8_lossy(&out.stderr));
+            }
+            text
+        }
+        Err(e) => format!("failed to run redis-cli: {e} ({INSTALL_HINT})"),
+    }
+}
+
+/// Polls `ready` every 50 ms until it holds; panics naming `what` after
+/// `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        sleep(Duration::from_millis(50));
+    }
+}
+
+/// A loopback port that was free a moment ago, with `port + 10000` (a
+/// cluster node's bus port) free as well.
+fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().expect("local address").port();
+        if port > u16::MAX - 10_000 {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// One redis-server process.
+struct Node {
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Node {
+    /// Starts a node on a free port; `args(port)` gives the command line
+    /// after the program name. Retries on another port when the chosen one
+    /// was taken in the meantime.
+    fn start(dir: &Path, args: impl Fn(u16) -> Vec<String>) -> Node {
+        require_redis();
+        let mut last_log = String::new();
+        for _ in 0..10 {
+            let port = free_port();
+            let mut node = Node {
+                port,
+                dir: dir.to_owned(),
+                args: args(port),
+                child: None,
+            };
+            match node.launch() {
+                Ok(()) => return node,
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("redis-server did not start after 10 attempts; last log:\n{last_log}");
+    }
+
+    /// Spawns the process on `self.port` and waits until it answers PING.
+    fn launch(&mut self) -> Result<(), String> {
+        let log = self.log_path();
+        let mut child = Command::new("redis-server")
+            .args(&self.args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run redis-server: {e}; {INSTALL_HINT}"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if cli(self.port, &["PING"]) == "PONG" {
+                self.child = Some(child);
+                return Ok(());
+            }
+            let exited = matches!(child.try_wait(), Ok(Some(_)));
+            if exited || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(fs::read_to_string(&log).unwrap_or_default());
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("redis-{}.log", self.port))
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Starts the process again on the same port, same arguments.
+    fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.launch() {
+                Ok(()) => return,
+                // The port may linger or be taken briefly: try again.
+                Err(log) if Instant::now() > deadline => {
+                    panic!(
+                        "redis-server did not restart on port {}:\n{log}",
+                        self.port
+                    )
+                }
+                Err(_) => sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The arguments every data node gets.
+fn base_args(dir: &Path, port: u16) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        &dir.display().to_string(),
+        "--logfile",
+        &format!("redis-{port}.log"),
+        "--daemonize",
+        "no",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+fn temp_dir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("tollgate-redis-")
+        .tempdir()
+        .expect("create a temporary directory")
+}
+
+/// A standalone Redis server.
+pub struct RedisServer {
+    // Declared before `dir`: the process dies before its directory goes.
+    node: Node,
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let dir = temp_dir();
+        let path = dir.path().to_owned();
+        let node = Node::start(&path, |port| base_args(&path, port));
+        RedisServer { node, _dir: dir }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.node.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.node.port)
+    }
+
+    /// Kills the server (SIGKILL): clients see their connections drop.
+    pub fn stop(&mut self) {
+        self.node.kill();
+    }
+
+    /// Starts the server again on the same port (with an empty dataset).
+    pub fn restart(&mut self) {
+        self.node.restart();
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.node.is_running()
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.node.port, args)
+    }
+}
+
+/// A Redis Cluster of 3 primaries, each with one replica.
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+    _dir: TempDir,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let dir = temp_dir();
+        let path = dir.path().to_owned();
+        let nodes: Vec<Node> = (0..6)
+            .map(|_| {
+                Node::start(&path, |port| {
+                    let mut args = base_args(&path, port);
+                    args.extend(
+                        [
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            &format!("nodes-{port}.conf"),
+                            "--cluster-node-timeout",
+                            &CLUSTER_NODE_TIMEOUT_MS.to_string(),
+                            // Let a replica take over however stale it is.
+                            "--cluster-replica-validity-factor",
+                            "0",
+                        ]
+                        .map(str::to_owned),
+                    );
+                    args
+                })
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}; {INSTALL_HINT}"));
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = RedisCluster { nodes, _dir: dir };
+        cluster.wait_healthy(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Ports of the nodes started (running or not).
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    fn live_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// `redis-cluster://` URL naming every node as a seed.
+    pub fn url(&self) -> String {
+        let ports = self.ports();
+        let mut url = format!("redis-cluster://127.0.0.1:{}", ports[0]);
+        for (i, port) in ports[1..].iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(&format!("node=127.0.0.1:{port}"));
+        }
+        url
+    }
+
+    /// Waits until every running node reports `cluster_state:ok`, knows all
+    /// nodes, and every replica is in sync with its primary.
+    pub fn wait_healthy(&self, timeout: Duration) {
+        let total = self.nodes.len();
+        let live = self.live_ports();
+        wait_until("a healthy cluster", timeout, || {
+            live.iter().all(|&port| {
+                let info = cli(port, &["CLUSTER", "INFO"]);
+                let replication = cli(port, &["INFO", "replication"]);
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{total}"))
+                    && (replication.contains("role:master")
+                        || replication.contains("master_link_status:up"))
+            })
+        });
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` (after a
+    /// failover: the dead node stays known, as failed).
+    pub fn wait_state_ok(&self, timeout: Duration) {
+        let live = self.live_ports();
+        wait_until("cluster_state:ok on every live node", timeout, || {
+            live.iter()
+                .all(|&port| cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        });
+    }
+
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli(port, args)
+    }
+
+    /// Runs a command on every running node; returns the replies by port.
+    pub fn cli_all(&self, args: &[&str]) -> Vec<(u16, String)> {
+        self.live_ports()
+            .into_iter()
+            .map(|port| (port, cli(port, args)))
+            .collect()
+    }
+
+    /// Empties the script cache of every running node.
+    pub fn script_flush_all(&self) {
+        for (port, reply) in self.cli_all(&["SCRIPT", "FLUSH"]) {
+            assert_eq!(reply, "OK", "SCRIPT FLUSH on {port}");
+        }
+    }
+
+    pub fn keyslot(&self, key: &str) -> u16 {
+        let port = self.live_ports()[0];
+        let reply = cli(port, &["CLUSTER", "KEYSLOT", key]);
+        reply
+            .parse()
+            .unwrap_or_else(|_| panic!("CLUSTER KEYSLOT answered {reply:?}"))
+    }
+
+    /// Port of the primary serving `key`'s slot, by a running node's
+    /// `CLUSTER NODES` (a primary flagged `fail` does not count).
+    pub fn primary_for_key(&self, key: &str) -> Option<u16> {
+        let slot = self.keyslot(key);
+        let port = self.live_ports()[0];
+        let nodes = cli(port, &["CLUSTER", "NODES"]);
+        nodes.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 8 {
+                return None;
+            }
+            let flags: Vec<&str> = fields[2].split(',').collect();
+            if !flags.contains(&"master") || flags.contains(&"fail") {
+                return None;
+            }
+            let owns = fields[8..].iter().any(|range| {
+                if range.starts_with('[') {
+                    return false;
+                }
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                    (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
+                    _ => false,
+                }
+            });
+            if !owns {
+                return None;
+            }
+            // 127.0.0.1:7000@17000[,hostname]
+            let address = fields[1].split('@').next()?;
+            address.rsplit(':').next()?.parse().ok()
+        })
+    }
+
+    /// Kills the node listening on `port` (SIGKILL).
+    pub fn kill_node(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no cluster node on port {port}"));
+        node.kill();
+    }
+
+    /// Kills the primary that serves `key`; returns its port.
+    pub fn kill_primary_for_key(&mut self, key: &str) -> u16 {
+        let port = self
+            .primary_for_key(key)
+            .unwrap_or_else(|| panic!("no live primary serves {key:?}"));
+        self.kill_node(port);
+        port
+    }
+}
+
+/// One primary, one replica and one sentinel monitoring them as
+/// [`SENTINEL_SERVICE`].
+pub struct RedisSentinel {
+    sentinel: Node,
+    replica: Node,
+    primary: Node,
+    _dir: TempDir,
+}
+
+impl RedisSentinel {
+    pub fn start() -> RedisSentinel {
+        let dir = temp_dir();
+        let path = dir.path().to_owned();
+        let primary = Node::start(&path, |port| base_args(&path, port));
+        let primary_port = primary.port;
+        let replica = Node::start(&path, |port| {
+            let mut args = base_args(&path, port);
+            args.extend(
+                ["--replicaof", "127.0.0.1", &primary_port.to_string()].map(str::to_owned),
+            );
+            args
+        });
+        let sentinel = Node::start(&path, |port| {
+            // A sentinel rewrites its configuration file: one per attempt.
+            let conf = path.join(format!("sentinel-{port}.conf"));
+            let text = format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile redis-{port}.log\n\
+                 sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {primary_port} 1\n\
+                 sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
+                 sentinel failover-timeout {SENTINEL_SERVICE} 3000\n",
+                dir = path.display()
+            );
+            fs::write(&conf, text).expect("write sentinel.conf");
+            vec![conf.display().to_string(), "--sentinel".to_owned()]
+        });
+        let setup = RedisSentinel {
+            sentinel,
+            replica,
+            primary,
+            _dir: dir,
+        };
+        let expected = primary_port.to_string();
+        wait_until(
+            "the sentinel to know the primary",
+            Duration::from_secs(20),
+            || {
+                cli(
+                    setup.sentinel.port,
+                    &["SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE],
+                )
+                .lines()
+                .any(|l| l.trim() == expected)
+            },
+        );
+        wait_until("the replica to sync", Duration::from_secs(20), || {
+            cli(setup.replica.port, &["INFO", "replication"]).contains("master_link_status:up")
+        });
+        setup
+    }
+
+    /// `redis-sentinel://` URL of the sentinel, naming the service.
+    pub fn url(&self) -> String {
+        format!(
+            "redis-sentinel://127.0.0.1:{}?sentinelServiceName={SENTINEL_SERVICE}",
+            self.sentinel.port
+        )
+    }
+
+    pub fn primary_port(&self) -> u16 {
+        self.primary.port
+    }
+
+    pub fn replica_port(&self) -> u16 {
+        self.replica.port
+    }
+
+    pub fn sentinel_port(&self) -> u16 {
+        self.sentinel.port
+    }
+}
