@@ -29,7 +29,7 @@
 #                (it draws each key placeholder independently, so the log's
 #                two keys come from different pairs: same cost per call)
 #   RB_N=200000  calls per redis-benchmark run
-#   TOLLGATE_BIN=path  use this binary and skip the build
+#   BENCH_BIN=path  use this binary and skip the build
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -96,8 +96,8 @@ wait_for() {
 }
 
 # --- build -------------------------------------------------------------------
-if [[ -n ${TOLLGATE_BIN:-} ]]; then
-    BIN=$TOLLGATE_BIN
+if [[ -n ${BENCH_BIN:-} ]]; then
+    BIN=$BENCH_BIN
 else
     echo "building tollgate (release)..." >&2
     timeout 1800 cargo build --release --quiet
@@ -139,16 +139,20 @@ RUST_LOG=${RUST_LOG:-warn} "$BIN" serve --rules "$WORK/rules" --store "$STORE" \
     >"$WORK/tollgate.log" 2>&1 &
 PIDS+=($!)
 TOLLGATE_PID=$!
-ready() {
-    kill -0 "$TOLLGATE_PID" &&
-        "$BIN" check --addr "127.0.0.1:$GRPC_PORT" --domain bench \
-            --descriptor algo=fixed_window,user=probe --timeout-ms 500 | grep -q '^overall: OK'
+# tollgate reads TOLLGATE_* from its environment; this script sets none.
+answers() {
+    "$BIN" check --addr "127.0.0.1:$GRPC_PORT" --domain bench \
+        --descriptor algo=fixed_window,user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'
 }
-wait_for 20 ready || {
-    echo "bench.sh: tollgate did not start answering:" >&2
-    cat "$WORK/tollgate.log" >&2
-    exit 1
-}
+deadline=$((SECONDS + 20))
+until answers; do
+    if ! kill -0 "$TOLLGATE_PID" 2>/dev/null || ((SECONDS >= deadline)); then
+        echo "bench.sh: tollgate did not start answering:" >&2
+        cat "$WORK/tollgate.log" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
 
 # --- measure -----------------------------------------------------------------
 json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::future::{BoxFuture, join_all};
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::{Decision, Hit, MemoryStore, RedisConfig, RedisStore, Store, StoreError};
 
@@ -114,7 +114,7 @@ fn ctx(store: &dyn Store, algorithm: Algorithm) -> String {
 // ---------------------------------------------------------------- the cases
 
 async fn burst_up_to_the_limit_then_refused(store: &dyn Store, algorithm: Algorithm) {
-    let l = Limiter::new("burst", algorithm, 5, Unit::Hour);
+    let l = Limiter::new("burst", algorithm, 5, Unit::Day);
     for expected in (0..5).rev() {
         let d = l.hit(store, 1).await;
         assert!(d.admitted, "{}: hit within the limit", ctx(store, algorithm));
@@ -128,7 +128,7 @@ async fn burst_up_to_the_limit_then_refused(store: &dyn Store, algorithm: Algori
 }
 
 async fn weighted_cost(store: &dyn Store, algorithm: Algorithm) {
-    let l = Limiter::new("weighted", algorithm, 9_500, Unit::Hour);
+    let l = Limiter::new("weighted", algorithm, 9_500, Unit::Day);
     let d = l.hit(store, 100).await;
     assert!(d.admitted, "{}", ctx(store, algorithm));
     assert_eq!(d.remaining, 9_400, "{}", ctx(store, algorithm));
@@ -140,7 +140,7 @@ async fn weighted_cost(store: &dyn Store, algorithm: Algorithm) {
 }
 
 async fn cost_above_the_limit_is_refused_and_not_recorded(store: &dyn Store, algorithm: Algorithm) {
-    let l = Limiter::new("too-big", algorithm, 10, Unit::Hour);
+    let l = Limiter::new("too-big", algorithm, 10, Unit::Day);
     assert_eq!(l.hit(store, 3).await.remaining, 7, "{}", ctx(store, algorithm));
     let d = l.hit(store, 11).await;
     assert!(!d.admitted, "{}: cost 11 > limit 10", ctx(store, algorithm));
@@ -152,7 +152,7 @@ async fn cost_above_the_limit_is_refused_and_not_recorded(store: &dyn Store, alg
 }
 
 async fn zero_hits_check_without_counting(store: &dyn Store, algorithm: Algorithm) {
-    let l = Limiter::new("check", algorithm, 10, Unit::Hour);
+    let l = Limiter::new("check", algorithm, 10, Unit::Day);
     let fresh = l.hit(store, 0).await;
     assert!(fresh.admitted, "{}", ctx(store, algorithm));
     assert_eq!(fresh.remaining, 10, "{}", ctx(store, algorithm));
@@ -173,7 +173,7 @@ async fn zero_hits_check_without_counting(store: &dyn Store, algorithm: Algorith
 }
 
 async fn negative_hits_give_back(store: &dyn Store, algorithm: Algorithm) {
-    let l = Limiter::new("negative", algorithm, 10, Unit::Hour);
+    let l = Limiter::new("negative", algorithm, 10, Unit::Day);
     assert_eq!(l.hit(store, 5).await.remaining, 5, "{}", ctx(store, algorithm));
     assert_eq!(l.hit(store, 3).await.remaining, 2, "{}", ctx(store, algorithm));
     let d = l.give_back(store, 2).await;
@@ -185,13 +185,13 @@ async fn negative_hits_give_back(store: &dyn Store, algorithm: Algorithm) {
     assert!(d.admitted, "{}: all of it is back", ctx(store, algorithm));
     assert!(!l.hit(store, 1).await.admitted, "{}", ctx(store, algorithm));
     // Giving back to a limiter that never counted anything.
-    let fresh = Limiter::new("negative-fresh", algorithm, 10, Unit::Hour);
+    let fresh = Limiter::new("negative-fresh", algorithm, 10, Unit::Day);
     assert_eq!(fresh.give_back(store, 4).await.remaining, 10, "{}", ctx(store, algorithm));
     assert_eq!(fresh.hit(store, 1).await.remaining, 9, "{}", ctx(store, algorithm));
 }
 
 async fn log_reset_is_when_the_oldest_hit_leaves(store: &dyn Store) {
-    let l = Limiter::new("log-reset", Algorithm::SlidingWindowLog, 3, Unit::Hour);
+    let l = Limiter::new("log-reset", Algorithm::SlidingWindowLog, 3, Unit::Day);
     let before_first = Instant::now();
     l.hit(store, 1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -211,11 +211,11 @@ async fn log_reset_is_when_the_oldest_hit_leaves(store: &dyn Store) {
 }
 
 async fn distinct_limiters_are_independent(store: &dyn Store, algorithm: Algorithm) {
-    let a = Limiter::new("independent", algorithm, 2, Unit::Hour);
+    let a = Limiter::new("independent", algorithm, 2, Unit::Day);
     let b = a.with_entries(&[("user", "bob")]);
-    let other_domain = Limiter::new("independent", algorithm, 2, Unit::Hour);
+    let other_domain = Limiter::new("independent", algorithm, 2, Unit::Day);
     let other_unit = Limiter {
-        unit: Unit::Day,
+        unit: Unit::Hour,
         ..a.clone()
     };
     a.hit(store, 2).await;
@@ -231,7 +231,7 @@ async fn distinct_limiters_are_independent(store: &dyn Store, algorithm: Algorit
 /// something in a key, get separate counters; on a cluster no call fails
 /// (no CROSSSLOT).
 async fn awkward_descriptors_get_separate_counters(store: &dyn Store, algorithm: Algorithm) {
-    let base = Limiter::new("keys", algorithm, 1, Unit::Hour);
+    let base = Limiter::new("keys", algorithm, 1, Unit::Day);
     let long_a = "a".repeat(10 * 1024);
     let long_b = format!("{}b", "a".repeat(10 * 1024 - 1));
     let sets: Vec<Vec<(&str, &str)>> = vec![
@@ -295,7 +295,7 @@ async fn awkward_descriptors_get_separate_counters(store: &dyn Store, algorithm:
 }
 
 async fn concurrent_hits_never_over_admit(store: DynStore, algorithm: Algorithm) {
-    let l = Arc::new(Limiter::new("concurrent", algorithm, 100, Unit::Hour));
+    let l = Arc::new(Limiter::new("concurrent", algorithm, 100, Unit::Day));
     let tasks = (0..300).map(|_| {
         let store = store.clone();
         let l = l.clone();
@@ -318,11 +318,25 @@ async fn concurrent_hits_never_over_admit(store: DynStore, algorithm: Algorithm)
     assert_eq!(d.remaining, 0, "{c}");
 }
 
+/// Waits until the wall clock is early in a second, so a burst of calls
+/// does not straddle a 1-second window boundary (Redis runs on this
+/// machine's clock).
+async fn early_in_a_second() {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .subsec_millis();
+    if millis > 600 {
+        tokio::time::sleep(Duration::from_millis(u64::from(1_010 - millis))).await;
+    }
+}
+
 /// With a 1-second window: the refused answer's reset is when a retry
 /// succeeds (not much earlier, not later).
 async fn retry_after_reset_succeeds(store: &dyn Store, algorithm: Algorithm) {
     let l = Limiter::new("retry", algorithm, 3, Unit::Second);
     let c = ctx(store, algorithm);
+    early_in_a_second().await;
     let before_first = Instant::now();
     for _ in 0..3 {
         assert!(l.hit(store, 1).await.admitted, "{c}");
@@ -352,6 +366,7 @@ async fn retry_after_reset_succeeds(store: &dyn Store, algorithm: Algorithm) {
 async fn admits_again_after_the_window(store: &dyn Store, algorithm: Algorithm) {
     let l = Limiter::new("window", algorithm, 2, Unit::Second);
     let c = ctx(store, algorithm);
+    early_in_a_second().await;
     l.hit(store, 2).await;
     assert!(!l.hit(store, 1).await.admitted, "{c}");
     let wait = match algorithm {
@@ -381,15 +396,11 @@ async fn run_suite(store: DynStore) {
     }
     log_reset_is_when_the_oldest_hit_leaves(&*store).await;
     // The cases that wait for time to pass run side by side.
-    let timed = Algorithm::ALL.into_iter().flat_map(|algorithm| {
-        let a = store.clone();
-        let b = store.clone();
-        [
-            Box::pin(async move { retry_after_reset_succeeds(&*a, algorithm).await })
-                as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
-            Box::pin(async move { admits_again_after_the_window(&*b, algorithm).await }),
-        ]
-    });
+    let mut timed: Vec<BoxFuture<'_, ()>> = Vec::new();
+    for algorithm in Algorithm::ALL {
+        timed.push(Box::pin(retry_after_reset_succeeds(&*store, algorithm)));
+        timed.push(Box::pin(admits_again_after_the_window(&*store, algorithm)));
+    }
     join_all(timed).await;
     eprintln!("{} suite passed in {:?}", store.kind(), started.elapsed());
 }

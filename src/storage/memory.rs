@@ -103,7 +103,7 @@ impl MemoryStore {
         let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
         let mut shard = lock(&self.shards[index]);
         shard.ops += 1;
-        if shard.ops % SWEEP_EVERY == 0 {
+        if shard.ops.is_multiple_of(SWEEP_EVERY) {
             shard.slots.retain(|_, slot| slot.expires_at > now);
         }
         let slot = shard.slots.entry(key).or_insert_with(|| Slot {
