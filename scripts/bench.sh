@@ -189,13 +189,13 @@ for a in "${ALGORITHMS[@]}"; do
 
     ROWS+=("$(awk -v a="$a" -v t="$tg_rate" -v r="$rb_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
         -v rp50="$rb_p50" -v rp99="$rb_p99" -v over="$tg_over" -v err="$tg_err" 'BEGIN {
-            printf "%-24s %14.0f %14.0f %6.2f %9d %9d %9d %9d %9s\n",
+            printf "%-24s %14.0f %14.0f %6.2f %9d %9d %9d %9d %14s\n",
                 a, t, r, (r > 0 ? t / r : 0), tp50, tp99, rp50 * 1000, rp99 * 1000, over "/" err
         }')")
 done
 
 echo
 echo "C=$C KEYS=$KEYS CONNS=$CONNS SECS=$SECS RB_N=$RB_N ($(nproc 2>/dev/null || echo '?') cores, all shared)"
-printf "%-24s %14s %14s %6s %9s %9s %9s %9s %9s\n" algorithm "tollgate dec/s" "redis calls/s" ratio \
-    "tg p50µs" "tg p99µs" "rb p50µs" "rb p99µs" "refused/errors"
+printf "%-24s %14s %14s %6s %9s %9s %9s %9s %14s\n" algorithm "tollgate dec/s" "redis calls/s" ratio \
+    "tg p50us" "tg p99us" "rb p50us" "rb p99us" "refused/errors"
 printf '%s\n' "${ROWS[@]}"

@@ -28,6 +28,9 @@ pub const HEALTH_SERVICES: [&str; 3] = [
     "envoy.service.ratelimit.v3.RateLimitService",
 ];
 
+/// How often the store's housekeeping runs.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
+
 /// Loads rules and opens the store. Rule errors are fatal at startup (a
 /// reload with errors is not); an unreachable Redis is not: the store keeps
 /// connecting and health says NOT_SERVING meanwhile.
@@ -116,6 +119,17 @@ pub async fn run(
             }
         })
     };
+
+    let store = engine.store().clone();
+    let mut stop = Box::pin(stopped());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tokio::time::sleep(MAINTAIN_EVERY) => store.maintain(),
+            }
+        }
+    });
 
     if let (Some(dir), Some(every)) = (settings.rules_dir.clone(), settings.rules_reload) {
         tokio::spawn(reload::watch(dir, every, engine.rules().clone(), stopped()));

@@ -157,6 +157,10 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(decision) })
     }
 
+    fn maintain(&self) {
+        self.sweep();
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }

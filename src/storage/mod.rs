@@ -85,6 +85,11 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
+    /// Periodic housekeeping (the embedded store drops expired limiters).
+    /// The server calls it every few seconds, so memory follows the live
+    /// windows even when traffic stops.
+    fn maintain(&self) {}
+
     /// A short name for logs: `memory`, `redis`, `redis-cluster`...
     fn kind(&self) -> &'static str;
 }
