@@ -38,9 +38,11 @@ elseif window ~= idx then
   cur = 0
 end
 
-local weight = (w - elapsed) / w
+-- Multiplying before dividing keeps the estimate exact while prev * w stays
+-- below 2^53.
+local left = w - elapsed
 local function estimate()
-  return prev * weight + cur
+  return prev * left / w + cur
 end
 local function remaining(est)
   local r = math.floor(limit - est)
@@ -86,14 +88,15 @@ end
 -- Refused: when does prev * weight(t) + cur + hits fit under the limit?
 local need = limit - hits
 local wait
+-- prev * (w - e) / w <= room  holds from  e = w - floor(w * room / prev).
 if cur <= need then
   -- Later in this bucket, as the previous bucket's weight falls.
-  local at = math.ceil(w * (1 - (need - cur) / prev))
+  local at = w - math.min(math.floor(w * (need - cur) / prev), w)
   wait = at - elapsed
   if wait < 1 then wait = 1 end
 else
   -- In the next bucket, where this bucket becomes the previous one.
-  local at = math.ceil(w * (1 - need / cur))
+  local at = w - math.min(math.floor(w * need / cur), w)
   wait = start + w - now + at
 end
 return {0, remaining(est), wait}

@@ -8,7 +8,9 @@ use anyhow::Context;
 
 use crate::proto::rate_limit_descriptor::Entry;
 use crate::proto::rate_limit_response::{Code, rate_limit};
-use crate::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient};
+use crate::proto::{
+    RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
+};
 
 /// Parses `k=v[,k2=v2...]` into descriptor entries. The first `=` of each
 /// pair splits key from value, so values may contain `=`.
@@ -48,7 +50,11 @@ pub fn request(domain: &str, descriptors: &[Vec<(String, String)>], hits: u32) -
 }
 
 /// Sends one request to `addr` (`host:port` or `http://host:port`).
-pub async fn call(addr: &str, req: RateLimitRequest, timeout: Duration) -> anyhow::Result<RateLimitResponse> {
+pub async fn call(
+    addr: &str,
+    req: RateLimitRequest,
+    timeout: Duration,
+) -> anyhow::Result<RateLimitResponse> {
     let uri = if addr.contains("://") {
         addr.to_string()
     } else {
@@ -134,7 +140,10 @@ mod tests {
             parse_descriptor("a=1,b=x=y").unwrap(),
             vec![("a".into(), "1".into()), ("b".into(), "x=y".into())]
         );
-        assert_eq!(parse_descriptor("k=").unwrap(), vec![("k".into(), "".into())]);
+        assert_eq!(
+            parse_descriptor("k=").unwrap(),
+            vec![("k".into(), "".into())]
+        );
         assert!(parse_descriptor("novalue").is_err());
         assert!(parse_descriptor("=v").is_err());
     }

@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand};
 use crate::settings::{Settings, Sources};
 
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about = "A global rate-limit service for Envoy")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A global rate-limit service for Envoy"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -92,7 +96,10 @@ impl ServeArgs {
                 overrides.push((k.to_string(), v));
             }
         };
-        set("rules_dir", self.rules.as_ref().map(|p| p.display().to_string()));
+        set(
+            "rules_dir",
+            self.rules.as_ref().map(|p| p.display().to_string()),
+        );
         set("grpc_addr", self.grpc_addr.clone());
         set("http_addr", self.http_addr.clone());
         set("default_algorithm", self.default_algorithm.clone());
@@ -106,7 +113,9 @@ impl ServeArgs {
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
@@ -121,9 +130,9 @@ fn serve(args: ServeArgs) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&settings.log))
         .init();
-    let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
-        rt.block_on(crate::server::serve(&settings, shutdown_signal()))
-    });
+    let result = runtime()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(crate::server::serve(&settings, shutdown_signal())));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -198,24 +198,28 @@ impl Engine {
         let plans = self.plan(&rules, req);
         let request_hits = if req.hits == 0 { 1 } else { req.hits };
 
-        let calls = req.descriptors.iter().zip(&plans).map(|(d, plan)| async move {
-            let Plan::Limited { limit, .. } = plan else {
-                return None;
-            };
-            if limit.requests_per_unit == 0 {
-                return None;
-            }
-            let hit = Hit {
-                domain: &req.domain,
-                entries: &d.entries,
-                algorithm: limit.algorithm,
-                limit: u64::from(limit.requests_per_unit),
-                unit: limit.unit,
-                hits: d.hits.unwrap_or(request_hits),
-                negative: d.negative,
-            };
-            Some(self.store.hit(hit).await)
-        });
+        let calls = req
+            .descriptors
+            .iter()
+            .zip(&plans)
+            .map(|(d, plan)| async move {
+                let Plan::Limited { limit, .. } = plan else {
+                    return None;
+                };
+                if limit.requests_per_unit == 0 {
+                    return None;
+                }
+                let hit = Hit {
+                    domain: &req.domain,
+                    entries: &d.entries,
+                    algorithm: limit.algorithm,
+                    limit: u64::from(limit.requests_per_unit),
+                    unit: limit.unit,
+                    hits: d.hits.unwrap_or(request_hits),
+                    negative: d.negative,
+                };
+                Some(self.store.hit(hit).await)
+            });
         // Descriptors of one request go to the store concurrently: on a
         // cluster they usually live on different nodes.
         let outcomes = join_all(calls).await;
@@ -250,7 +254,9 @@ impl Engine {
                                 remaining: 0,
                             }
                         }
-                        Some(Ok(decision)) => limited_status(limit, decision, d_negative(req, index)),
+                        Some(Ok(decision)) => {
+                            limited_status(limit, decision, d_negative(req, index))
+                        }
                         Some(Err(source)) => match policy {
                             FailurePolicy::Error => {
                                 return Err(EngineError::Store { index, source });
@@ -332,11 +338,7 @@ impl Engine {
                 let Some(rule) = rule else {
                     return Plan::NoLimit;
                 };
-                if rule
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| replaced.contains(&n))
-                {
+                if rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
                     return Plan::NoLimit;
                 }
                 match rule.limit {

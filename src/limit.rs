@@ -73,7 +73,9 @@ impl FromStr for Unit {
             .into_iter()
             .find(|u| u.as_str() == lower)
             .ok_or_else(|| {
-                format!("unknown unit {s:?} (expected second, minute, hour, day, week, month or year)")
+                format!(
+                    "unknown unit {s:?} (expected second, minute, hour, day, week, month or year)"
+                )
             })
     }
 }

@@ -13,10 +13,10 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub use envoy::config::core::v3::HeaderValue;
 pub use envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 pub use envoy::extensions::common::ratelimit::v3::rate_limit_descriptor;
-pub use envoy::r#type::v3::RateLimitUnit;
 pub use envoy::service::ratelimit::v3::rate_limit_response;
 pub use envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 pub use envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 pub use envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+pub use envoy::r#type::v3::RateLimitUnit;

@@ -49,9 +49,9 @@ impl RateLimitService for RateLimiter {
 /// decides.
 pub fn to_status(domain: &str, e: EngineError) -> Status {
     match e {
-        EngineError::EmptyDomain | EngineError::NoDescriptors | EngineError::BadDescriptor { .. } => {
-            Status::invalid_argument(e.to_string())
-        }
+        EngineError::EmptyDomain
+        | EngineError::NoDescriptors
+        | EngineError::BadDescriptor { .. } => Status::invalid_argument(e.to_string()),
         EngineError::Store { .. } => {
             tracing::warn!(domain, error = %e, "store failed; answering UNAVAILABLE");
             Status::unavailable(e.to_string())
@@ -144,7 +144,9 @@ fn to_proto(d: &Decision, headers: Option<&HeaderNames>) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: code_to_proto(d.overall) as i32,
         statuses,
-        response_headers_to_add: headers.map(|h| rate_limit_headers(d, h)).unwrap_or_default(),
+        response_headers_to_add: headers
+            .map(|h| rate_limit_headers(d, h))
+            .unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -243,26 +243,36 @@ impl Raw {
         let on_store_error = parse("on_store_error", &self.on_store_error, FailurePolicy::Error)?;
         let shadow_mode = parse("shadow_mode", &self.shadow_mode, false)?;
         let headers_on = parse("rate_limit_headers", &self.rate_limit_headers, false)?;
-        let header = |name: &str, v: Option<String>, default: &str| -> Result<String, SettingsError> {
-            let v = v.unwrap_or_else(|| default.to_string());
-            let valid = !v.is_empty()
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b));
-            if valid {
-                Ok(v)
-            } else {
-                Err(bad(name, &v, "not a valid HTTP header name"))
-            }
-        };
+        let header =
+            |name: &str, v: Option<String>, default: &str| -> Result<String, SettingsError> {
+                let v = v.unwrap_or_else(|| default.to_string());
+                let valid = !v.is_empty()
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b));
+                if valid {
+                    Ok(v)
+                } else {
+                    Err(bad(name, &v, "not a valid HTTP header name"))
+                }
+            };
         let names = HeaderNames {
             limit: header("header_limit", self.header_limit, "RateLimit-Limit")?,
-            remaining: header("header_remaining", self.header_remaining, "RateLimit-Remaining")?,
+            remaining: header(
+                "header_remaining",
+                self.header_remaining,
+                "RateLimit-Remaining",
+            )?,
             reset: header("header_reset", self.header_reset, "RateLimit-Reset")?,
         };
         let store = match self.store.as_deref().map(str::trim) {
             None | Some("") | Some("memory") => StoreSetting::Memory,
             Some(url) => {
-                let known = ["redis://", "rediss://", "redis-cluster://", "redis-sentinel://"];
+                let known = [
+                    "redis://",
+                    "rediss://",
+                    "redis-cluster://",
+                    "redis-sentinel://",
+                ];
                 if !known.iter().any(|p| url.starts_with(p)) {
                     return Err(bad(
                         "store",
@@ -290,7 +300,9 @@ impl Raw {
         let key_prefix = r
             .key_prefix
             .unwrap_or_else(|| crate::storage::keys::DEFAULT_PREFIX.into());
-        if key_prefix.is_empty() || key_prefix.contains(['{', '}']) || key_prefix.contains(char::is_whitespace)
+        if key_prefix.is_empty()
+            || key_prefix.contains(['{', '}'])
+            || key_prefix.contains(char::is_whitespace)
         {
             return Err(bad(
                 "redis.key_prefix",
@@ -396,7 +408,10 @@ mod tests {
         let mut src = env(&[("TOLLGATE_SHADOW_MODE", "false")]);
         src.file = Some(path);
         let s = Settings::load(&src).unwrap();
-        assert_eq!(s.store, StoreSetting::Redis("redis://127.0.0.1:6379".into()));
+        assert_eq!(
+            s.store,
+            StoreSetting::Redis("redis://127.0.0.1:6379".into())
+        );
         assert_eq!(s.redis.command_timeout, Duration::from_millis(15));
         assert!(!s.shadow_mode);
     }
@@ -404,14 +419,46 @@ mod tests {
     #[test]
     fn bad_values_name_the_setting() {
         let cases = [
-            ("TOLLGATE_GRPC_ADDR", "nowhere", "grpc_addr=nowhere is not valid"),
-            ("TOLLGATE_DEFAULT_ALGORITHM", "leaky", "default_algorithm=leaky is not valid"),
-            ("TOLLGATE_STORE", "mysql://x", "store=mysql://x is not valid"),
-            ("TOLLGATE_REDIS__POOL_SIZE", "0", "redis.pool_size=0 is not valid"),
-            ("TOLLGATE_REDIS__COMMAND_TIMEOUT_MS", "soon", "redis.command_timeout_ms=soon is not valid"),
-            ("TOLLGATE_ON_STORE_ERROR", "maybe", "on_store_error=maybe is not valid"),
-            ("TOLLGATE_RULES_DIR", "/no/such/dir", "rules_dir=/no/such/dir is not valid"),
-            ("TOLLGATE_SHADOW_MODE", "perhaps", "shadow_mode=perhaps is not valid"),
+            (
+                "TOLLGATE_GRPC_ADDR",
+                "nowhere",
+                "grpc_addr=nowhere is not valid",
+            ),
+            (
+                "TOLLGATE_DEFAULT_ALGORITHM",
+                "leaky",
+                "default_algorithm=leaky is not valid",
+            ),
+            (
+                "TOLLGATE_STORE",
+                "mysql://x",
+                "store=mysql://x is not valid",
+            ),
+            (
+                "TOLLGATE_REDIS__POOL_SIZE",
+                "0",
+                "redis.pool_size=0 is not valid",
+            ),
+            (
+                "TOLLGATE_REDIS__COMMAND_TIMEOUT_MS",
+                "soon",
+                "redis.command_timeout_ms=soon is not valid",
+            ),
+            (
+                "TOLLGATE_ON_STORE_ERROR",
+                "maybe",
+                "on_store_error=maybe is not valid",
+            ),
+            (
+                "TOLLGATE_RULES_DIR",
+                "/no/such/dir",
+                "rules_dir=/no/such/dir is not valid",
+            ),
+            (
+                "TOLLGATE_SHADOW_MODE",
+                "perhaps",
+                "shadow_mode=perhaps is not valid",
+            ),
         ];
         for (k, v, want) in cases {
             let err = Settings::load(&env(&[(k, v)])).unwrap_err().to_string();

@@ -84,7 +84,10 @@ async fn sliding_log_admits_exactly_the_limit_across_a_boundary() {
 async fn sliding_counter_stays_near_the_limit_across_a_boundary() {
     let f = Fixture::new();
     f.clock.set_micros(T0 + MINUTE - SECOND / 2);
-    assert_eq!(f.burst(Algorithm::SlidingWindowCounter, 100, 100).await, 100);
+    assert_eq!(
+        f.burst(Algorithm::SlidingWindowCounter, 100, 100).await,
+        100
+    );
     f.clock.advance_micros(SECOND);
     // The previous bucket still weighs 59.5/60 of 100: one more hit at most.
     assert!(f.burst(Algorithm::SlidingWindowCounter, 100, 100).await <= 1);

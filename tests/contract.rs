@@ -48,7 +48,12 @@ impl Limiter {
         }
     }
 
-    async fn call(&self, store: &dyn Store, hits: u64, negative: bool) -> Result<Decision, StoreError> {
+    async fn call(
+        &self,
+        store: &dyn Store,
+        hits: u64,
+        negative: bool,
+    ) -> Result<Decision, StoreError> {
         store
             .hit(Hit {
                 domain: &self.domain,
@@ -117,8 +122,17 @@ async fn burst_up_to_the_limit_then_refused(store: &dyn Store, algorithm: Algori
     let l = Limiter::new("burst", algorithm, 5, Unit::Day);
     for expected in (0..5).rev() {
         let d = l.hit(store, 1).await;
-        assert!(d.admitted, "{}: hit within the limit", ctx(store, algorithm));
-        assert_eq!(d.remaining, expected, "{}: remaining counts down", ctx(store, algorithm));
+        assert!(
+            d.admitted,
+            "{}: hit within the limit",
+            ctx(store, algorithm)
+        );
+        assert_eq!(
+            d.remaining,
+            expected,
+            "{}: remaining counts down",
+            ctx(store, algorithm)
+        );
         l.assert_reset_in_range(store, &d, "admitted");
     }
     let d = l.hit(store, 1).await;
@@ -141,13 +155,27 @@ async fn weighted_cost(store: &dyn Store, algorithm: Algorithm) {
 
 async fn cost_above_the_limit_is_refused_and_not_recorded(store: &dyn Store, algorithm: Algorithm) {
     let l = Limiter::new("too-big", algorithm, 10, Unit::Day);
-    assert_eq!(l.hit(store, 3).await.remaining, 7, "{}", ctx(store, algorithm));
+    assert_eq!(
+        l.hit(store, 3).await.remaining,
+        7,
+        "{}",
+        ctx(store, algorithm)
+    );
     let d = l.hit(store, 11).await;
     assert!(!d.admitted, "{}: cost 11 > limit 10", ctx(store, algorithm));
-    assert_eq!(d.remaining, 7, "{}: nothing recorded", ctx(store, algorithm));
+    assert_eq!(
+        d.remaining,
+        7,
+        "{}: nothing recorded",
+        ctx(store, algorithm)
+    );
     l.assert_reset_in_range(store, &d, "cost above the limit");
     let d = l.hit(store, 7).await;
-    assert!(d.admitted, "{}: the rest is still there", ctx(store, algorithm));
+    assert!(
+        d.admitted,
+        "{}: the rest is still there",
+        ctx(store, algorithm)
+    );
     assert_eq!(d.remaining, 0, "{}", ctx(store, algorithm));
 }
 
@@ -157,37 +185,76 @@ async fn zero_hits_check_without_counting(store: &dyn Store, algorithm: Algorith
     assert!(fresh.admitted, "{}", ctx(store, algorithm));
     assert_eq!(fresh.remaining, 10, "{}", ctx(store, algorithm));
     if algorithm != Algorithm::FixedWindow {
-        assert_eq!(fresh.reset_micros, 0, "{}: nothing counted yet", ctx(store, algorithm));
+        assert_eq!(
+            fresh.reset_micros,
+            0,
+            "{}: nothing counted yet",
+            ctx(store, algorithm)
+        );
     }
     l.hit(store, 3).await;
     for _ in 0..3 {
         let d = l.hit(store, 0).await;
         assert!(d.admitted, "{}", ctx(store, algorithm));
-        assert_eq!(d.remaining, 7, "{}: a check counts nothing", ctx(store, algorithm));
+        assert_eq!(
+            d.remaining,
+            7,
+            "{}: a check counts nothing",
+            ctx(store, algorithm)
+        );
         l.assert_reset_in_range(store, &d, "check");
     }
     l.hit(store, 7).await;
     let d = l.hit(store, 0).await;
-    assert!(d.admitted, "{}: a check fits even when full", ctx(store, algorithm));
+    assert!(
+        d.admitted,
+        "{}: a check fits even when full",
+        ctx(store, algorithm)
+    );
     assert_eq!(d.remaining, 0, "{}", ctx(store, algorithm));
 }
 
 async fn negative_hits_give_back(store: &dyn Store, algorithm: Algorithm) {
     let l = Limiter::new("negative", algorithm, 10, Unit::Day);
-    assert_eq!(l.hit(store, 5).await.remaining, 5, "{}", ctx(store, algorithm));
-    assert_eq!(l.hit(store, 3).await.remaining, 2, "{}", ctx(store, algorithm));
+    assert_eq!(
+        l.hit(store, 5).await.remaining,
+        5,
+        "{}",
+        ctx(store, algorithm)
+    );
+    assert_eq!(
+        l.hit(store, 3).await.remaining,
+        2,
+        "{}",
+        ctx(store, algorithm)
+    );
     let d = l.give_back(store, 2).await;
     assert!(d.admitted, "{}", ctx(store, algorithm));
     assert_eq!(d.remaining, 4, "{}", ctx(store, algorithm));
     let d = l.give_back(store, 100).await;
-    assert_eq!(d.remaining, 10, "{}: never below zero", ctx(store, algorithm));
+    assert_eq!(
+        d.remaining,
+        10,
+        "{}: never below zero",
+        ctx(store, algorithm)
+    );
     let d = l.hit(store, 10).await;
     assert!(d.admitted, "{}: all of it is back", ctx(store, algorithm));
     assert!(!l.hit(store, 1).await.admitted, "{}", ctx(store, algorithm));
     // Giving back to a limiter that never counted anything.
     let fresh = Limiter::new("negative-fresh", algorithm, 10, Unit::Day);
-    assert_eq!(fresh.give_back(store, 4).await.remaining, 10, "{}", ctx(store, algorithm));
-    assert_eq!(fresh.hit(store, 1).await.remaining, 9, "{}", ctx(store, algorithm));
+    assert_eq!(
+        fresh.give_back(store, 4).await.remaining,
+        10,
+        "{}",
+        ctx(store, algorithm)
+    );
+    assert_eq!(
+        fresh.hit(store, 1).await.remaining,
+        9,
+        "{}",
+        ctx(store, algorithm)
+    );
 }
 
 async fn log_reset_is_when_the_oldest_hit_leaves(store: &dyn Store) {
@@ -272,7 +339,10 @@ async fn awkward_descriptors_get_separate_counters(store: &dyn Store, algorithm:
     let mut colon_domain = base.with_entries(&[]);
     colon_domain.domain = format!("{}:k=v", base.domain);
     let plain_domain = base.with_entries(&[("k", "v")]);
-    let limiters: Vec<Limiter> = limiters.into_iter().chain([colon_domain, plain_domain]).collect();
+    let limiters: Vec<Limiter> = limiters
+        .into_iter()
+        .chain([colon_domain, plain_domain])
+        .collect();
 
     for l in &limiters {
         let d = l.hit(store, 1).await;
@@ -318,6 +388,51 @@ async fn concurrent_hits_never_over_admit(store: DynStore, algorithm: Algorithm)
     assert_eq!(d.remaining, 0, "{c}");
 }
 
+/// A long pseudo-random run of takes, give-backs, checks and oversized
+/// costs answers exactly what the embedded store (the reference semantics)
+/// answers. With a one-day window the two clocks' few microseconds apart
+/// change nothing but the reset, compared loosely.
+async fn matches_the_embedded_store(store: &dyn Store, algorithm: Algorithm) {
+    let reference = MemoryStore::default();
+    let l = Limiter::new("reference", algorithm, 20, Unit::Day);
+    let c = ctx(store, algorithm);
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15 ^ algorithm as u64;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    for step in 0..300 {
+        let (hits, negative) = match next(10) {
+            0 | 1 => (1 + next(8), true),
+            2 => (0, false),
+            3 => (21 + next(5), false),
+            _ => (1 + next(5), false),
+        };
+        let want = l
+            .call(&reference, hits, negative)
+            .await
+            .expect("memory store");
+        let got = l
+            .call(store, hits, negative)
+            .await
+            .unwrap_or_else(|e| panic!("{c}: step {step} failed: {e}"));
+        assert_eq!(
+            (got.admitted, got.remaining),
+            (want.admitted, want.remaining),
+            "{c}: step {step}: hits {hits}, negative {negative}"
+        );
+        assert!(
+            got.reset_micros.abs_diff(want.reset_micros) < 1_000_000
+                && (got.reset_micros == 0) == (want.reset_micros == 0),
+            "{c}: step {step}: reset {} vs {}",
+            got.reset_micros,
+            want.reset_micros
+        );
+    }
+}
+
 /// Waits until the wall clock is early in a second, so a burst of calls
 /// does not straddle a 1-second window boundary (Redis runs on this
 /// machine's clock).
@@ -355,10 +470,16 @@ async fn retry_after_reset_succeeds(store: &dyn Store, algorithm: Algorithm) {
     }
     if reset > Duration::from_millis(300) {
         tokio::time::sleep_until((refused_at + reset - Duration::from_millis(150)).into()).await;
-        assert!(!l.hit(store, 1).await.admitted, "{c}: admitted 150 ms before the reset {reset:?}");
+        assert!(
+            !l.hit(store, 1).await.admitted,
+            "{c}: admitted 150 ms before the reset {reset:?}"
+        );
     }
     tokio::time::sleep_until((refused_at + reset + Duration::from_millis(30)).into()).await;
-    assert!(l.hit(store, 1).await.admitted, "{c}: refused 30 ms after the reset {reset:?}");
+    assert!(
+        l.hit(store, 1).await.admitted,
+        "{c}: refused 30 ms after the reset {reset:?}"
+    );
 }
 
 /// After the window passes the limiter admits again. The counter's previous
@@ -393,6 +514,7 @@ async fn run_suite(store: DynStore) {
         distinct_limiters_are_independent(s, algorithm).await;
         awkward_descriptors_get_separate_counters(s, algorithm).await;
         concurrent_hits_never_over_admit(store.clone(), algorithm).await;
+        matches_the_embedded_store(s, algorithm).await;
     }
     log_reset_is_when_the_oldest_hit_leaves(&*store).await;
     // The cases that wait for time to pass run side by side.
@@ -457,4 +579,38 @@ async fn redis_sentinel_smoke() {
     // The counters live on the primary the sentinel named.
     let keys = support::redis::cli(sentinel.primary_port(), &["DBSIZE"]);
     assert_ne!(keys, "0", "nothing was written to the primary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_tls_smoke() {
+    let server = RedisServer::start_tls();
+    let tls = server.tls_files().expect("a TLS server").clone();
+    let config = RedisConfig {
+        url: server.url(),
+        tls_ca_file: Some(tls.ca_cert),
+        tls_cert_file: Some(tls.client_cert),
+        tls_key_file: Some(tls.client_key),
+        command_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    };
+    // Without the client certificate the server refuses the handshake.
+    let anonymous = RedisStore::connect(RedisConfig {
+        tls_cert_file: None,
+        tls_key_file: None,
+        ..config.clone()
+    })
+    .await
+    .expect("valid settings");
+    let store = RedisStore::connect(config).await.expect("valid settings");
+    assert!(
+        store.wait_ready(Duration::from_secs(20)).await,
+        "TLS store not ready"
+    );
+    for algorithm in Algorithm::ALL {
+        burst_up_to_the_limit_then_refused(&store, algorithm).await;
+    }
+    assert!(
+        !anonymous.is_ready(),
+        "connected without a client certificate"
+    );
 }

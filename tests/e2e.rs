@@ -1,101 +1,25 @@
 //! tollgate over real gRPC on loopback, driven by an independent client (the
 //! `envoy-types` crate's generated Envoy API), on the embedded store.
 
+mod support;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit, rate_limit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use support::tollgate::Tollgate;
 use tonic::transport::Channel;
-use tollgate::clock::SystemClock;
-use tollgate::settings::{Settings, Sources};
-
-struct Tollgate {
-    grpc: SocketAddr,
-    http: SocketAddr,
-    rules: tempfile::TempDir,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl Tollgate {
-    /// Starts tollgate on loopback port 0 with `files` (name, YAML) as rules
-    /// and extra settings as `(name, value)` overrides.
-    async fn start(files: &[(&str, &str)], settings: &[(&str, &str)]) -> Tollgate {
-        let rules = tempfile::tempdir().unwrap();
-        for (name, text) in files {
-            std::fs::write(rules.path().join(name), text).unwrap();
-        }
-        let mut overrides = vec![
-            ("rules_dir".to_string(), rules.path().display().to_string()),
-            ("rules_reload_ms".to_string(), "50".to_string()),
-        ];
-        overrides.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let settings = Settings::load(&Sources {
-            overrides,
-            ..Sources::default()
-        })
-        .unwrap();
-        let engine = tollgate::server::build_engine(&settings, Arc::new(SystemClock))
-            .await
-            .unwrap();
-        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            tollgate::server::run(&settings, engine, grpc, http, async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        Tollgate {
-            grpc: grpc_addr,
-            http: http_addr,
-            rules,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .unwrap()
-    }
-
-    async fn ask(&self, req: RateLimitRequest) -> RateLimitResponse {
-        self.client()
-            .await
-            .should_rate_limit(req)
-            .await
-            .unwrap()
-            .into_inner()
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap())
-            .await
-            .expect("tollgate stops within its grace period")
-            .unwrap()
-            .unwrap();
-    }
-}
 
 fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
@@ -174,12 +98,21 @@ async fn each_algorithm_counts_down_then_refuses_with_a_reset() {
         let s = &r.statuses[0];
         assert_eq!(s.code, Code::OverLimit as i32);
         let name = if key == "log" { "log_limit" } else { "" };
-        assert_eq!(s.current_limit, limit(3, rate_limit::Unit::Minute, name), "{key}");
+        assert_eq!(
+            s.current_limit,
+            limit(3, rate_limit::Unit::Minute, name),
+            "{key}"
+        );
         assert_eq!(s.limit_remaining, 0);
-        let reset = s.duration_until_reset.expect("a refused status has a reset");
+        let reset = s
+            .duration_until_reset
+            .expect("a refused status has a reset");
         // The counter may have to wait into the next bucket: up to 2 windows.
         let most = if key == "counter" { 120 } else { 60 };
-        assert!(reset.seconds <= most && (reset.seconds > 0 || reset.nanos > 0), "{key}: {reset:?}");
+        assert!(
+            reset.seconds <= most && (reset.seconds > 0 || reset.nanos > 0),
+            "{key}: {reset:?}"
+        );
     }
     t.stop().await;
 }
@@ -203,7 +136,10 @@ async fn statuses_follow_request_order_and_the_reference_semantics() {
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_eq!(r.statuses.len(), 5);
     assert_eq!(log.code, Code::Ok as i32);
-    assert_eq!(log.current_limit, limit(3, rate_limit::Unit::Minute, "log_limit"));
+    assert_eq!(
+        log.current_limit,
+        limit(3, rate_limit::Unit::Minute, "log_limit")
+    );
     assert_eq!(log.limit_remaining, 2);
     let no_limit = DescriptorStatus {
         code: Code::Ok as i32,
@@ -241,7 +177,10 @@ async fn bad_requests_get_invalid_argument() {
         requests_per_unit: 5,
         unit: 0,
     });
-    let e = c.should_rate_limit(req("shop", vec![bad])).await.unwrap_err();
+    let e = c
+        .should_rate_limit(req("shop", vec![bad]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("unit"), "{}", e.message());
     // The service still answers afterwards.
@@ -254,7 +193,10 @@ async fn bad_requests_get_invalid_argument() {
 async fn unknown_domain_is_ok_without_limits() {
     let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
     let r = t
-        .ask(req("elsewhere", vec![desc(&[("log", "a")]), desc(&[("fixed", "b")])]))
+        .ask(req(
+            "elsewhere",
+            vec![desc(&[("log", "a")]), desc(&[("fixed", "b")])],
+        ))
         .await;
     assert_eq!(r.overall_code, Code::Ok as i32);
     for s in &r.statuses {
@@ -270,7 +212,10 @@ async fn zero_limit_shadow_quota_replaces_and_override() {
     // requests_per_unit 0 always rejects.
     let r = t.ask(req("shop", vec![desc(&[("banned", "x")])])).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
-    assert_eq!(r.statuses[0].current_limit, limit(0, rate_limit::Unit::Hour, ""));
+    assert_eq!(
+        r.statuses[0].current_limit,
+        limit(0, rate_limit::Unit::Hour, "")
+    );
 
     // Shadow: counted and over, but answered OK.
     for _ in 0..3 {
@@ -279,12 +224,20 @@ async fn zero_limit_shadow_quota_replaces_and_override() {
         assert_eq!(r.statuses[0].code, Code::Ok as i32);
     }
     assert_eq!(
-        t.ask(req("shop", vec![desc(&[("shadow", "x")])])).await.statuses[0].limit_remaining,
+        t.ask(req("shop", vec![desc(&[("shadow", "x")])]))
+            .await
+            .statuses[0]
+            .limit_remaining,
         0
     );
 
     // Quota mode: over only when every quota descriptor is over.
-    let quota = || req("shop", vec![desc(&[("quota_a", "q")]), desc(&[("quota_b", "q")])]);
+    let quota = || {
+        req(
+            "shop",
+            vec![desc(&[("quota_a", "q")]), desc(&[("quota_b", "q")])],
+        )
+    };
     assert_eq!(t.ask(quota()).await.overall_code, Code::Ok as i32);
     let r = t.ask(quota()).await; // a is over, b has 1 left
     assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
@@ -295,7 +248,10 @@ async fn zero_limit_shadow_quota_replaces_and_override() {
     // `narrow` replaces `broad` in the same request.
     for _ in 0..3 {
         let r = t
-            .ask(req("shop", vec![desc(&[("broad", "x")]), desc(&[("narrow", "x")])]))
+            .ask(req(
+                "shop",
+                vec![desc(&[("broad", "x")]), desc(&[("narrow", "x")])],
+            ))
             .await;
         assert_eq!(r.overall_code, Code::Ok as i32);
         assert_eq!(r.statuses[0].current_limit, None);
@@ -312,9 +268,15 @@ async fn zero_limit_shadow_quota_replaces_and_override() {
         unit: 1, // SECOND
     });
     let r = t.ask(req("shop", vec![o.clone()])).await;
-    assert_eq!(r.statuses[0].current_limit, limit(1, rate_limit::Unit::Second, ""));
+    assert_eq!(
+        r.statuses[0].current_limit,
+        limit(1, rate_limit::Unit::Second, "")
+    );
     assert_eq!(r.overall_code, Code::Ok as i32);
-    assert_eq!(t.ask(req("shop", vec![o])).await.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        t.ask(req("shop", vec![o])).await.overall_code,
+        Code::OverLimit as i32
+    );
     t.stop().await;
 }
 
@@ -335,10 +297,19 @@ async fn hits_addend_weights_checks_and_gives_back() {
     let r = t.ask(weighted(None, false, 100)).await;
     assert_eq!(r.statuses[0].limit_remaining, 9400);
     // Request hits_addend 0 counts as 1.
-    assert_eq!(t.ask(weighted(None, false, 0)).await.statuses[0].limit_remaining, 9399);
+    assert_eq!(
+        t.ask(weighted(None, false, 0)).await.statuses[0].limit_remaining,
+        9399
+    );
     // A per-descriptor hits_addend wins, even 0 (check only).
-    assert_eq!(t.ask(weighted(Some(0), false, 500)).await.statuses[0].limit_remaining, 9399);
-    assert_eq!(t.ask(weighted(Some(399), false, 500)).await.statuses[0].limit_remaining, 9000);
+    assert_eq!(
+        t.ask(weighted(Some(0), false, 500)).await.statuses[0].limit_remaining,
+        9399
+    );
+    assert_eq!(
+        t.ask(weighted(Some(399), false, 500)).await.statuses[0].limit_remaining,
+        9000
+    );
     // A cost above the limit never passes and costs nothing.
     let r = t.ask(weighted(Some(9501), false, 0)).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
@@ -412,10 +383,10 @@ async fn health_reflection_and_http_healthcheck() {
         assert_eq!(status, Some(ServingStatus::Serving as i32), "{service:?}");
     }
 
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
     let mut reflection = ServerReflectionClient::new(channel);
     let outbound = tokio_stream::iter(vec![ServerReflectionRequest {
         host: String::new(),
@@ -467,7 +438,14 @@ async fn rules_reload_and_a_bad_reload_keeps_the_old_rules() {
         limit(3, rate_limit::Unit::Minute, "log_limit")
     );
     // A good edit takes effect.
-    std::fs::write(&path, RULES.replace("requests_per_unit: 3, algorithm: sliding_window_log", "requests_per_unit: 7, algorithm: sliding_window_log")).unwrap();
+    std::fs::write(
+        &path,
+        RULES.replace(
+            "requests_per_unit: 3, algorithm: sliding_window_log",
+            "requests_per_unit: 7, algorithm: sliding_window_log",
+        ),
+    )
+    .unwrap();
     wait_for_limit(&t, 7).await;
     // A broken file is refused; the last good rules stay.
     std::fs::write(&path, "domain: shop\ndescriptors:\n  - key: log\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
@@ -482,7 +460,12 @@ async fn rules_reload_and_a_bad_reload_keeps_the_old_rules() {
 async fn wait_for_limit(t: &Tollgate, rpu: u32) {
     for _ in 0..100 {
         let r = t.ask(req("shop", vec![desc(&[("log", "reload")])])).await;
-        if r.statuses[0].current_limit.as_ref().map(|l| l.requests_per_unit) == Some(rpu) {
+        if r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+            == Some(rpu)
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -514,10 +497,20 @@ fn validate_prints_every_error_with_file_and_line() {
     assert!(stderr.contains("colour"), "{stderr}");
 
     let ok = Command::new(tollgate_bin())
-        .args(["validate", &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules").display().to_string()])
+        .args([
+            "validate",
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/rules")
+                .display()
+                .to_string(),
+        ])
         .output()
         .unwrap();
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
 }
 
 #[test]
@@ -529,7 +522,10 @@ fn bad_settings_exit_64_before_binding() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("grpc_addr=not-an-address is not valid"), "{stderr}");
+    assert!(
+        stderr.contains("grpc_addr=not-an-address is not valid"),
+        "{stderr}"
+    );
 }
 
 /// The README's walkthrough: `tollgate serve` as a process, then
@@ -563,7 +559,15 @@ fn serve_and_check_binaries() {
     let mut guard = Kill(child);
     let check = |key: &str| {
         Command::new(tollgate_bin())
-            .args(["check", "--addr", &format!("127.0.0.1:{grpc}"), "--domain", "shop", "--descriptor", &format!("{key}=cli")])
+            .args([
+                "check",
+                "--addr",
+                &format!("127.0.0.1:{grpc}"),
+                "--domain",
+                "shop",
+                "--descriptor",
+                &format!("{key}=cli"),
+            ])
             .output()
             .unwrap()
     };
@@ -590,7 +594,9 @@ fn serve_and_check_binaries() {
     }
     // SIGTERM: a graceful stop.
     let child = &mut guard.0;
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
     let mut done = false;
     for _ in 0..100 {
         if let Ok(Some(status)) = child.try_wait() {

@@ -88,7 +88,10 @@ async fn wait_for_success(store: &dyn Store, limiter: &Limiter, timeout: Duratio
         if limiter.timed_hit(store).await.0.is_ok() {
             return;
         }
-        assert!(Instant::now() < deadline, "{what}: no success within {timeout:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no success within {timeout:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -137,7 +140,11 @@ fn assert_all_ok(results: &[Result<Decision, StoreError>], what: &str) {
         results.len(),
         failures[0]
     );
-    assert!(results.len() > 30, "{what}: only {} calls ran", results.len());
+    assert!(
+        results.len() > 30,
+        "{what}: only {} calls ran",
+        results.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,6 +159,15 @@ async fn script_flush_is_invisible_standalone() {
     })
     .await;
     assert_all_ok(&results, "standalone SCRIPT FLUSH");
+    // The flushes really emptied the cache: the store loaded scripts again.
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let loads: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_script|load:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(loads > 3, "only {loads} SCRIPT LOADs:\n{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,7 +217,10 @@ async fn redis_outage_fails_fast_and_recovers() {
     );
     let deadline = Instant::now() + Duration::from_secs(5);
     while store.is_ready() {
-        assert!(Instant::now() < deadline, "still ready 5 s after Redis stopped");
+        assert!(
+            Instant::now() < deadline,
+            "still ready 5 s after Redis stopped"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -220,7 +239,10 @@ async fn redis_outage_fails_fast_and_recovers() {
     for _ in 0..10 {
         let (result, took) = l.timed_hit(&breaker).await;
         assert!(matches!(result, Err(StoreError::CircuitOpen)), "{result:?}");
-        assert!(took < Duration::from_millis(5), "an open circuit took {took:?}");
+        assert!(
+            took < Duration::from_millis(5),
+            "an open circuit took {took:?}"
+        );
     }
 
     // Back on the same port: the same store recovers on its own.
@@ -234,7 +256,13 @@ async fn redis_outage_fails_fast_and_recovers() {
         assert!(l.timed_hit(&*store).await.0.is_ok());
     }
     // The breaker closes after its cooldown, on the first successful probe.
-    wait_for_success(&breaker, &l, Duration::from_secs(5), "breaker after restart").await;
+    wait_for_success(
+        &breaker,
+        &l,
+        Duration::from_secs(5),
+        "breaker after restart",
+    )
+    .await;
     assert!(!breaker.is_open());
     assert!(l.timed_hit(&breaker).await.0.is_ok());
 }

@@ -41,9 +41,13 @@ impl Default for BreakerConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Closed { failures: u32 },
+    Closed {
+        failures: u32,
+    },
     /// Opened at this time (microseconds).
-    Open { since: u64 },
+    Open {
+        since: u64,
+    },
     /// The probe is in flight.
     HalfOpen,
 }
@@ -121,12 +125,10 @@ impl<S: Store> Breaker<S> {
 
     fn succeeded(&self) {
         let mut state = self.lock();
-        if *state != (State::Closed { failures: 0 }) {
-            if !matches!(*state, State::Closed { .. }) {
-                tracing::info!(store = self.inner.kind(), "store circuit closed");
-            }
-            *state = State::Closed { failures: 0 };
+        if !matches!(*state, State::Closed { .. }) {
+            tracing::info!(store = self.inner.kind(), "store circuit closed");
         }
+        *state = State::Closed { failures: 0 };
     }
 
     fn failed(&self, probe: bool) {
@@ -201,6 +203,10 @@ impl<S: Store> Store for Breaker<S> {
 
     fn is_ready(&self) -> bool {
         self.inner.is_ready()
+    }
+
+    fn maintain(&self) {
+        self.inner.maintain();
     }
 
     fn kind(&self) -> &'static str {
@@ -343,7 +349,11 @@ mod tests {
         for _ in 0..10 {
             assert!(is_circuit_open(setup.breaker.hit(hit()).await));
         }
-        assert_eq!(setup.store.calls(), 5, "an open circuit does not call the store");
+        assert_eq!(
+            setup.store.calls(),
+            5,
+            "an open circuit does not call the store"
+        );
     }
 
     #[tokio::test]
@@ -390,7 +400,10 @@ mod tests {
         assert!(is_circuit_open(setup.breaker.hit(hit()).await));
         setup.advance_ms(2);
         setup.store.set(OK);
-        assert!(setup.breaker.hit(hit()).await.is_ok(), "the probe goes through");
+        assert!(
+            setup.breaker.hit(hit()).await.is_ok(),
+            "the probe goes through"
+        );
         assert!(!setup.breaker.is_open());
         assert!(setup.breaker.hit(hit()).await.is_ok());
         assert_eq!(setup.store.calls(), 3);
@@ -407,7 +420,10 @@ mod tests {
             setup.breaker.hit(hit()).await,
             Err(StoreError::Unavailable(_))
         ));
-        assert!(setup.breaker.is_open(), "one failed probe is enough to reopen");
+        assert!(
+            setup.breaker.is_open(),
+            "one failed probe is enough to reopen"
+        );
         setup.advance_ms(400);
         assert!(is_circuit_open(setup.breaker.hit(hit()).await));
         setup.advance_ms(200);

@@ -92,7 +92,11 @@ impl LimiterKeys {
     /// The hash tag, braces included.
     pub fn tag(&self) -> &str {
         let start = self.head.find('{').unwrap_or(0);
-        let end = self.head.find('}').map(|e| e + 1).unwrap_or(self.head.len());
+        let end = self
+            .head
+            .find('}')
+            .map(|e| e + 1)
+            .unwrap_or(self.head.len());
         &self.head[start..end]
     }
 }
@@ -136,13 +140,7 @@ impl KeyBuilder {
             Algorithm::SlidingWindowCounter => 'c',
             Algorithm::SlidingWindowLog => 'l',
         };
-        let head = format!(
-            "{}:{{{}}}:{}{}",
-            self.prefix,
-            tag,
-            algo,
-            hit.unit.seconds()
-        );
+        let head = format!("{}:{{{}}}:{}{}", self.prefix, tag, algo, hit.unit.seconds());
         LimiterKeys { head, identity }
     }
 }

@@ -243,7 +243,10 @@ fn sliding_counter(
         *cur -= back;
         *prev = prev.saturating_sub(hit.hits - back);
         let est = estimate(*prev, *cur);
-        return (decision(true, remaining(est), ok_reset(*prev, *cur)), expires);
+        return (
+            decision(true, remaining(est), ok_reset(*prev, *cur)),
+            expires,
+        );
     }
     let est = estimate(*prev, *cur);
     if hit.hits > limit {
@@ -252,7 +255,10 @@ fn sliding_counter(
     if est + hit.hits as f64 <= limit as f64 {
         *cur += hit.hits;
         let est = estimate(*prev, *cur);
-        return (decision(true, remaining(est), ok_reset(*prev, *cur)), expires);
+        return (
+            decision(true, remaining(est), ok_reset(*prev, *cur)),
+            expires,
+        );
     }
     // Refused: when does prev * weight(t) + cur + hits fit under the limit?
     // prev x (w - e) / w <= room  holds from  e = w - floor(w x room / prev).
@@ -288,16 +294,16 @@ fn sliding_log(
         }
     }
     let limit = hit.limit;
-    let oldest_reset = |entries: &VecDeque<(u64, u64)>| {
-        entries.front().map(|&(ts, _)| ts + w - now).unwrap_or(0)
-    };
-    let expires = |entries: &VecDeque<(u64, u64)>| {
-        entries.back().map(|&(ts, _)| ts + w).unwrap_or(now)
-    };
+    let oldest_reset =
+        |entries: &VecDeque<(u64, u64)>| entries.front().map(|&(ts, _)| ts + w - now).unwrap_or(0);
+    let expires =
+        |entries: &VecDeque<(u64, u64)>| entries.back().map(|&(ts, _)| ts + w).unwrap_or(now);
     if hit.negative {
         let mut back = hit.hits;
         while back > 0 {
-            let Some(last) = entries.back_mut() else { break };
+            let Some(last) = entries.back_mut() else {
+                break;
+            };
             let take = back.min(last.1);
             last.1 -= take;
             *sum -= take;

@@ -262,10 +262,9 @@ impl Store for RedisStore {
         let limiter = self.inner.keys.limiter(&hit);
         let (script, keys) = match hit.algorithm {
             Algorithm::FixedWindow => (&self.inner.fixed_window, vec![limiter.key(Role::State)]),
-            Algorithm::SlidingWindowCounter => (
-                &self.inner.sliding_counter,
-                vec![limiter.key(Role::State)],
-            ),
+            Algorithm::SlidingWindowCounter => {
+                (&self.inner.sliding_counter, vec![limiter.key(Role::State)])
+            }
             Algorithm::SlidingWindowLog => (
                 &self.inner.sliding_log,
                 vec![limiter.key(Role::LogSet), limiter.key(Role::LogMeta)],

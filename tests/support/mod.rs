@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod redis;
+pub mod tollgate;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

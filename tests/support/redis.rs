@@ -37,8 +37,14 @@ pub fn require_redis() {
 /// Runs `redis-cli -p <port> <args>` and returns its trimmed standard output
 /// (Redis error replies included), or the failure as text.
 pub fn cli(port: u16, args: &[&str]) -> String {
+    cli_with(&[], port, args)
+}
+
+/// [`cli`] with options before the command (e.g. TLS files).
+fn cli_with(options: &[String], port: u16, args: &[&str]) -> String {
     let output = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(options)
         .args(args)
         .stdin(Stdio::null())
         .output();
@@ -84,6 +90,8 @@ struct Node {
     port: u16,
     dir: PathBuf,
     args: Vec<String>,
+    /// redis-cli options needed to talk to it (TLS).
+    cli_options: Vec<String>,
     child: Option<Child>,
 }
 
@@ -92,6 +100,14 @@ impl Node {
     /// after the program name. Retries on another port when the chosen one
     /// was taken in the meantime.
     fn start(dir: &Path, args: impl Fn(u16) -> Vec<String>) -> Node {
+        Node::start_with_cli(dir, args, Vec::new())
+    }
+
+    fn start_with_cli(
+        dir: &Path,
+        args: impl Fn(u16) -> Vec<String>,
+        cli_options: Vec<String>,
+    ) -> Node {
         require_redis();
         let mut last_log = String::new();
         for _ in 0..10 {
@@ -100,6 +116,7 @@ impl Node {
                 port,
                 dir: dir.to_owned(),
                 args: args(port),
+                cli_options: cli_options.clone(),
                 child: None,
             };
             match node.launch() {
@@ -123,7 +140,7 @@ impl Node {
             .unwrap_or_else(|e| panic!("cannot run redis-server: {e}; {INSTALL_HINT}"));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if cli(self.port, &["PING"]) == "PONG" {
+            if self.cli(&["PING"]) == "PONG" {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -135,6 +152,10 @@ impl Node {
             }
             sleep(Duration::from_millis(20));
         }
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        cli_with(&self.cli_options, self.port, args)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -161,10 +182,7 @@ impl Node {
                 Ok(()) => return,
                 // The port may linger or be taken briefly: try again.
                 Err(log) if Instant::now() > deadline => {
-                    panic!(
-                        "redis-server did not restart on port {}:\n{log}",
-                        self.port
-                    )
+                    panic!("redis-server did not restart on port {}:\n{log}", self.port)
                 }
                 Err(_) => sleep(Duration::from_millis(100)),
             }
@@ -207,10 +225,135 @@ fn temp_dir() -> TempDir {
         .expect("create a temporary directory")
 }
 
+/// Certificates for a TLS server, made with `openssl` for `127.0.0.1`.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub ca_cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    /// A client certificate the server accepts (mutual TLS).
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl TlsFiles {
+    /// A throwaway CA, a server certificate for IP 127.0.0.1 and a client
+    /// certificate, in `dir`.
+    pub fn generate(dir: &Path) -> TlsFiles {
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run openssl: {e}; install it with `apt-get install -y openssl`")
+                });
+            assert!(
+                out.status.success(),
+                "openssl {args:?} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let key = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &key[..],
+                &[
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.crt",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=tollgate test CA",
+                ],
+            ]
+            .concat(),
+        );
+        for (name, extensions) in [
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+            ),
+            ("client", "extendedKeyUsage=clientAuth\n"),
+        ] {
+            let (key_file, csr, cert, ext) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.crt"),
+                format!("{name}.ext"),
+            );
+            fs::write(dir.join(&ext), extensions).expect("write extensions");
+            openssl(
+                &[
+                    &["req"][..],
+                    &key[..],
+                    &[
+                        "-keyout",
+                        &key_file,
+                        "-out",
+                        &csr,
+                        "-subj",
+                        &format!("/CN=tollgate test {name}"),
+                    ],
+                ]
+                .concat(),
+            );
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &cert,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ]);
+        }
+        TlsFiles {
+            ca_cert: dir.join("ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
+        }
+    }
+
+    fn cli_options(&self) -> Vec<String> {
+        let path = |p: &PathBuf| p.display().to_string();
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            path(&self.ca_cert),
+            "--cert".into(),
+            path(&self.client_cert),
+            "--key".into(),
+            path(&self.client_key),
+        ]
+    }
+}
+
 /// A standalone Redis server.
 pub struct RedisServer {
     // Declared before `dir`: the process dies before its directory goes.
     node: Node,
+    tls: Option<TlsFiles>,
     _dir: TempDir,
 }
 
@@ -219,15 +362,65 @@ impl RedisServer {
         let dir = temp_dir();
         let path = dir.path().to_owned();
         let node = Node::start(&path, |port| base_args(&path, port));
-        RedisServer { node, _dir: dir }
+        RedisServer {
+            node,
+            tls: None,
+            _dir: dir,
+        }
+    }
+
+    /// A server that speaks only TLS and requires a client certificate.
+    pub fn start_tls() -> RedisServer {
+        let dir = temp_dir();
+        let path = dir.path().to_owned();
+        let tls = TlsFiles::generate(&path);
+        let node = Node::start_with_cli(
+            &path,
+            |port| {
+                let mut args = base_args(&path, port);
+                // base_args puts the plain port first: replace it.
+                args[1] = "0".into();
+                let path = |p: &PathBuf| p.display().to_string();
+                args.extend([
+                    "--tls-port".into(),
+                    port.to_string(),
+                    "--tls-cert-file".into(),
+                    path(&tls.server_cert),
+                    "--tls-key-file".into(),
+                    path(&tls.server_key),
+                    "--tls-ca-cert-file".into(),
+                    path(&tls.ca_cert),
+                    "--tls-auth-clients".into(),
+                    "yes".into(),
+                ]);
+                args
+            },
+            tls.cli_options(),
+        );
+        RedisServer {
+            node,
+            tls: Some(tls),
+            _dir: dir,
+        }
+    }
+
+    /// The certificates, for a server from [`RedisServer::start_tls`].
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     pub fn port(&self) -> u16 {
         self.node.port
     }
 
+    /// `redis://`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.node.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.node.port)
     }
 
     /// Kills the server (SIGKILL): clients see their connections drop.
@@ -245,7 +438,7 @@ impl RedisServer {
     }
 
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.node.port, args)
+        self.node.cli(args)
     }
 }
 
@@ -453,9 +646,7 @@ impl RedisSentinel {
         let primary_port = primary.port;
         let replica = Node::start(&path, |port| {
             let mut args = base_args(&path, port);
-            args.extend(
-                ["--replicaof", "127.0.0.1", &primary_port.to_string()].map(str::to_owned),
-            );
+            args.extend(["--replicaof", "127.0.0.1", &primary_port.to_string()].map(str::to_owned));
             args
         });
         let sentinel = Node::start(&path, |port| {

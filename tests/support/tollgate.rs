@@ -1,0 +1,114 @@
+//! A tollgate server in-process on loopback port 0, for end-to-end tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tollgate::clock::SystemClock;
+use tollgate::settings::{Settings, Sources};
+use tonic::transport::Channel;
+
+pub struct Tollgate {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub rules: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Tollgate {
+    /// Starts tollgate on loopback port 0 with `files` (name, YAML) as rules
+    /// and extra settings as `(name, value)` overrides.
+    pub async fn start(files: &[(&str, &str)], settings: &[(&str, &str)]) -> Tollgate {
+        let rules = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(rules.path().join(name), text).unwrap();
+        }
+        let mut overrides = vec![
+            ("rules_dir".to_string(), rules.path().display().to_string()),
+            ("rules_reload_ms".to_string(), "50".to_string()),
+        ];
+        overrides.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let settings = Settings::load(&Sources {
+            overrides,
+            ..Sources::default()
+        })
+        .unwrap();
+        let engine = tollgate::server::build_engine(&settings, Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            tollgate::server::run(&settings, engine, grpc, http, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Tollgate {
+            grpc: grpc_addr,
+            http: http_addr,
+            rules,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .unwrap()
+    }
+
+    pub async fn ask(&self, req: RateLimitRequest) -> RateLimitResponse {
+        self.client()
+            .await
+            .should_rate_limit(req)
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Waits until health says SERVING (the store is ready).
+    pub async fn wait_serving(&self, timeout: Duration) {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Ok(ch) = Channel::from_shared(format!("http://{}", self.grpc))
+                .expect("a valid URI")
+                .connect()
+                .await
+                && let Ok(r) = HealthClient::new(ch)
+                    .check(HealthCheckRequest {
+                        service: "ratelimit".into(),
+                    })
+                    .await
+                && r.into_inner().status == ServingStatus::Serving as i32
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "tollgate at {} not SERVING within {timeout:?}",
+                self.grpc
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap())
+            .await
+            .expect("tollgate stops within its grace period")
+            .unwrap()
+            .unwrap();
+    }
+}
