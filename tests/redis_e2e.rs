@@ -41,6 +41,10 @@ descriptors:
     rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: fixed_window}}
   - key: counter
     rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: sliding_window_counter}}
+  - key: pair
+    descriptors:
+      - key: x
+        rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: sliding_window_log}}
   - key: open
     rate_limit: {{unit: second, requests_per_unit: 1000, on_store_error: allow}}
   - key: closed
@@ -114,24 +118,24 @@ async fn three_replicas_on_a_cluster_admit_exactly_the_limit() {
 
     // Descriptors that collide when values are naively joined get separate
     // counters, and braces never form a hash tag (no CROSSSLOT).
-    let pairs: [(&[(&str, &str)], &[(&str, &str)]); 2] = [
-        (&[("log", "a_b"), ("x", "c")], &[("log", "a"), ("x", "b_c")]),
-        (&[("log", "}{")], &[("log", "{}")]),
+    let collisions = [
+        ([("pair", "a_b"), ("x", "c")], [("pair", "a"), ("x", "b_c")]),
+        ([("pair", "}{"), ("x", "{")], [("pair", "{}"), ("x", "{")]),
+        (
+            [("pair", "a:x=b"), ("x", "")],
+            [("pair", "a"), ("x", "b:x=")],
+        ),
     ];
     let mut c = clients[0].clone();
-    for (a, b) in pairs {
-        let one = c
-            .should_rate_limit(request(&domain, &a[..1]))
-            .await
-            .unwrap()
-            .into_inner();
-        let two = c
-            .should_rate_limit(request(&domain, &b[..1]))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(one.statuses[0].limit_remaining, 99, "{a:?}");
-        assert_eq!(two.statuses[0].limit_remaining, 99, "{b:?}");
+    for (a, b) in collisions {
+        for entries in [&a, &b] {
+            let r = c
+                .should_rate_limit(request(&domain, entries))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.statuses[0].limit_remaining, 99, "{entries:?}");
+        }
     }
     for t in replicas {
         t.stop().await;
