@@ -32,22 +32,15 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::proto::rate_limit_response::Code;
 use crate::proto::{RateLimitRequest, RateLimitServiceClient};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Address of the service, host:port.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    pub addr: String,
-    #[arg(long)]
-    pub domain: String,
-    /// Descriptor entries `k=v[,k2=v2...]`; repeat for several descriptors.
-    /// This is the template every call is built from.
-    #[arg(long = "descriptor", required = true)]
-    pub descriptors: Vec<String>,
+    #[command(flatten)]
+    pub target: crate::check::Target,
     /// Number of distinct keys. Above 1, the value of the last entry of the
     /// last descriptor gets a suffix `-<i>`, cycling i over 0..N; 1 is one
     /// hot key.
@@ -166,12 +159,9 @@ impl TryFrom<&BenchArgs> for BenchConfig {
 
     fn try_from(a: &BenchArgs) -> anyhow::Result<BenchConfig> {
         let descriptors = a
-            .descriptors
-            .iter()
-            .map(|d| {
-                crate::check::parse_descriptor(d).map_err(|e| anyhow::anyhow!("--descriptor {e}"))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .target
+            .parsed_descriptors()
+            .map_err(|e| anyhow::anyhow!(e))?;
         let secs = |name: &str, v: f64| {
             Duration::try_from_secs_f64(v)
                 .map_err(|_| anyhow::anyhow!("--{name} {v} is not a number of seconds"))
@@ -191,8 +181,8 @@ impl TryFrom<&BenchArgs> for BenchConfig {
             },
         };
         Ok(BenchConfig {
-            addr: a.addr.clone(),
-            domain: a.domain.clone(),
+            addr: a.target.addr.clone(),
+            domain: a.target.domain.clone(),
             descriptors,
             keys: a.keys,
             load,
@@ -388,15 +378,7 @@ fn json_string(s: &str) -> String {
 /// errors.
 pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     cfg.validate()?;
-    let uri = if cfg.addr.contains("://") {
-        cfg.addr.clone()
-    } else {
-        format!("http://{}", cfg.addr)
-    };
-    let endpoint = Endpoint::from_shared(uri)
-        .with_context(|| format!("--addr {} is not a valid address", cfg.addr))?
-        .connect_timeout(cfg.timeout)
-        .tcp_nodelay(true);
+    let endpoint = crate::check::endpoint(&cfg.addr, cfg.timeout)?;
     // Lazy: a target that is down is a run full of UNAVAILABLE, not a
     // failure to start, and each channel reconnects on its own.
     let clients: Vec<_> = (0..cfg.connections)

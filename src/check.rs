@@ -6,11 +6,50 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use tonic::transport::Endpoint;
+
 use crate::proto::rate_limit_descriptor::Entry;
 use crate::proto::rate_limit_response::{Code, rate_limit};
 use crate::proto::{
     RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
 };
+
+/// Where to send requests and what to ask: shared by `check` and `bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// Address of the service, host:port.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub addr: String,
+    /// The rate-limit domain.
+    #[arg(long)]
+    pub domain: String,
+    /// Descriptor entries `k=v[,k2=v2...]`; repeat for several descriptors.
+    #[arg(long = "descriptor", required = true)]
+    pub descriptors: Vec<String>,
+}
+
+impl Target {
+    /// Every `--descriptor`, parsed.
+    pub fn parsed_descriptors(&self) -> Result<Vec<Vec<(String, String)>>, String> {
+        self.descriptors
+            .iter()
+            .map(|d| parse_descriptor(d).map_err(|e| format!("--descriptor {e}")))
+            .collect()
+    }
+}
+
+/// An endpoint for `addr` (`host:port` or a URI).
+pub fn endpoint(addr: &str, timeout: Duration) -> anyhow::Result<Endpoint> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    Ok(Endpoint::from_shared(uri)
+        .with_context(|| format!("--addr {addr} is not a valid address"))?
+        .connect_timeout(timeout)
+        .tcp_nodelay(true))
+}
 
 /// Parses `k=v[,k2=v2...]` into descriptor entries. The first `=` of each
 /// pair splits key from value, so values may contain `=`.
@@ -55,18 +94,11 @@ pub async fn call(
     req: RateLimitRequest,
     timeout: Duration,
 ) -> anyhow::Result<RateLimitResponse> {
-    let uri = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    let channel = tonic::transport::Endpoint::from_shared(uri.clone())
-        .with_context(|| format!("{addr} is not a valid address"))?
-        .connect_timeout(timeout)
+    let channel = endpoint(addr, timeout)?
         .timeout(timeout)
         .connect()
         .await
-        .with_context(|| format!("connecting to {uri}"))?;
+        .with_context(|| format!("connecting to {addr}"))?;
     let mut client = RateLimitServiceClient::new(channel);
     let resp = client
         .should_rate_limit(req)

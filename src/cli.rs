@@ -59,14 +59,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// Address of the service, host:port.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    pub addr: String,
-    #[arg(long)]
-    pub domain: String,
-    /// Descriptor entries `k=v[,k2=v2...]`; repeat for several descriptors.
-    #[arg(long = "descriptor", required = true)]
-    pub descriptors: Vec<String>,
+    #[command(flatten)]
+    pub target: crate::check::Target,
     /// Request hits_addend (0 counts as 1).
     #[arg(long, default_value_t = 0)]
     pub hits: u32,
@@ -191,21 +185,18 @@ fn validate(dir: &std::path::Path) -> ExitCode {
 }
 
 fn check(args: CheckArgs) -> ExitCode {
-    let mut descriptors = Vec::new();
-    for d in &args.descriptors {
-        match crate::check::parse_descriptor(d) {
-            Ok(entries) => descriptors.push(entries),
-            Err(e) => {
-                eprintln!("--descriptor {e}");
-                return ExitCode::from(EXIT_BAD_SETTINGS);
-            }
+    let descriptors = match args.target.parsed_descriptors() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_BAD_SETTINGS);
         }
-    }
-    let req = crate::check::request(&args.domain, &descriptors, args.hits);
+    };
+    let req = crate::check::request(&args.target.domain, &descriptors, args.hits);
     let timeout = Duration::from_millis(args.timeout_ms);
     let result = runtime()
         .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(crate::check::call(&args.addr, req.clone(), timeout)));
+        .and_then(|rt| rt.block_on(crate::check::call(&args.target.addr, req.clone(), timeout)));
     match result {
         Ok(resp) => {
             print!("{}", crate::check::render(&req, &resp));

@@ -5,27 +5,16 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::redis::{RedisCluster, RedisServer};
-use support::tollgate::Tollgate;
+use support::tollgate::{Tollgate, descriptor};
 use support::unique_domain;
 
 fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: k.to_string(),
-                    value: v.to_string(),
-                })
-                .collect(),
-            ..Default::default()
-        }],
+        descriptors: vec![descriptor(entries)],
         hits_addend: 0,
     }
 }
