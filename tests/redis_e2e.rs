@@ -234,3 +234,78 @@ async fn starts_without_redis_and_serves_once_it_appears() {
     assert_eq!(r.statuses[0].limit_remaining, 99);
     t.stop().await;
 }
+
+/// A cluster primary dies under load: every answer still arrives, per the
+/// rule's policy while its slot has no primary, and counting resumes by
+/// itself once the replica is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_under_load_is_answered_per_policy() {
+    use tollgate::limit::{Algorithm, Unit};
+    use tollgate::storage::Hit;
+    use tollgate::storage::keys::{KeyBuilder, Role};
+
+    let mut cluster = RedisCluster::start();
+    let domain = unique_domain("failover");
+    let url = cluster.url();
+    let t = Tollgate::start(
+        &[("rules.yaml", &rules(&domain))],
+        &[("store", &url), ("redis.command_timeout_ms", "100")],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(20)).await;
+    let mut c = t.client().await;
+    let ask = |key: &'static str| request(&domain, &[(key, "f")]);
+
+    // The key tollgate uses for ("open", "f") on this rule.
+    let entries = vec![("open".to_string(), "f".to_string())];
+    let redis_key = KeyBuilder::default()
+        .limiter(&Hit {
+            domain: &domain,
+            entries: &entries,
+            algorithm: Algorithm::SlidingWindowCounter,
+            limit: 1000,
+            unit: Unit::Second,
+            hits: 1,
+            negative: false,
+        })
+        .key(Role::State);
+    let r = c.should_rate_limit(ask("open")).await.unwrap().into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 999);
+
+    cluster.kill_primary_for_key(&redis_key);
+    let killed = Instant::now();
+    let mut saw_fallback = false;
+    let mut recovered = false;
+    while killed.elapsed() < Duration::from_secs(30) {
+        let started = Instant::now();
+        let r = c.should_rate_limit(ask("open")).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(1000),
+            "an answer took {took:?}"
+        );
+        // `open` fails open: always an answer, never an error.
+        let s = &r
+            .expect("on_store_error: allow answers OK")
+            .into_inner()
+            .statuses[0];
+        assert_eq!(s.code, Code::Ok as i32);
+        if s.duration_until_reset.is_none() {
+            // The policy's answer: no count behind it.
+            saw_fallback = true;
+        } else if saw_fallback {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        saw_fallback,
+        "the store never failed while its primary was dead"
+    );
+    assert!(
+        recovered,
+        "counting did not resume within 30 s of the failover"
+    );
+    t.stop().await;
+}
