@@ -1,6 +1,7 @@
 //! What callers see when Redis misbehaves: an emptied script cache, a
-//! server that goes away and comes back, a cluster primary that dies. Every
-//! wait is bounded, so a regression fails instead of hanging.
+//! server that goes away and comes back, a cluster primary that dies, a
+//! sentinel-managed primary that dies. Every wait is bounded, so a
+//! regression fails instead of hanging.
 
 mod support;
 
@@ -9,13 +10,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use tokio::task::JoinHandle;
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::keys::{KeyBuilder, Role};
 use tollgate::storage::{
     Breaker, BreakerConfig, Decision, Hit, RedisConfig, RedisStore, Store, StoreError,
 };
 
-use support::redis::{RedisCluster, RedisServer};
+use support::redis::{
+    RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE, SentinelOptions, cli,
+};
 use support::unique_domain;
 
 /// Slack on top of the command timeout for scheduling on a busy machine.
@@ -145,6 +149,103 @@ fn assert_all_ok(results: &[Result<Decision, StoreError>], what: &str) {
         "{what}: only {} calls ran",
         results.len()
     );
+}
+
+/// One call made by a [`LoadLoop`]: when it started, whether it succeeded,
+/// how long it took.
+type Call = (Instant, bool, Duration);
+
+/// Tasks hitting one limiter in a loop until stopped, recording every call.
+struct LoadLoop {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<Vec<Call>>>,
+}
+
+impl LoadLoop {
+    fn start(store: Arc<RedisStore>, limiter: Arc<Limiter>, tasks: usize) -> LoadLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..tasks)
+            .map(|_| {
+                let store = store.clone();
+                let limiter = limiter.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let mut calls = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let at = Instant::now();
+                        let (result, took) = limiter.timed_hit(&*store).await;
+                        calls.push((at, result.is_ok(), took));
+                        if result.is_err() {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    calls
+                })
+            })
+            .collect();
+        LoadLoop { stop, tasks }
+    }
+
+    /// Stops the tasks; returns every call they made.
+    async fn finish(self) -> Vec<Call> {
+        self.stop.store(true, Ordering::Relaxed);
+        let joined = tokio::time::timeout(Duration::from_secs(10), join_all(self.tasks))
+            .await
+            .expect("load tasks did not stop within 10 s");
+        joined
+            .into_iter()
+            .flat_map(|r| r.expect("load task panicked"))
+            .collect()
+    }
+}
+
+/// Waits until 20 calls in a row succeed; panics if that takes past
+/// `since + within`. Returns the time from `since` to recovery.
+async fn wait_for_recovery(
+    store: &dyn Store,
+    limiter: &Limiter,
+    since: Instant,
+    within: Duration,
+    what: &str,
+) -> Duration {
+    let deadline = since + within;
+    let mut consecutive = 0;
+    while consecutive < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "no recovery within {within:?} after {what}"
+        );
+        if limiter.timed_hit(store).await.0.is_ok() {
+            consecutive += 1;
+        } else {
+            consecutive = 0;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    since.elapsed()
+}
+
+/// Asserts that every call took at most `timeout + SLACK`; returns the
+/// slowest call's time and how many calls failed at or after `since`.
+fn check_calls(calls: &[Call], timeout: Duration, since: Instant) -> (Duration, usize) {
+    let slowest = calls.iter().map(|c| c.2).max().unwrap_or_default();
+    assert!(slowest <= timeout + SLACK, "a call took {slowest:?}");
+    let failed = calls
+        .iter()
+        .filter(|(at, ok, _)| *at >= since && !ok)
+        .count();
+    (slowest, failed)
+}
+
+/// `calls=` of `INFO commandstats` for `command` (`evalsha`, `script|load`).
+fn command_calls(port: u16, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    cli(port, &["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,58 +389,22 @@ async fn cluster_script_flush_and_failover() {
     let l = Arc::new(Limiter::new("failover", Algorithm::SlidingWindowLog));
     wait_for_success(&*store, &l, Duration::from_secs(5), "before the kill").await;
     let key = l.state_key();
-    let stop = Arc::new(AtomicBool::new(false));
-    let load: Vec<_> = (0..3)
-        .map(|_| {
-            let store = store.clone();
-            let l = l.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut calls = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let at = Instant::now();
-                    let (result, took) = l.timed_hit(&*store).await;
-                    calls.push((at, result.is_ok(), took));
-                    if result.is_err() {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-                calls
-            })
-        })
-        .collect();
+    let load = LoadLoop::start(store.clone(), l.clone(), 3);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed_at = Instant::now();
     let killed = cluster.kill_primary_for_key(&key);
 
     // Wait (bounded) for the calls to succeed again on their own.
-    let deadline = killed_at + Duration::from_secs(30);
-    let mut consecutive = 0;
-    while consecutive < 20 {
-        assert!(
-            Instant::now() < deadline,
-            "no recovery within 30 s after killing primary {killed}"
-        );
-        if l.timed_hit(&*store).await.0.is_ok() {
-            consecutive += 1;
-        } else {
-            consecutive = 0;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    let recovered_after = killed_at.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let calls: Vec<_> = join_all(load)
-        .await
-        .into_iter()
-        .flat_map(|r| r.expect("load task panicked"))
-        .collect();
-    let slowest = calls.iter().map(|c| c.2).max().unwrap_or_default();
-    assert!(slowest <= timeout + SLACK, "a call took {slowest:?}");
-    let failed_after_kill = calls
-        .iter()
-        .filter(|(at, ok, _)| *at >= killed_at && !ok)
-        .count();
+    let recovered_after = wait_for_recovery(
+        &*store,
+        &l,
+        killed_at,
+        Duration::from_secs(30),
+        &format!("killing primary {killed}"),
+    )
+    .await;
+    let calls = load.finish().await;
+    let (slowest, failed_after_kill) = check_calls(&calls, timeout, killed_at);
     assert!(
         failed_after_kill > 0,
         "no call failed while slot's primary was down"
@@ -352,6 +417,82 @@ async fn cluster_script_flush_and_failover() {
     cluster.wait_state_ok(Duration::from_secs(10));
     eprintln!(
         "cluster failover: {} calls, {failed_after_kill} failed after the kill, \
+         recovered after {recovered_after:?}, slowest call {slowest:?}",
+        calls.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_recovers_on_its_own() {
+    let mut setup = RedisSentinel::start_with(SentinelOptions {
+        sentinels: 3,
+        down_after_ms: 1_000,
+        failover_timeout_ms: 5_000,
+        parallel_syncs: 1,
+    });
+    let old_primary = setup.primary_port();
+    assert_eq!(setup.current_primary(), Some(old_primary));
+    let timeout = Duration::from_millis(100);
+    let store = Arc::new(connect(setup.url(), timeout).await);
+    let l = Arc::new(Limiter::new(
+        "sentinel-failover",
+        Algorithm::SlidingWindowLog,
+    ));
+    wait_for_success(&*store, &l, Duration::from_secs(5), "before the kill").await;
+    // The promoted replica starts without the scripts: Redis does not
+    // replicate SCRIPT LOAD.
+    assert_eq!(command_calls(setup.replica_port(), "script|load"), 0);
+
+    let load = LoadLoop::start(store.clone(), l.clone(), 3);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed_at = Instant::now();
+    let killed = setup.kill_primary();
+    assert_eq!(killed, old_primary);
+
+    // Nothing is done to the store: it follows the sentinel's choice.
+    let recovered_after = wait_for_recovery(
+        &*store,
+        &l,
+        killed_at,
+        Duration::from_secs(30),
+        &format!("killing primary {killed}"),
+    )
+    .await;
+    let calls = load.finish().await;
+    let (slowest, failed_after_kill) = check_calls(&calls, timeout, killed_at);
+    assert!(
+        failed_after_kill > 0,
+        "no call failed while there was no primary"
+    );
+
+    // The sentinel really promoted the replica, and the calls ran there.
+    let new_primary = setup.wait_for_new_primary(killed, Duration::from_secs(10));
+    assert_eq!(new_primary, setup.replica_port());
+    let named = cli(
+        setup.sentinel_port(),
+        &["SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE],
+    );
+    assert_eq!(
+        named.lines().nth(1).map(str::trim),
+        Some(new_primary.to_string().as_str()),
+        "the sentinel names {named:?}"
+    );
+    assert!(
+        command_calls(new_primary, "script|load") > 0,
+        "the scripts were never loaded on the new primary"
+    );
+    assert!(
+        command_calls(new_primary, "evalsha") > 0,
+        "no script ran on the new primary"
+    );
+    // Readiness may drop for a moment as the last pool connections move
+    // over (the store reloads the scripts after each reconnection).
+    assert!(
+        store.wait_ready(Duration::from_secs(5)).await,
+        "not ready 5 s after the failover"
+    );
+    eprintln!(
+        "sentinel failover: {} calls, {failed_after_kill} failed after the kill, \
          recovered after {recovered_after:?}, slowest call {slowest:?}",
         calls.len()
     );

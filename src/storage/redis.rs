@@ -318,10 +318,12 @@ async fn supervise(store: Weak<Inner>, pool: Pool) {
             inner.loaded.store(false, Ordering::Release);
             continue;
         };
-        if reconnected {
-            inner.loaded.store(false, Ordering::Release);
-        }
-        if inner.loaded.load(Ordering::Acquire) {
+        // A reconnect reloads the scripts (the server may be a promoted
+        // replica with an empty cache) but does not flip readiness while it
+        // does: other connections still answer, and a call that meets
+        // NOSCRIPT reloads on its own. Readiness drops only when nothing is
+        // connected or the reload fails.
+        if !reconnected && inner.loaded.load(Ordering::Acquire) {
             continue;
         }
         let load = load_scripts(&inner, client);
@@ -330,8 +332,14 @@ async fn supervise(store: Weak<Inner>, pool: Pool) {
                 tracing::debug!(kind = inner.kind, "redis scripts loaded");
                 inner.loaded.store(true, Ordering::Release);
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, "loading redis scripts failed"),
-            Err(_) => tracing::debug!("loading redis scripts timed out"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "loading redis scripts failed");
+                inner.loaded.store(false, Ordering::Release);
+            }
+            Err(_) => {
+                tracing::debug!("loading redis scripts timed out");
+                inner.loaded.store(false, Ordering::Release);
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Real `redis-server` processes for tests: a standalone server, a 3+3
-//! cluster, and a primary + replica behind a sentinel.
+//! cluster, and a primary + replica behind one or more sentinels.
 //!
 //! Every process runs on a free loopback port, in its own temporary
 //! directory, without persistence (`--save "" --appendonly no`), and is
@@ -20,7 +20,7 @@ const INSTALL_HINT: &str = "install it with `apt-get install -y redis-server` \
      (it provides redis-server and redis-cli)";
 /// Node timeout of test clusters: a killed primary is replaced in ~2-3 s.
 pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 1_000;
-/// Service name the test sentinel monitors.
+/// Service name the test sentinels monitor.
 pub const SENTINEL_SERVICE: &str = "tollgate";
 
 /// Panics with an installation hint unless redis-server and redis-cli are
@@ -629,17 +629,54 @@ impl RedisCluster {
     }
 }
 
-/// One primary, one replica and one sentinel monitoring them as
-/// [`SENTINEL_SERVICE`].
+/// How [`RedisSentinel::start_with`] sets up its sentinels.
+#[derive(Debug, Clone)]
+pub struct SentinelOptions {
+    /// Sentinel processes; the quorum is a majority of them.
+    pub sentinels: usize,
+    /// `sentinel down-after-milliseconds`: how long the primary must be
+    /// silent before a sentinel considers it down.
+    pub down_after_ms: u64,
+    /// `sentinel failover-timeout`.
+    pub failover_timeout_ms: u64,
+    /// `sentinel parallel-syncs`.
+    pub parallel_syncs: u32,
+}
+
+impl Default for SentinelOptions {
+    fn default() -> Self {
+        SentinelOptions {
+            sentinels: 1,
+            down_after_ms: 1_000,
+            failover_timeout_ms: 3_000,
+            parallel_syncs: 1,
+        }
+    }
+}
+
+/// One primary, one replica and one or more sentinels monitoring them as
+/// [`SENTINEL_SERVICE`]. The sentinels may fail over:
+/// [`RedisSentinel::primary_port`] is the primary started,
+/// [`RedisSentinel::current_primary`] the one the sentinels name now.
 pub struct RedisSentinel {
-    sentinel: Node,
+    // Declared first: the sentinels die before the nodes they watch.
+    sentinels: Vec<Node>,
     replica: Node,
     primary: Node,
     _dir: TempDir,
 }
 
 impl RedisSentinel {
+    /// One sentinel, [`SentinelOptions::default`].
     pub fn start() -> RedisSentinel {
+        RedisSentinel::start_with(SentinelOptions::default())
+    }
+
+    /// Starts the nodes and the sentinels, and waits until every sentinel
+    /// knows the primary, the replica and the other sentinels, and the
+    /// replica is in sync: from then on a failover can succeed.
+    pub fn start_with(options: SentinelOptions) -> RedisSentinel {
+        assert!(options.sentinels > 0, "at least one sentinel");
         let dir = temp_dir();
         let path = dir.path().to_owned();
         let primary = Node::start(&path, |port| base_args(&path, port));
@@ -649,61 +686,165 @@ impl RedisSentinel {
             args.extend(["--replicaof", "127.0.0.1", &primary_port.to_string()].map(str::to_owned));
             args
         });
-        let sentinel = Node::start(&path, |port| {
-            // A sentinel rewrites its configuration file: one per attempt.
-            let conf = path.join(format!("sentinel-{port}.conf"));
-            let text = format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile redis-{port}.log\n\
-                 sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {primary_port} 1\n\
-                 sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n\
-                 sentinel failover-timeout {SENTINEL_SERVICE} 3000\n",
-                dir = path.display()
-            );
-            fs::write(&conf, text).expect("write sentinel.conf");
-            vec![conf.display().to_string(), "--sentinel".to_owned()]
-        });
+        let quorum = options.sentinels / 2 + 1;
+        let sentinels = (0..options.sentinels)
+            .map(|_| {
+                Node::start(&path, |port| {
+                    // A sentinel rewrites its configuration file: one per
+                    // attempt.
+                    let conf = path.join(format!("sentinel-{port}.conf"));
+                    let text = format!(
+                        "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile redis-{port}.log\n\
+                         sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {primary_port} {quorum}\n\
+                         sentinel down-after-milliseconds {SENTINEL_SERVICE} {down_after}\n\
+                         sentinel failover-timeout {SENTINEL_SERVICE} {failover_timeout}\n\
+                         sentinel parallel-syncs {SENTINEL_SERVICE} {parallel_syncs}\n",
+                        dir = path.display(),
+                        down_after = options.down_after_ms,
+                        failover_timeout = options.failover_timeout_ms,
+                        parallel_syncs = options.parallel_syncs,
+                    );
+                    fs::write(&conf, text).expect("write sentinel.conf");
+                    vec![conf.display().to_string(), "--sentinel".to_owned()]
+                })
+            })
+            .collect();
         let setup = RedisSentinel {
-            sentinel,
+            sentinels,
             replica,
             primary,
             _dir: dir,
         };
-        let expected = primary_port.to_string();
-        wait_until(
-            "the sentinel to know the primary",
-            Duration::from_secs(20),
-            || {
-                cli(
-                    setup.sentinel.port,
-                    &["SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE],
-                )
-                .lines()
-                .any(|l| l.trim() == expected)
-            },
-        );
+        let others = (options.sentinels - 1).to_string();
+        let replica_port = setup.replica.port.to_string();
+        for sentinel in setup.sentinel_ports() {
+            wait_until(
+                "the sentinel to know the primary",
+                Duration::from_secs(20),
+                || master_port_by_sentinel(sentinel) == Some(primary_port),
+            );
+            // Found through the primary's INFO: without it, a failover has
+            // no candidate.
+            wait_until(
+                "the sentinel to know the replica",
+                Duration::from_secs(20),
+                || {
+                    let replicas = cli(sentinel, &["SENTINEL", "replicas", SENTINEL_SERVICE]);
+                    replicas.lines().any(|l| l.trim() == replica_port)
+                },
+            );
+            // Found through the primary's hello channel, every 2 s.
+            wait_until(
+                "the sentinel to know the other sentinels",
+                Duration::from_secs(20),
+                || {
+                    sentinel_master_field(sentinel, "num-other-sentinels").as_deref()
+                        == Some(others.as_str())
+                },
+            );
+        }
         wait_until("the replica to sync", Duration::from_secs(20), || {
             cli(setup.replica.port, &["INFO", "replication"]).contains("master_link_status:up")
         });
         setup
     }
 
-    /// `redis-sentinel://` URL of the sentinel, naming the service.
+    /// `redis-sentinel://` URL naming every sentinel and the service.
     pub fn url(&self) -> String {
-        format!(
+        let ports = self.sentinel_ports();
+        let mut url = format!(
             "redis-sentinel://127.0.0.1:{}?sentinelServiceName={SENTINEL_SERVICE}",
-            self.sentinel.port
-        )
+            ports[0]
+        );
+        for port in &ports[1..] {
+            url.push_str(&format!("&node=127.0.0.1:{port}"));
+        }
+        url
     }
 
+    /// The primary started (before any failover).
     pub fn primary_port(&self) -> u16 {
         self.primary.port
     }
 
+    /// The replica started (the primary after a failover).
     pub fn replica_port(&self) -> u16 {
         self.replica.port
     }
 
+    /// The first sentinel.
     pub fn sentinel_port(&self) -> u16 {
-        self.sentinel.port
+        self.sentinels[0].port
     }
+
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|n| n.port).collect()
+    }
+
+    /// The primary every sentinel names now, when they agree.
+    pub fn current_primary(&self) -> Option<u16> {
+        let mut named = self
+            .sentinel_ports()
+            .into_iter()
+            .map(master_port_by_sentinel);
+        let first = named.next()??;
+        named.all(|p| p == Some(first)).then_some(first)
+    }
+
+    /// Kills (SIGKILL) the data node the sentinels name as primary; returns
+    /// its port.
+    pub fn kill_primary(&mut self) -> u16 {
+        let port = self
+            .current_primary()
+            .expect("the sentinels agree on a primary");
+        let node = [&mut self.primary, &mut self.replica]
+            .into_iter()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("the sentinels name {port}, not a node of this setup"));
+        assert!(node.is_running(), "primary {port} is already dead");
+        node.kill();
+        port
+    }
+
+    /// Waits until every sentinel names a primary other than `old` and that
+    /// node answers `role:master`; returns its port.
+    pub fn wait_for_new_primary(&self, old: u16, timeout: Duration) -> u16 {
+        let mut promoted = None;
+        wait_until(
+            &format!("the sentinels to replace primary {old}"),
+            timeout,
+            || {
+                promoted = self.current_primary().filter(|&p| {
+                    p != old && cli(p, &["INFO", "replication"]).contains("role:master")
+                });
+                promoted.is_some()
+            },
+        );
+        promoted.expect("checked by wait_until")
+    }
+}
+
+/// The primary's port, by `SENTINEL get-master-addr-by-name` on `sentinel`.
+pub fn master_port_by_sentinel(sentinel: u16) -> Option<u16> {
+    let reply = cli(
+        sentinel,
+        &["SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE],
+    );
+    // Two lines: the host, then the port.
+    let mut lines = reply.lines();
+    let (_host, port) = (lines.next()?, lines.next()?);
+    port.trim().parse().ok()
+}
+
+/// One field of `SENTINEL master <service>` (a flat name/value list).
+fn sentinel_master_field(sentinel: u16, field: &str) -> Option<String> {
+    let reply = cli(sentinel, &["SENTINEL", "master", SENTINEL_SERVICE]);
+    let mut lines = reply.lines().map(str::trim);
+    while let Some(name) = lines.next() {
+        let value = lines.next()?;
+        if name == field {
+            return Some(value.to_owned());
+        }
+    }
+    None
 }
