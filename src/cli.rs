@@ -123,6 +123,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&settings.log))
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let result = runtime()
         .map_err(anyhow::Error::from)

@@ -39,7 +39,21 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
         Some(dir) => rules::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?,
         None => RuleSet::default(),
     };
+    match &settings.rules_dir {
+        Some(dir) => {
+            let mut names: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            tracing::info!(dir = %dir.display(), domains = ?names, "rules loaded");
+        }
+        None => tracing::warn!("no rules directory: every descriptor is OK without a limit"),
+    }
     let store = build_store(settings, clock.clone()).await?;
+    tracing::info!(
+        store = store.kind(),
+        default_algorithm = %settings.default_algorithm,
+        on_store_error = %settings.on_store_error,
+        "store opened"
+    );
     Ok(Engine::new(
         RulesHandle::new(rules),
         store,
