@@ -191,6 +191,15 @@ pub async fn run(
             }
         }),
     );
+    // The rules in force, as the reference service's /rlconfig shows them.
+    let rules = engine.rules().clone();
+    let router = router.route(
+        "/rlconfig",
+        axum::routing::get(move || {
+            let rules = rules.clone();
+            async move { rules.current().describe() }
+        }),
+    );
     let http_server = axum::serve(http, router).with_graceful_shutdown(stopped());
 
     let grace = settings.shutdown_grace;

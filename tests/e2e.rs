@@ -395,6 +395,18 @@ async fn health_reflection_and_http_healthcheck() {
     let body = http_get(t.http, "/healthcheck").await;
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.ends_with("OK\n"), "{body}");
+
+    let body = http_get(t.http, "/rlconfig").await;
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for line in [
+        "shop.log: 3/minute sliding_window_log name=log_limit (shop.yaml:",
+        "shop.open: unlimited (shop.yaml:",
+        "shop.trusted: no limit (whitelist)",
+        "shop.shadow: 1/minute default shadow_mode (shop.yaml:",
+        "shop.narrow: 100/minute default replaces=broad (shop.yaml:",
+    ] {
+        assert!(body.contains(line), "{line:?} missing from:\n{body}");
+    }
     t.stop().await;
 }
 

@@ -97,9 +97,83 @@ impl RuleSet {
         self.domains.len()
     }
 
+    /// Every rule, one line each, sorted: `domain.key_value.key2: limit
+    /// [flags] (file:line)`. Rules without an algorithm show `default`.
+    pub fn describe(&self) -> String {
+        fn walk(prefix: &str, level: &Level, out: &mut Vec<String>) {
+            let nodes = level
+                .exact
+                .values()
+                .chain(&level.wildcard)
+                .chain(level.default.values());
+            for node in nodes {
+                let path = if node.value.is_empty() {
+                    format!("{prefix}.{}", node.key)
+                } else {
+                    format!("{prefix}.{}_{}", node.key, node.value)
+                };
+                match &node.rule {
+                    Some(rule) => out.push(format!("{path}: {}", describe_rule(rule))),
+                    None if is_leaf(node) => out.push(format!("{path}: no limit (whitelist)")),
+                    None => {}
+                }
+                walk(&path, &node.children, out);
+            }
+        }
+        fn is_leaf(node: &Node) -> bool {
+            node.children.exact.is_empty()
+                && node.children.wildcard.is_empty()
+                && node.children.default.is_empty()
+        }
+        let mut lines = Vec::new();
+        for (name, domain) in &self.domains {
+            walk(name, &domain.root, &mut lines);
+        }
+        lines.sort();
+        let mut text = lines.join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text
+    }
+
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
     }
+}
+
+fn describe_rule(rule: &Rule) -> String {
+    let mut text = match &rule.limit {
+        LimitSpec::Unlimited => "unlimited".to_string(),
+        LimitSpec::PerUnit {
+            requests_per_unit,
+            unit,
+        } => format!(
+            "{requests_per_unit}/{unit} {}",
+            rule.algorithm.map(|a| a.as_str()).unwrap_or("default")
+        ),
+    };
+    if let Some(name) = &rule.name {
+        text.push_str(&format!(" name={name}"));
+    }
+    if !rule.replaces.is_empty() {
+        text.push_str(&format!(" replaces={}", rule.replaces.join(",")));
+    }
+    if let Some(p) = rule.on_store_error {
+        text.push_str(&format!(" on_store_error={p}"));
+    }
+    for (on, flag) in [
+        (rule.shadow_mode, "shadow_mode"),
+        (rule.quota_mode, "quota_mode"),
+        (rule.detailed_metric, "detailed_metric"),
+    ] {
+        if on {
+            text.push(' ');
+            text.push_str(flag);
+        }
+    }
+    text.push_str(&format!(" ({})", rule.source));
+    text
 }
 
 /// One problem in one rule file.
