@@ -19,7 +19,7 @@ use crate::reload;
 use crate::rules::{self, RuleSet};
 use crate::service::RateLimiter;
 use crate::settings::{Settings, StoreSetting};
-use crate::storage::{Breaker, BreakerConfig, MemoryStore, RedisConfig, RedisStore, Store};
+use crate::storage::{Breaker, MemoryStore, RedisStore, Store};
 
 /// The health service names answered besides the overall "".
 pub const HEALTH_SERVICES: [&str; 3] = [
@@ -70,26 +70,14 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
     match &settings.store {
         StoreSetting::Memory => Ok(Arc::new(MemoryStore::new(clock))),
         StoreSetting::Redis(url) => {
-            let r = &settings.redis;
-            let store = RedisStore::connect(RedisConfig {
-                url: url.clone(),
-                username: r.username.clone(),
-                password: r.password.clone(),
-                tls_ca_file: r.tls_ca_file.clone(),
-                tls_cert_file: r.tls_cert_file.clone(),
-                tls_key_file: r.tls_key_file.clone(),
-                pool_size: r.pool_size,
-                connect_timeout: r.connect_timeout,
-                command_timeout: r.command_timeout,
-                key_prefix: r.key_prefix.clone(),
-            })
-            .await
-            .map_err(|e| anyhow::anyhow!("store={url} is not usable: {e}"))?;
-            let breaker = BreakerConfig {
-                failure_threshold: r.breaker_failures,
-                cooldown: r.breaker_cooldown,
-            };
-            Ok(Arc::new(Breaker::with_clock(store, breaker, clock)))
+            let store = RedisStore::connect(settings.redis.connection.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("store={url} is not usable: {e}"))?;
+            Ok(Arc::new(Breaker::with_clock(
+                store,
+                settings.redis.breaker,
+                clock,
+            )))
         }
     }
 }

@@ -36,6 +36,7 @@ use config::{Config, Environment, File, FileFormat};
 use serde::Deserialize;
 
 use crate::limit::{Algorithm, FailurePolicy};
+use crate::storage::{BreakerConfig, RedisConfig};
 
 /// Where a store's counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,19 +45,13 @@ pub enum StoreSetting {
     Redis(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to reach Redis and when to stop trying for a while. The connection
+/// part is the store's own [`RedisConfig`]; its `url` is filled from `store`
+/// when that names Redis, and is empty otherwise.
+#[derive(Debug, Clone)]
 pub struct RedisSettings {
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub tls_ca_file: Option<PathBuf>,
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_key_file: Option<PathBuf>,
-    pub pool_size: usize,
-    pub connect_timeout: Duration,
-    pub command_timeout: Duration,
-    pub key_prefix: String,
-    pub breaker_failures: u32,
-    pub breaker_cooldown: Duration,
+    pub connection: RedisConfig,
+    pub breaker: BreakerConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +62,7 @@ pub struct HeaderNames {
 }
 
 /// Validated settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
@@ -317,25 +312,40 @@ impl Raw {
                 Some(v) => Err(bad(name, &v, "no such file")),
             }
         };
-        let redis = RedisSettings {
-            username: r.username.filter(|v| !v.is_empty()),
-            password: r.password.filter(|v| !v.is_empty()),
-            tls_ca_file: file("redis.tls_ca_file", r.tls_ca_file)?,
-            tls_cert_file: file("redis.tls_cert_file", r.tls_cert_file)?,
-            tls_key_file: file("redis.tls_key_file", r.tls_key_file)?,
-            pool_size,
-            connect_timeout,
-            command_timeout,
-            key_prefix,
-            breaker_failures: parse("redis.breaker_failures", &r.breaker_failures, 5u32)?,
-            breaker_cooldown: millis("redis.breaker_cooldown_ms", &r.breaker_cooldown_ms, 500)?,
-        };
-        if redis.tls_cert_file.is_some() != redis.tls_key_file.is_some() {
+        let tls_cert_file = file("redis.tls_cert_file", r.tls_cert_file)?;
+        let tls_key_file = file("redis.tls_key_file", r.tls_key_file)?;
+        if tls_cert_file.is_some() != tls_key_file.is_some() {
             return Err(bad(
                 "redis.tls_cert_file",
-                &format!("{:?}", redis.tls_cert_file),
+                &format!("{tls_cert_file:?}"),
                 "tls_cert_file and tls_key_file go together",
             ));
+        }
+        let redis = RedisSettings {
+            connection: RedisConfig {
+                url: match &store {
+                    StoreSetting::Redis(url) => url.clone(),
+                    StoreSetting::Memory => String::new(),
+                },
+                username: r.username.filter(|v| !v.is_empty()),
+                password: r.password.filter(|v| !v.is_empty()),
+                tls_ca_file: file("redis.tls_ca_file", r.tls_ca_file)?,
+                tls_cert_file,
+                tls_key_file,
+                pool_size,
+                connect_timeout,
+                command_timeout,
+                key_prefix,
+            },
+            breaker: BreakerConfig {
+                failure_threshold: parse("redis.breaker_failures", &r.breaker_failures, 5u32)?,
+                cooldown: millis("redis.breaker_cooldown_ms", &r.breaker_cooldown_ms, 500)?,
+            },
+        };
+        if let StoreSetting::Redis(url) = &store
+            && let Err(reason) = redis.connection.validate()
+        {
+            return Err(bad("store", &crate::storage::redis::redact(url), reason));
         }
         let log = self.log.unwrap_or_else(|| "info".into());
         tracing_subscriber::EnvFilter::try_new(&log).map_err(|e| bad("log", &log, e))?;
@@ -377,7 +387,10 @@ mod tests {
         assert_eq!(s.http_addr.port(), 8080);
         assert_eq!(s.default_algorithm, Algorithm::SlidingWindowCounter);
         assert_eq!(s.store, StoreSetting::Memory);
-        assert_eq!(s.redis.command_timeout, Duration::from_millis(10));
+        assert_eq!(
+            s.redis.connection.command_timeout,
+            Duration::from_millis(10)
+        );
         assert!(s.rate_limit_headers.is_none());
     }
 
@@ -392,7 +405,7 @@ mod tests {
             .push(("grpc_addr".into(), "127.0.0.1:9001".into()));
         let s = Settings::load(&src).unwrap();
         assert_eq!(s.default_algorithm, Algorithm::FixedWindow);
-        assert_eq!(s.redis.pool_size, 8);
+        assert_eq!(s.redis.connection.pool_size, 8);
         assert_eq!(s.grpc_addr, "127.0.0.1:9001".parse().unwrap());
     }
 
@@ -412,7 +425,10 @@ mod tests {
             s.store,
             StoreSetting::Redis("redis://127.0.0.1:6379".into())
         );
-        assert_eq!(s.redis.command_timeout, Duration::from_millis(15));
+        assert_eq!(
+            s.redis.connection.command_timeout,
+            Duration::from_millis(15)
+        );
         assert!(!s.shadow_mode);
     }
 
@@ -459,10 +475,16 @@ mod tests {
                 "perhaps",
                 "shadow_mode=perhaps is not valid",
             ),
+            (
+                "TOLLGATE_STORE",
+                "redis://u:secret@127.0.0.1:notaport",
+                "store=redis://***@127.0.0.1:notaport is not valid",
+            ),
         ];
         for (k, v, want) in cases {
             let err = Settings::load(&env(&[(k, v)])).unwrap_err().to_string();
             assert!(err.starts_with(want), "{k}={v}: got {err}");
+            assert!(!err.contains("secret"), "a password leaked: {err}");
         }
     }
 

@@ -97,6 +97,44 @@ impl Default for RedisConfig {
     }
 }
 
+impl RedisConfig {
+    /// Checks the URL and TLS files without connecting: settings call this
+    /// before anything is bound. The message never contains a password.
+    pub fn validate(&self) -> Result<(), String> {
+        self.to_fred().map(|_| ()).map_err(|e| match e {
+            StoreError::Protocol(m) => m,
+            other => other.to_string(),
+        })
+    }
+
+    /// fred's configuration, and the deployment kind for logs.
+    fn to_fred(&self) -> Result<(Config, &'static str), StoreError> {
+        let mut fred_config = Config::from_url(&self.url)
+            .map_err(|e| invalid(format!("redis url {:?}: {e}", redact(&self.url))))?;
+        if self.username.is_some() {
+            fred_config.username = self.username.clone();
+        }
+        if self.password.is_some() {
+            fred_config.password = self.password.clone();
+        }
+        // Keep retrying the first connection too, instead of failing.
+        fred_config.fail_fast = false;
+        let wants_tls = fred_config.tls.is_some()
+            || self.tls_ca_file.is_some()
+            || self.tls_cert_file.is_some()
+            || self.tls_key_file.is_some();
+        if wants_tls {
+            fred_config.tls = Some(tls_config(self)?);
+        }
+        let kind = match fred_config.server {
+            ServerConfig::Clustered { .. } => "redis-cluster",
+            ServerConfig::Sentinel { .. } => "redis-sentinel",
+            _ => "redis",
+        };
+        Ok((fred_config, kind))
+    }
+}
+
 /// A [`Store`] on Redis. Cheap to clone; clones share connections.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -132,29 +170,7 @@ impl RedisStore {
     /// see [`Store::is_ready`] and [`RedisStore::wait_ready`]. Needs a tokio
     /// runtime.
     pub async fn connect(config: RedisConfig) -> Result<RedisStore, StoreError> {
-        let mut fred_config = Config::from_url(&config.url)
-            .map_err(|e| invalid(format!("redis url {:?}: {e}", redact(&config.url))))?;
-        if config.username.is_some() {
-            fred_config.username = config.username.clone();
-        }
-        if config.password.is_some() {
-            fred_config.password = config.password.clone();
-        }
-        // Keep retrying the first connection too, instead of failing.
-        fred_config.fail_fast = false;
-        let wants_tls = fred_config.tls.is_some()
-            || config.tls_ca_file.is_some()
-            || config.tls_cert_file.is_some()
-            || config.tls_key_file.is_some();
-        if wants_tls {
-            fred_config.tls = Some(tls_config(&config)?);
-        }
-        let kind = match fred_config.server {
-            ServerConfig::Clustered { .. } => "redis-cluster",
-            ServerConfig::Sentinel { .. } => "redis-sentinel",
-            _ => "redis",
-        };
-
+        let (fred_config, kind) = config.to_fred()?;
         let connect_timeout = config.connect_timeout;
         let command_timeout = config.command_timeout;
         let pool = Builder::from_config(fred_config)
@@ -395,7 +411,7 @@ fn invalid(message: String) -> StoreError {
 }
 
 /// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***@{}", &url[..scheme], &url[at + 1..])
