@@ -228,7 +228,8 @@ impl Engine {
         let mut any_over = false;
         let mut quota_total = 0;
         let mut quota_over = 0;
-        for (index, (plan, outcome)) in plans.into_iter().zip(outcomes).enumerate() {
+        let answers = req.descriptors.iter().zip(plans).zip(outcomes);
+        for (index, ((descriptor, plan), outcome)) in answers.enumerate() {
             let status = match plan {
                 Plan::NoLimit => Status::no_limit(),
                 Plan::Unlimited => Status {
@@ -254,9 +255,7 @@ impl Engine {
                                 remaining: 0,
                             }
                         }
-                        Some(Ok(decision)) => {
-                            limited_status(limit, decision, d_negative(req, index))
-                        }
+                        Some(Ok(decision)) => limited_status(limit, decision, descriptor.negative),
                         Some(Err(source)) => match policy {
                             FailurePolicy::Error => {
                                 return Err(EngineError::Store { index, source });
@@ -360,10 +359,6 @@ impl Engine {
             })
             .collect()
     }
-}
-
-fn d_negative(req: &Request, index: usize) -> bool {
-    req.descriptors[index].negative
 }
 
 fn limited_status(limit: AppliedLimit, d: Decision, negative: bool) -> Status {

@@ -237,6 +237,52 @@ fn check_calls(calls: &[Call], timeout: Duration, since: Instant) -> (Duration, 
     (slowest, failed)
 }
 
+/// What happened while a primary was killed under load.
+struct Failover {
+    killed: u16,
+    recovered_after: Duration,
+    calls: usize,
+    slowest: Duration,
+    failed_after_kill: usize,
+}
+
+/// Runs three callers on `limiter`, kills a primary with `kill` (which
+/// returns its port), waits (bounded) for calls to succeed again on their
+/// own, and checks that every call answered within `timeout` and that some
+/// failed while there was no primary.
+async fn kill_under_load(
+    store: Arc<RedisStore>,
+    limiter: Arc<Limiter>,
+    timeout: Duration,
+    kill: impl FnOnce() -> u16,
+) -> Failover {
+    let load = LoadLoop::start(store.clone(), limiter.clone(), 3);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed_at = Instant::now();
+    let killed = kill();
+    let recovered_after = wait_for_recovery(
+        &*store,
+        &limiter,
+        killed_at,
+        Duration::from_secs(30),
+        &format!("killing primary {killed}"),
+    )
+    .await;
+    let calls = load.finish().await;
+    let (slowest, failed_after_kill) = check_calls(&calls, timeout, killed_at);
+    assert!(
+        failed_after_kill > 0,
+        "no call failed while there was no primary"
+    );
+    Failover {
+        killed,
+        recovered_after,
+        calls: calls.len(),
+        slowest,
+        failed_after_kill,
+    }
+}
+
 /// `calls=` of `INFO commandstats` for `command` (`evalsha`, `script|load`).
 fn command_calls(port: u16, command: &str) -> u64 {
     let prefix = format!("cmdstat_{command}:calls=");
@@ -389,26 +435,8 @@ async fn cluster_script_flush_and_failover() {
     let l = Arc::new(Limiter::new("failover", Algorithm::SlidingWindowLog));
     wait_for_success(&*store, &l, Duration::from_secs(5), "before the kill").await;
     let key = l.state_key();
-    let load = LoadLoop::start(store.clone(), l.clone(), 3);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let killed_at = Instant::now();
-    let killed = cluster.kill_primary_for_key(&key);
-
-    // Wait (bounded) for the calls to succeed again on their own.
-    let recovered_after = wait_for_recovery(
-        &*store,
-        &l,
-        killed_at,
-        Duration::from_secs(30),
-        &format!("killing primary {killed}"),
-    )
-    .await;
-    let calls = load.finish().await;
-    let (slowest, failed_after_kill) = check_calls(&calls, timeout, killed_at);
-    assert!(
-        failed_after_kill > 0,
-        "no call failed while slot's primary was down"
-    );
+    let f = kill_under_load(store, l, timeout, || cluster.kill_primary_for_key(&key)).await;
+    let killed = f.killed;
     let new_primary = cluster.primary_for_key(&key);
     assert!(
         new_primary.is_some() && new_primary != Some(killed),
@@ -416,9 +444,9 @@ async fn cluster_script_flush_and_failover() {
     );
     cluster.wait_state_ok(Duration::from_secs(10));
     eprintln!(
-        "cluster failover: {} calls, {failed_after_kill} failed after the kill, \
-         recovered after {recovered_after:?}, slowest call {slowest:?}",
-        calls.len()
+        "cluster failover: {} calls, {} failed after the kill, \
+         recovered after {:?}, slowest call {:?}",
+        f.calls, f.failed_after_kill, f.recovered_after, f.slowest
     );
 }
 
@@ -443,27 +471,10 @@ async fn sentinel_failover_recovers_on_its_own() {
     // replicate SCRIPT LOAD.
     assert_eq!(command_calls(setup.replica_port(), "script|load"), 0);
 
-    let load = LoadLoop::start(store.clone(), l.clone(), 3);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let killed_at = Instant::now();
-    let killed = setup.kill_primary();
-    assert_eq!(killed, old_primary);
-
     // Nothing is done to the store: it follows the sentinel's choice.
-    let recovered_after = wait_for_recovery(
-        &*store,
-        &l,
-        killed_at,
-        Duration::from_secs(30),
-        &format!("killing primary {killed}"),
-    )
-    .await;
-    let calls = load.finish().await;
-    let (slowest, failed_after_kill) = check_calls(&calls, timeout, killed_at);
-    assert!(
-        failed_after_kill > 0,
-        "no call failed while there was no primary"
-    );
+    let f = kill_under_load(store.clone(), l, timeout, || setup.kill_primary()).await;
+    let killed = f.killed;
+    assert_eq!(killed, old_primary);
 
     // The sentinel really promoted the replica, and the calls ran there.
     let new_primary = setup.wait_for_new_primary(killed, Duration::from_secs(10));
@@ -492,8 +503,8 @@ async fn sentinel_failover_recovers_on_its_own() {
         "not ready 5 s after the failover"
     );
     eprintln!(
-        "sentinel failover: {} calls, {failed_after_kill} failed after the kill, \
-         recovered after {recovered_after:?}, slowest call {slowest:?}",
-        calls.len()
+        "sentinel failover: {} calls, {} failed after the kill, \
+         recovered after {:?}, slowest call {:?}",
+        f.calls, f.failed_after_kill, f.recovered_after, f.slowest
     );
 }
