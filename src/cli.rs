@@ -125,6 +125,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&settings.log))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
+    }
     let result = runtime()
         .map_err(anyhow::Error::from)
         .and_then(|rt| rt.block_on(crate::server::serve(&settings, shutdown_signal())));

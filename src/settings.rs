@@ -18,11 +18,24 @@
 //! | `redis.tls_ca_file` / `tls_cert_file` / `tls_key_file` | `TOLLGATE_REDIS__TLS_CA_FILE` ... | none | TLS files |
 //! | `redis.pool_size` | `TOLLGATE_REDIS__POOL_SIZE` | `4` | connections per node |
 //! | `redis.connect_timeout_ms` | `TOLLGATE_REDIS__CONNECT_TIMEOUT_MS` | `1000` | connect timeout |
-//! | `redis.command_timeout_ms` | `TOLLGATE_REDIS__COMMAND_TIMEOUT_MS` | `10` | bound on every Redis call (Envoy waits 20 ms by default) |
+//! | `redis.command_timeout_ms` | `TOLLGATE_REDIS__COMMAND_TIMEOUT_MS` | `250` | upper bound on one Redis call; the caller's own deadline (`grpc-timeout`) shortens it |
 //! | `redis.key_prefix` | `TOLLGATE_REDIS__KEY_PREFIX` | `tg1` | prefix of every key |
 //! | `redis.breaker_failures` | `TOLLGATE_REDIS__BREAKER_FAILURES` | `5` | consecutive failures that open the circuit |
 //! | `redis.breaker_cooldown_ms` | `TOLLGATE_REDIS__BREAKER_COOLDOWN_MS` | `500` | how long it stays open before a probe |
-//! | `shutdown_grace_ms` | `TOLLGATE_SHUTDOWN_GRACE_MS` | `5000` | drain time on SIGTERM |
+//! | `deadline_margin_ms` | `TOLLGATE_DEADLINE_MARGIN_MS` | `2` | kept back from the caller's `grpc-timeout` for the answer's way back |
+//! | `max_in_flight` | `TOLLGATE_MAX_IN_FLIGHT` | `8192` | requests decided at once; past it `RESOURCE_EXHAUSTED` at once |
+//! | `max_descriptors` | `TOLLGATE_MAX_DESCRIPTORS` | `64` | descriptors per request (`INVALID_ARGUMENT` past it) |
+//! | `max_entries` | `TOLLGATE_MAX_ENTRIES` | `32` | entries per descriptor |
+//! | `max_key_bytes` | `TOLLGATE_MAX_KEY_BYTES` | `256` | bytes of one entry key |
+//! | `max_value_bytes` | `TOLLGATE_MAX_VALUE_BYTES` | `4096` | bytes of one entry value |
+//! | `max_message_bytes` | `TOLLGATE_MAX_MESSAGE_BYTES` | `65536` | bytes of one decoded request (`RESOURCE_EXHAUSTED` past it) |
+//! | `max_log_limit` | `TOLLGATE_MAX_LOG_LIMIT` | `10000` | largest `requests_per_unit` a `sliding_window_log` limit may have |
+//! | `memory.max_limiters` | `TOLLGATE_MEMORY__MAX_LIMITERS` | `1000000` | limiters the embedded store holds; least recently used evicted past it |
+//! | `grpc_tls.cert_file` / `key_file` | `TOLLGATE_GRPC_TLS__CERT_FILE` ... | none | PEM certificate chain and key: serve gRPC over TLS |
+//! | `grpc_tls.client_ca_file` | `TOLLGATE_GRPC_TLS__CLIENT_CA_FILE` | none | PEM CAs: require and verify client certificates (mTLS) |
+//! | `grpc_tls.reload_ms` | `TOLLGATE_GRPC_TLS__RELOAD_MS` | `5000` | how often the TLS files are checked for changes; 0 = never |
+//! | `shutdown_drain_ms` | `TOLLGATE_SHUTDOWN_DRAIN_MS` | `5000` | on SIGTERM: health says NOT_SERVING and calls are still answered this long |
+//! | `shutdown_grace_ms` | `TOLLGATE_SHUTDOWN_GRACE_MS` | `5000` | then: listeners closed, in-flight calls get this long to finish |
 //! | `log` | `TOLLGATE_LOG` | `info` | log filter (tracing `EnvFilter` syntax) |
 
 use std::collections::HashMap;
@@ -61,6 +74,41 @@ pub struct HeaderNames {
     pub reset: String,
 }
 
+/// Bounds on one request and on the work in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+    pub max_message_bytes: usize,
+    pub max_in_flight: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_descriptors: 64,
+            max_entries: 32,
+            max_key_bytes: 256,
+            max_value_bytes: 4096,
+            max_message_bytes: 64 * 1024,
+            max_in_flight: 8192,
+        }
+    }
+}
+
+/// TLS on the gRPC listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// When set, clients must present a certificate signed by one of these.
+    pub client_ca_file: Option<PathBuf>,
+    /// How often the files are checked for changes; `None` = never.
+    pub reload: Option<Duration>,
+}
+
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -75,24 +123,39 @@ pub struct Settings {
     pub rate_limit_headers: Option<HeaderNames>,
     pub store: StoreSetting,
     pub redis: RedisSettings,
+    /// Kept back from the caller's deadline for the answer's way back.
+    pub deadline_margin: Duration,
+    pub limits: RequestLimits,
+    /// Largest `requests_per_unit` of a `sliding_window_log` limit.
+    pub max_log_limit: u32,
+    /// Limiters the embedded store holds before evicting the least recently used.
+    pub memory_max_limiters: usize,
+    pub grpc_tls: Option<GrpcTls>,
+    pub shutdown_drain: Duration,
     pub shutdown_grace: Duration,
     pub log: String,
+    /// Things worth a warning once logging is up (unknown `TOLLGATE_*`
+    /// variables): settings are read before the logger exists.
+    pub warnings: Vec<String>,
 }
 
-/// A setting with a bad value: `name=value is not valid: reason`.
+/// A setting with a bad value: `name=value is not valid: reason (set by
+/// source)`, where the source is the variable, flag or file that gave it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct SettingsError {
     pub name: String,
     pub value: String,
     pub reason: String,
+    /// `TOLLGATE_X`, `flag --x`, `file f.yaml, key x`, or `default`.
+    pub origin: String,
 }
 
 impl fmt::Display for SettingsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}={} is not valid: {}",
-            self.name, self.value, self.reason
+            "{}={} is not valid: {} (set by {})",
+            self.name, self.value, self.reason, self.origin
         )
     }
 }
@@ -116,9 +179,81 @@ struct Raw {
     store: Option<String>,
     #[serde(default)]
     redis: RawRedis,
+    deadline_margin_ms: Option<String>,
+    max_in_flight: Option<String>,
+    max_descriptors: Option<String>,
+    max_entries: Option<String>,
+    max_key_bytes: Option<String>,
+    max_value_bytes: Option<String>,
+    max_message_bytes: Option<String>,
+    max_log_limit: Option<String>,
+    #[serde(default)]
+    memory: RawMemory,
+    #[serde(default)]
+    grpc_tls: RawGrpcTls,
+    shutdown_drain_ms: Option<String>,
     shutdown_grace_ms: Option<String>,
     log: Option<String>,
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMemory {
+    max_limiters: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGrpcTls {
+    cert_file: Option<String>,
+    key_file: Option<String>,
+    client_ca_file: Option<String>,
+    reload_ms: Option<String>,
+}
+
+/// Every setting's name, as written in the settings file; `TOLLGATE_` plus
+/// the name upper-cased with `.` as `__` is its variable.
+pub const KEYS: &[&str] = &[
+    "grpc_addr",
+    "http_addr",
+    "rules_dir",
+    "rules_reload_ms",
+    "default_algorithm",
+    "on_store_error",
+    "shadow_mode",
+    "rate_limit_headers",
+    "header_limit",
+    "header_remaining",
+    "header_reset",
+    "store",
+    "redis.username",
+    "redis.password",
+    "redis.tls_ca_file",
+    "redis.tls_cert_file",
+    "redis.tls_key_file",
+    "redis.pool_size",
+    "redis.connect_timeout_ms",
+    "redis.command_timeout_ms",
+    "redis.key_prefix",
+    "redis.breaker_failures",
+    "redis.breaker_cooldown_ms",
+    "deadline_margin_ms",
+    "max_in_flight",
+    "max_descriptors",
+    "max_entries",
+    "max_key_bytes",
+    "max_value_bytes",
+    "max_message_bytes",
+    "max_log_limit",
+    "memory.max_limiters",
+    "grpc_tls.cert_file",
+    "grpc_tls.key_file",
+    "grpc_tls.client_ca_file",
+    "grpc_tls.reload_ms",
+    "shutdown_drain_ms",
+    "shutdown_grace_ms",
+    "log",
+];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -150,94 +285,246 @@ impl Sources {
     /// The process environment's `TOLLGATE_*` variables.
     pub fn process_env() -> HashMap<String, String> {
         std::env::vars()
-            .filter(|(k, _)| k.starts_with("TOLLGATE_"))
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
             .collect()
     }
+
+    /// Which source gave setting `name` its value (flags win over variables,
+    /// variables over the file), for error messages.
+    fn origin(&self, name: &str) -> String {
+        if self.overrides.iter().any(|(k, _)| k == name) {
+            return format!("flag --{}", name.replace(['_', '.'], "-"));
+        }
+        let var = env_name(name);
+        if self.env.contains_key(&var) {
+            return var;
+        }
+        match &self.file {
+            Some(file) => format!("file {}, key {name}", file.display()),
+            None => "default".into(),
+        }
+    }
+}
+
+const ENV_PREFIX: &str = "TOLLGATE_";
+
+/// Default bound on one Redis call when the caller states no deadline. See
+/// `docs/benchmarks.md` ("Deadlines"): on a busy 2-core machine a healthy
+/// Redis answered within 100 ms, never 10 ms.
+pub const DEFAULT_COMMAND_TIMEOUT_MS: u64 = 250;
+
+/// The variable that sets `name`: `redis.pool_size` -> `TOLLGATE_REDIS__POOL_SIZE`.
+pub fn env_name(name: &str) -> String {
+    format!("{ENV_PREFIX}{}", name.replace('.', "__").to_uppercase())
+}
+
+/// What a `TOLLGATE_*` variable is to us.
+#[derive(Debug, PartialEq, Eq)]
+enum EnvVar {
+    /// Sets this setting.
+    Setting(&'static str),
+    /// Put there by Kubernetes for a Service whose name starts with
+    /// `tollgate` (service links): not ours, ignored without a word.
+    ServiceLink,
+    Unknown,
+}
+
+fn classify_env(var: &str, value: &str) -> EnvVar {
+    let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+        return EnvVar::Unknown;
+    };
+    if let Some(key) = KEYS.iter().find(|k| env_name(k) == var) {
+        return EnvVar::Setting(key);
+    }
+    // The kubelet's service-link names, for a Service `tollgate[-x]` with
+    // ports: X_SERVICE_HOST, X_SERVICE_PORT, X_SERVICE_PORT_<NAME>, X_PORT
+    // (tcp://ip:port), X_PORT_<n>_<PROTO>, and that with _PROTO/_PORT/_ADDR.
+    let words: Vec<&str> = rest.split('_').collect();
+    let is_proto = |w: &str| matches!(w, "TCP" | "UDP" | "SCTP");
+    let is_number = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
+    for (i, w) in words.iter().enumerate() {
+        let tail = &words[i + 1..];
+        match (*w, tail) {
+            ("SERVICE", ["HOST"]) | ("SERVICE", ["PORT", ..]) => return EnvVar::ServiceLink,
+            ("PORT", [])
+                if ["tcp://", "udp://", "sctp://"]
+                    .iter()
+                    .any(|p| value.starts_with(p)) =>
+            {
+                return EnvVar::ServiceLink;
+            }
+            ("PORT", [n, proto]) if is_number(n) && is_proto(proto) => {
+                return EnvVar::ServiceLink;
+            }
+            ("PORT", [n, proto, "PROTO" | "PORT" | "ADDR"]) if is_number(n) && is_proto(proto) => {
+                return EnvVar::ServiceLink;
+            }
+            _ => {}
+        }
+    }
+    EnvVar::Unknown
 }
 
 impl Settings {
     pub fn load(sources: &Sources) -> Result<Settings, SettingsError> {
+        let file_error = |reason: String| SettingsError {
+            name: "config".into(),
+            value: sources
+                .file
+                .as_ref()
+                .map(|f| f.display().to_string())
+                .unwrap_or_default(),
+            reason,
+            origin: "flag --config".into(),
+        };
         let mut builder = Config::builder();
         if let Some(file) = &sources.file {
-            let text = std::fs::read_to_string(file).map_err(|e| SettingsError {
-                name: "config".into(),
-                value: file.display().to_string(),
-                reason: e.to_string(),
-            })?;
+            let text = std::fs::read_to_string(file).map_err(|e| file_error(e.to_string()))?;
+            // The file alone first, so that its unknown keys are reported as
+            // the file's (the merged view could not say where a key came from).
+            Config::builder()
+                .add_source(File::from_str(&text, FileFormat::Yaml))
+                .build()
+                .and_then(|c| c.try_deserialize::<Raw>())
+                .map_err(|e| file_error(e.to_string()))?;
             builder = builder.add_source(File::from_str(&text, FileFormat::Yaml));
+        }
+        let mut warnings = Vec::new();
+        let mut env = HashMap::new();
+        let mut names: Vec<&String> = sources.env.keys().collect();
+        names.sort();
+        for var in names {
+            let value = &sources.env[var];
+            match classify_env(var, value) {
+                EnvVar::Setting(_) => {
+                    env.insert(var.clone(), value.clone());
+                }
+                EnvVar::ServiceLink => {}
+                EnvVar::Unknown => {
+                    warnings.push(format!("{var} is not a tollgate setting; ignored"))
+                }
+            }
         }
         builder = builder.add_source(
             Environment::with_prefix("TOLLGATE")
                 .prefix_separator("_")
                 .separator("__")
-                .source(Some(sources.env.clone().into_iter().collect())),
+                .source(Some(env.into_iter().collect())),
         );
         for (k, v) in &sources.overrides {
             builder = builder
                 .set_override(k.as_str(), v.as_str())
-                .map_err(|e| bad(k, v, e))?;
+                .map_err(|e| bad(sources, k, v, e))?;
         }
         let raw: Raw = builder
             .build()
             .and_then(|c| c.try_deserialize())
             .map_err(|e| SettingsError {
-                name: "config".into(),
-                value: sources
-                    .file
-                    .as_ref()
-                    .map(|f| f.display().to_string())
-                    .unwrap_or_default(),
+                name: "settings".into(),
+                value: String::new(),
                 reason: e.to_string(),
+                origin: "flags or environment".into(),
             })?;
-        raw.validate()
+        let mut settings = raw.validate(sources)?;
+        settings.warnings = warnings;
+        Ok(settings)
     }
 }
 
-fn bad(name: &str, value: &str, reason: impl fmt::Display) -> SettingsError {
+fn bad(src: &Sources, name: &str, value: &str, reason: impl fmt::Display) -> SettingsError {
     SettingsError {
         name: name.to_string(),
         value: value.to_string(),
         reason: reason.to_string(),
+        origin: src.origin(name),
     }
 }
 
-fn parse<T: FromStr>(name: &str, value: &Option<String>, default: T) -> Result<T, SettingsError>
+fn parse<T: FromStr>(
+    src: &Sources,
+    name: &str,
+    value: &Option<String>,
+    default: T,
+) -> Result<T, SettingsError>
 where
     T::Err: fmt::Display,
 {
     match value {
         None => Ok(default),
-        Some(v) => v.trim().parse().map_err(|e| bad(name, v, e)),
+        Some(v) => v.trim().parse().map_err(|e| bad(src, name, v, e)),
     }
 }
 
-fn millis(name: &str, value: &Option<String>, default: u64) -> Result<Duration, SettingsError> {
-    parse::<u64>(name, value, default).map(Duration::from_millis)
+fn millis(
+    src: &Sources,
+    name: &str,
+    value: &Option<String>,
+    default: u64,
+) -> Result<Duration, SettingsError> {
+    parse::<u64>(src, name, value, default).map(Duration::from_millis)
+}
+
+/// A count that must lie in `range`.
+fn bounded(
+    src: &Sources,
+    name: &str,
+    value: &Option<String>,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, SettingsError> {
+    let n = parse(src, name, value, default)?;
+    if range.contains(&n) {
+        Ok(n)
+    } else {
+        Err(bad(
+            src,
+            name,
+            &n.to_string(),
+            format!("must be between {} and {}", range.start(), range.end()),
+        ))
+    }
 }
 
 impl Raw {
-    fn validate(self) -> Result<Settings, SettingsError> {
-        let grpc_addr = parse("grpc_addr", &self.grpc_addr, ([0, 0, 0, 0], 8081).into())?;
-        let http_addr = parse("http_addr", &self.http_addr, ([0, 0, 0, 0], 8080).into())?;
+    fn validate(self, src: &Sources) -> Result<Settings, SettingsError> {
+        let grpc_addr = parse(
+            src,
+            "grpc_addr",
+            &self.grpc_addr,
+            ([0, 0, 0, 0], 8081).into(),
+        )?;
+        let http_addr = parse(
+            src,
+            "http_addr",
+            &self.http_addr,
+            ([0, 0, 0, 0], 8080).into(),
+        )?;
         let rules_dir = self.rules_dir.filter(|d| !d.is_empty()).map(PathBuf::from);
         if let Some(dir) = &rules_dir
             && !Path::new(dir).is_dir()
         {
             return Err(bad(
+                src,
                 "rules_dir",
                 &dir.display().to_string(),
                 "not a readable directory",
             ));
         }
-        let reload = millis("rules_reload_ms", &self.rules_reload_ms, 2000)?;
+        let reload = millis(src, "rules_reload_ms", &self.rules_reload_ms, 2000)?;
         let default_algorithm = parse(
+            src,
             "default_algorithm",
             &self.default_algorithm,
             Algorithm::SlidingWindowCounter,
         )?;
-        let on_store_error = parse("on_store_error", &self.on_store_error, FailurePolicy::Error)?;
-        let shadow_mode = parse("shadow_mode", &self.shadow_mode, false)?;
-        let headers_on = parse("rate_limit_headers", &self.rate_limit_headers, false)?;
+        let on_store_error = parse(
+            src,
+            "on_store_error",
+            &self.on_store_error,
+            FailurePolicy::Error,
+        )?;
+        let shadow_mode = parse(src, "shadow_mode", &self.shadow_mode, false)?;
+        let headers_on = parse(src, "rate_limit_headers", &self.rate_limit_headers, false)?;
         let header =
             |name: &str, v: Option<String>, default: &str| -> Result<String, SettingsError> {
                 let v = v.unwrap_or_else(|| default.to_string());
@@ -247,7 +534,7 @@ impl Raw {
                 if valid {
                     Ok(v)
                 } else {
-                    Err(bad(name, &v, "not a valid HTTP header name"))
+                    Err(bad(src, name, &v, "not a valid HTTP header name"))
                 }
             };
         let names = HeaderNames {
@@ -270,6 +557,7 @@ impl Raw {
                 ];
                 if !known.iter().any(|p| url.starts_with(p)) {
                     return Err(bad(
+                        src,
                         "store",
                         url,
                         "expected memory or a URL starting with redis://, rediss://, redis-cluster:// or redis-sentinel://",
@@ -279,19 +567,30 @@ impl Raw {
             }
         };
         let r = self.redis;
-        let pool_size = parse("redis.pool_size", &r.pool_size, 4usize)?;
+        let pool_size = parse(src, "redis.pool_size", &r.pool_size, 4usize)?;
         if !(1..=256).contains(&pool_size) {
             return Err(bad(
+                src,
                 "redis.pool_size",
                 &pool_size.to_string(),
                 "must be between 1 and 256",
             ));
         }
-        let command_timeout = millis("redis.command_timeout_ms", &r.command_timeout_ms, 10)?;
+        let command_timeout = millis(
+            src,
+            "redis.command_timeout_ms",
+            &r.command_timeout_ms,
+            DEFAULT_COMMAND_TIMEOUT_MS,
+        )?;
         if command_timeout.is_zero() {
-            return Err(bad("redis.command_timeout_ms", "0", "must be at least 1"));
+            return Err(bad(
+                src,
+                "redis.command_timeout_ms",
+                "0",
+                "must be at least 1",
+            ));
         }
-        let connect_timeout = millis("redis.connect_timeout_ms", &r.connect_timeout_ms, 1000)?;
+        let connect_timeout = millis(src, "redis.connect_timeout_ms", &r.connect_timeout_ms, 1000)?;
         let key_prefix = r
             .key_prefix
             .unwrap_or_else(|| crate::storage::keys::DEFAULT_PREFIX.into());
@@ -300,6 +599,7 @@ impl Raw {
             || key_prefix.contains(char::is_whitespace)
         {
             return Err(bad(
+                src,
                 "redis.key_prefix",
                 &key_prefix,
                 "must be non-empty, without braces or spaces",
@@ -309,13 +609,14 @@ impl Raw {
             match v.filter(|v| !v.is_empty()) {
                 None => Ok(None),
                 Some(v) if Path::new(&v).is_file() => Ok(Some(PathBuf::from(v))),
-                Some(v) => Err(bad(name, &v, "no such file")),
+                Some(v) => Err(bad(src, name, &v, "no such file")),
             }
         };
         let tls_cert_file = file("redis.tls_cert_file", r.tls_cert_file)?;
         let tls_key_file = file("redis.tls_key_file", r.tls_key_file)?;
         if tls_cert_file.is_some() != tls_key_file.is_some() {
             return Err(bad(
+                src,
                 "redis.tls_cert_file",
                 &format!("{tls_cert_file:?}"),
                 "tls_cert_file and tls_key_file go together",
@@ -338,17 +639,118 @@ impl Raw {
                 key_prefix,
             },
             breaker: BreakerConfig {
-                failure_threshold: parse("redis.breaker_failures", &r.breaker_failures, 5u32)?,
-                cooldown: millis("redis.breaker_cooldown_ms", &r.breaker_cooldown_ms, 500)?,
+                failure_threshold: parse(src, "redis.breaker_failures", &r.breaker_failures, 5u32)?,
+                cooldown: millis(
+                    src,
+                    "redis.breaker_cooldown_ms",
+                    &r.breaker_cooldown_ms,
+                    500,
+                )?,
             },
         };
         if let StoreSetting::Redis(url) = &store
             && let Err(reason) = redis.connection.validate()
         {
-            return Err(bad("store", &crate::storage::redis::redact(url), reason));
+            return Err(bad(
+                src,
+                "store",
+                &crate::storage::redis::redact(url),
+                reason,
+            ));
         }
         let log = self.log.unwrap_or_else(|| "info".into());
-        tracing_subscriber::EnvFilter::try_new(&log).map_err(|e| bad("log", &log, e))?;
+        tracing_subscriber::EnvFilter::try_new(&log).map_err(|e| bad(src, "log", &log, e))?;
+        let d = RequestLimits::default();
+        let limits = RequestLimits {
+            max_descriptors: bounded(
+                src,
+                "max_descriptors",
+                &self.max_descriptors,
+                d.max_descriptors,
+                1..=4096,
+            )?,
+            max_entries: bounded(
+                src,
+                "max_entries",
+                &self.max_entries,
+                d.max_entries,
+                1..=1024,
+            )?,
+            max_key_bytes: bounded(
+                src,
+                "max_key_bytes",
+                &self.max_key_bytes,
+                d.max_key_bytes,
+                1..=1 << 20,
+            )?,
+            max_value_bytes: bounded(
+                src,
+                "max_value_bytes",
+                &self.max_value_bytes,
+                d.max_value_bytes,
+                1..=1 << 20,
+            )?,
+            max_message_bytes: bounded(
+                src,
+                "max_message_bytes",
+                &self.max_message_bytes,
+                d.max_message_bytes,
+                64..=64 << 20,
+            )?,
+            max_in_flight: bounded(
+                src,
+                "max_in_flight",
+                &self.max_in_flight,
+                d.max_in_flight,
+                1..=1 << 20,
+            )?,
+        };
+        let max_log_limit = parse(src, "max_log_limit", &self.max_log_limit, 10_000u32)?;
+        if max_log_limit == 0 {
+            return Err(bad(src, "max_log_limit", "0", "must be at least 1"));
+        }
+        let memory_max_limiters = bounded(
+            src,
+            "memory.max_limiters",
+            &self.memory.max_limiters,
+            1_000_000,
+            1..=usize::MAX,
+        )?;
+        let t = self.grpc_tls;
+        let cert_file = file("grpc_tls.cert_file", t.cert_file)?;
+        let key_file = file("grpc_tls.key_file", t.key_file)?;
+        let client_ca_file = file("grpc_tls.client_ca_file", t.client_ca_file)?;
+        let tls_reload = millis(src, "grpc_tls.reload_ms", &t.reload_ms, 5000)?;
+        let grpc_tls = match (cert_file, key_file) {
+            (Some(cert_file), Some(key_file)) => Some(GrpcTls {
+                cert_file,
+                key_file,
+                client_ca_file,
+                reload: (!tls_reload.is_zero()).then_some(tls_reload),
+            }),
+            (None, None) if client_ca_file.is_none() => None,
+            (None, None) => {
+                return Err(bad(
+                    src,
+                    "grpc_tls.client_ca_file",
+                    &format!("{}", client_ca_file.unwrap_or_default().display()),
+                    "client verification needs grpc_tls.cert_file and grpc_tls.key_file",
+                ));
+            }
+            (cert, _) => {
+                let name = if cert.is_some() {
+                    "grpc_tls.key_file"
+                } else {
+                    "grpc_tls.cert_file"
+                };
+                return Err(bad(
+                    src,
+                    name,
+                    "",
+                    "grpc_tls.cert_file and grpc_tls.key_file go together",
+                ));
+            }
+        };
         Ok(Settings {
             grpc_addr,
             http_addr,
@@ -360,8 +762,15 @@ impl Raw {
             rate_limit_headers: headers_on.then_some(names),
             store,
             redis,
-            shutdown_grace: millis("shutdown_grace_ms", &self.shutdown_grace_ms, 5000)?,
+            deadline_margin: millis(src, "deadline_margin_ms", &self.deadline_margin_ms, 2)?,
+            limits,
+            max_log_limit,
+            memory_max_limiters,
+            grpc_tls,
+            shutdown_drain: millis(src, "shutdown_drain_ms", &self.shutdown_drain_ms, 5000)?,
+            shutdown_grace: millis(src, "shutdown_grace_ms", &self.shutdown_grace_ms, 5000)?,
             log,
+            warnings: Vec::new(),
         })
     }
 }
@@ -389,9 +798,12 @@ mod tests {
         assert_eq!(s.store, StoreSetting::Memory);
         assert_eq!(
             s.redis.connection.command_timeout,
-            Duration::from_millis(10)
+            Duration::from_millis(DEFAULT_COMMAND_TIMEOUT_MS)
         );
         assert!(s.rate_limit_headers.is_none());
+        assert_eq!(s.limits, RequestLimits::default());
+        assert!(s.grpc_tls.is_none());
+        assert!(s.warnings.is_empty());
     }
 
     #[test]
@@ -484,8 +896,120 @@ mod tests {
         for (k, v, want) in cases {
             let err = Settings::load(&env(&[(k, v)])).unwrap_err().to_string();
             assert!(err.starts_with(want), "{k}={v}: got {err}");
+            assert!(
+                err.ends_with(&format!("(set by {k})")),
+                "{k}={v}: got {err}"
+            );
             assert!(!err.contains("secret"), "a password leaked: {err}");
         }
+    }
+
+    #[test]
+    fn errors_name_their_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.yaml");
+        std::fs::write(&path, "redis:\n  pool_size: 0\nmax_entries: 0\n").unwrap();
+        let mut src = Sources {
+            file: Some(path.clone()),
+            ..Sources::default()
+        };
+        let err = Settings::load(&src).unwrap_err().to_string();
+        assert!(
+            err.ends_with(&format!(
+                "(set by file {}, key redis.pool_size)",
+                path.display()
+            )),
+            "{err}"
+        );
+        src.overrides.push(("redis.pool_size".into(), "3".into()));
+        src.overrides.push(("max_entries".into(), "-1".into()));
+        let err = Settings::load(&src).unwrap_err().to_string();
+        assert!(
+            err.starts_with("max_entries=-1 is not valid")
+                && err.ends_with("(set by flag --max-entries)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn kubernetes_service_links_are_ignored_and_strays_warned() {
+        let src = env(&[
+            ("TOLLGATE_PORT", "tcp://10.0.0.1:8081"),
+            ("TOLLGATE_SERVICE_HOST", "10.0.0.1"),
+            ("TOLLGATE_SERVICE_PORT", "8081"),
+            ("TOLLGATE_SERVICE_PORT_GRPC", "8081"),
+            ("TOLLGATE_SERVICE_PORT_HTTP", "8080"),
+            ("TOLLGATE_PORT_8081_TCP", "tcp://10.0.0.1:8081"),
+            ("TOLLGATE_PORT_8081_TCP_ADDR", "10.0.0.1"),
+            ("TOLLGATE_PORT_8081_TCP_PORT", "8081"),
+            ("TOLLGATE_PORT_8081_TCP_PROTO", "tcp"),
+            ("TOLLGATE_PORT_9090_UDP_ADDR", "10.0.0.1"),
+            ("TOLLGATE_METRICS_SERVICE_HOST", "10.0.0.2"),
+            ("TOLLGATE_METRICS_PORT", "tcp://10.0.0.2:9090"),
+            ("TOLLGATE_METRICS_PORT_9090_TCP_PORT", "9090"),
+            ("TOLLGATE_GRPC_ADDR", "127.0.0.1:9999"),
+            ("TOLLGATE_GRPC_ADR", "127.0.0.1:1"),
+            ("TOLLGATE_REDIS__POOLSIZE", "3"),
+        ]);
+        let s = Settings::load(&src).unwrap();
+        assert_eq!(s.grpc_addr, "127.0.0.1:9999".parse().unwrap());
+        assert_eq!(
+            s.warnings,
+            [
+                "TOLLGATE_GRPC_ADR is not a tollgate setting; ignored",
+                "TOLLGATE_REDIS__POOLSIZE is not a tollgate setting; ignored",
+            ]
+        );
+    }
+
+    #[test]
+    fn every_listed_key_is_a_setting() {
+        // Each name in KEYS is accepted by the file parser and by its
+        // variable (a value may still be refused, but never as unknown).
+        for key in KEYS {
+            let var = env_name(key);
+            assert_eq!(classify_env(&var, "x"), EnvVar::Setting(key), "{var}");
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("t.yaml");
+            let yaml = match key.split_once('.') {
+                Some((outer, inner)) => format!("{outer}:\n  {inner}: \"\"\n"),
+                None => format!("{key}: \"\"\n"),
+            };
+            std::fs::write(&path, yaml).unwrap();
+            let src = Sources {
+                file: Some(path),
+                ..Sources::default()
+            };
+            if let Err(e) = Settings::load(&src) {
+                assert!(!e.to_string().contains("unknown field"), "{key}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn limits_and_tls_settings() {
+        let src = env(&[
+            ("TOLLGATE_MAX_DESCRIPTORS", "5"),
+            ("TOLLGATE_MAX_IN_FLIGHT", "7"),
+            ("TOLLGATE_MEMORY__MAX_LIMITERS", "100"),
+            ("TOLLGATE_MAX_LOG_LIMIT", "50"),
+        ]);
+        let s = Settings::load(&src).unwrap();
+        assert_eq!(s.limits.max_descriptors, 5);
+        assert_eq!(s.limits.max_in_flight, 7);
+        assert_eq!(s.memory_max_limiters, 100);
+        assert_eq!(s.max_log_limit, 50);
+        let err = Settings::load(&env(&[("TOLLGATE_GRPC_TLS__CERT_FILE", "/etc/hostname")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("go together"), "{err}");
+        let err = Settings::load(&env(&[("TOLLGATE_MAX_DESCRIPTORS", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("max_descriptors=0 is not valid: must be between 1"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -51,8 +51,9 @@ const SUPERVISE_EVERY: Duration = Duration::from_millis(100);
 /// Lua numbers are doubles: integers are exact up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
 
-/// How to reach Redis.
-#[derive(Debug, Clone)]
+/// How to reach Redis. Its `Debug` output hides the password (the field
+/// and the URL's).
+#[derive(Clone)]
 pub struct RedisConfig {
     /// `redis://`, `rediss://` (TLS), `redis-cluster://h:p?node=h2:p2`,
     /// `redis-sentinel://h:p?sentinelServiceName=name&node=...`, as fred
@@ -80,6 +81,23 @@ pub struct RedisConfig {
     pub key_prefix: String,
 }
 
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redact(&self.url))
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
+}
+
 impl Default for RedisConfig {
     fn default() -> Self {
         Self {
@@ -91,7 +109,7 @@ impl Default for RedisConfig {
             tls_key_file: None,
             pool_size: 4,
             connect_timeout: Duration::from_secs(1),
-            command_timeout: Duration::from_millis(10),
+            command_timeout: Duration::from_millis(250),
             key_prefix: keys::DEFAULT_PREFIX.to_owned(),
         }
     }
@@ -473,6 +491,21 @@ fn tls_config(config: &RedisConfig) -> Result<TlsConfig, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_hides_passwords() {
+        let config = RedisConfig {
+            url: "redis://user:hunter2@host:6379".into(),
+            password: Some("sw0rdfish".into()),
+            ..RedisConfig::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("sw0rdfish"),
+            "{shown}"
+        );
+        assert!(shown.contains("redis://***@host:6379"), "{shown}");
+    }
 
     #[test]
     fn redact_hides_password() {
