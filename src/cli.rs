@@ -130,7 +130,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
     let result = runtime()
         .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(crate::server::serve(&settings, shutdown_signal())));
+        .and_then(|rt| rt.block_on(crate::server::serve(&settings, drain_signal())));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -139,6 +139,17 @@ fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Resolves on the first SIGTERM or SIGINT, which starts the drain; a
+/// second one stops the process at once (an impatient Ctrl-C on a laptop).
+async fn drain_signal() {
+    shutdown_signal().await;
+    tokio::spawn(async {
+        shutdown_signal().await;
+        eprintln!("tollgate: second signal; stopping without draining");
+        std::process::exit(1);
+    });
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -2,10 +2,12 @@
 //! is it over? The engine coordinates the rules (which limit?) and the store
 //! (what count?); it knows nothing of gRPC or of Envoy's message types.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::limit::{Algorithm, FailurePolicy, Unit};
@@ -37,6 +39,9 @@ pub struct Request {
     pub descriptors: Vec<Descriptor>,
     /// The request-wide cost; 0 means 1.
     pub hits: u64,
+    /// When the caller stops waiting (its `grpc-timeout`, less a margin):
+    /// store calls are cut off there, and none starts after it.
+    pub deadline: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +97,10 @@ pub enum EngineError {
     BadDescriptor { index: usize, reason: String },
     #[error("descriptor {index}: {source}")]
     Store { index: usize, source: StoreError },
+    /// The caller's deadline passed before the store answered (or before
+    /// the call was made: such calls are not sent at all).
+    #[error("descriptor {index}: the caller's deadline passed before the store answered")]
+    DeadlineExceeded { index: usize },
 }
 
 /// Settings the engine applies where a rule is silent.
@@ -101,6 +110,10 @@ pub struct EngineOptions {
     pub on_store_error: FailurePolicy,
     /// Global shadow mode: count everything, always answer OK overall.
     pub shadow_mode: bool,
+    /// Largest `requests_per_unit` a `sliding_window_log` limit may have
+    /// (one stored member per admitted hit); request overrides above it are
+    /// refused.
+    pub max_log_limit: u32,
 }
 
 impl Default for EngineOptions {
@@ -109,7 +122,31 @@ impl Default for EngineOptions {
             default_algorithm: Algorithm::SlidingWindowCounter,
             on_store_error: FailurePolicy::Error,
             shadow_mode: false,
+            max_log_limit: 10_000,
         }
+    }
+}
+
+/// Counts of what requests met, for logs and metrics: per-request failures
+/// are counted here instead of being logged one by one.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Store calls that failed, by the answer given: the policy said error
+    /// (the request failed), allow, or deny.
+    pub store_errors_failed: AtomicU64,
+    pub store_errors_allowed: AtomicU64,
+    pub store_errors_denied: AtomicU64,
+    /// Store calls cut off, or never made, because the caller's deadline
+    /// passed.
+    pub deadline_exceeded: AtomicU64,
+}
+
+impl EngineStats {
+    /// Every store failure answered so far, whatever the policy.
+    pub fn store_errors(&self) -> u64 {
+        self.store_errors_failed.load(Ordering::Relaxed)
+            + self.store_errors_allowed.load(Ordering::Relaxed)
+            + self.store_errors_denied.load(Ordering::Relaxed)
     }
 }
 
@@ -139,6 +176,13 @@ pub struct Engine {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     options: EngineOptions,
+    stats: Arc<EngineStats>,
+}
+
+/// Why a store call gave no decision.
+enum Failure {
+    Store(StoreError),
+    Deadline,
 }
 
 /// What one descriptor resolved to before counting.
@@ -164,7 +208,12 @@ impl Engine {
             store,
             clock,
             options,
+            stats: Arc::default(),
         }
+    }
+
+    pub fn stats(&self) -> &Arc<EngineStats> {
+        &self.stats
     }
 
     pub fn rules(&self) -> &RulesHandle {
@@ -193,6 +242,20 @@ impl Engine {
                     reason: "a descriptor needs at least one entry".into(),
                 });
             }
+            if let Some(o) = d.limit_override
+                && self.options.default_algorithm == Algorithm::SlidingWindowLog
+                && o.requests_per_unit > self.options.max_log_limit
+            {
+                return Err(EngineError::BadDescriptor {
+                    index,
+                    reason: format!(
+                        "limit override of {} per {} is above max_log_limit={} for sliding_window_log (one stored entry per hit); use sliding_window_counter for large limits",
+                        o.requests_per_unit,
+                        o.unit.as_str(),
+                        self.options.max_log_limit
+                    ),
+                });
+            }
         }
         let rules = self.rules.current();
         let plans = self.plan(&rules, req);
@@ -218,7 +281,23 @@ impl Engine {
                     hits: d.hits.unwrap_or(request_hits),
                     negative: d.negative,
                 };
-                Some(self.store.hit(hit).await)
+                let Some(deadline) = req.deadline else {
+                    return Some(self.store.hit(hit).await.map_err(Failure::Store));
+                };
+                // Past the deadline nobody waits for the answer: do not
+                // spend a store call on it. Cut off at the deadline, the
+                // store call is dropped; the breaker does not count that
+                // against the store (the caller's budget ran out, not the
+                // store's).
+                if Instant::now() >= deadline {
+                    return Some(Err(Failure::Deadline));
+                }
+                Some(
+                    match tokio::time::timeout_at(deadline, self.store.hit(hit)).await {
+                        Ok(result) => result.map_err(Failure::Store),
+                        Err(_) => Err(Failure::Deadline),
+                    },
+                )
             });
         // Descriptors of one request go to the store concurrently: on a
         // cluster they usually live on different nodes.
@@ -256,22 +335,41 @@ impl Engine {
                             }
                         }
                         Some(Ok(decision)) => limited_status(limit, decision, descriptor.negative),
-                        Some(Err(source)) => match policy {
+                        Some(Err(failure)) => match policy {
                             FailurePolicy::Error => {
-                                return Err(EngineError::Store { index, source });
+                                return Err(match failure {
+                                    Failure::Deadline => {
+                                        self.stats
+                                            .deadline_exceeded
+                                            .fetch_add(1, Ordering::Relaxed);
+                                        EngineError::DeadlineExceeded { index }
+                                    }
+                                    Failure::Store(source) => {
+                                        self.stats
+                                            .store_errors_failed
+                                            .fetch_add(1, Ordering::Relaxed);
+                                        EngineError::Store { index, source }
+                                    }
+                                });
                             }
-                            FailurePolicy::Allow => Status {
-                                code: Code::Ok,
-                                remaining: limit.requests_per_unit,
-                                reset: None,
-                                limit: Some(limit),
-                            },
-                            FailurePolicy::Deny => Status {
-                                code: Code::OverLimit,
-                                remaining: 0,
-                                reset: None,
-                                limit: Some(limit),
-                            },
+                            FailurePolicy::Allow => {
+                                self.count_failure(&failure, &self.stats.store_errors_allowed);
+                                Status {
+                                    code: Code::Ok,
+                                    remaining: limit.requests_per_unit,
+                                    reset: None,
+                                    limit: Some(limit),
+                                }
+                            }
+                            FailurePolicy::Deny => {
+                                self.count_failure(&failure, &self.stats.store_errors_denied);
+                                Status {
+                                    code: Code::OverLimit,
+                                    remaining: 0,
+                                    reset: None,
+                                    limit: Some(limit),
+                                }
+                            }
                         },
                     };
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
@@ -298,6 +396,13 @@ impl Engine {
             Code::Ok
         };
         Ok(Response { overall, statuses })
+    }
+
+    fn count_failure(&self, failure: &Failure, by_policy: &AtomicU64) {
+        match failure {
+            Failure::Deadline => self.stats.deadline_exceeded.fetch_add(1, Ordering::Relaxed),
+            Failure::Store(_) => by_policy.fetch_add(1, Ordering::Relaxed),
+        };
     }
 
     /// Resolves every descriptor to a limit, applying overrides and

@@ -17,7 +17,7 @@ use crate::engine::{Engine, EngineOptions, RulesHandle};
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitServiceServer};
 use crate::reload;
 use crate::rules::{self, RuleSet};
-use crate::service::RateLimiter;
+use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
 use crate::storage::{Breaker, MemoryStore, RedisStore, Store};
 
@@ -30,6 +30,121 @@ pub const HEALTH_SERVICES: [&str; 3] = [
 
 /// How often the store's housekeeping runs.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
+
+mod limits {
+    //! tonic reports a request over its decoding limit as `OUT_OF_RANGE`
+    //! with its own wording, in the trailers; gRPC's convention (and what
+    //! callers look for) is `RESOURCE_EXHAUSTED`, and the message should
+    //! name the setting. This wrapper rewrites that one status.
+
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use axum::http::{HeaderMap, HeaderValue, Request, Response};
+    use bytes::Bytes;
+    use http_body::Frame;
+    use tonic::body::Body;
+    use tonic::codegen::Service;
+    use tonic::server::NamedService;
+
+    use crate::storage::BoxFuture;
+
+    #[derive(Clone)]
+    pub struct MessageSizeStatus<S> {
+        inner: S,
+        max: usize,
+    }
+
+    impl<S> MessageSizeStatus<S> {
+        pub fn new(inner: S, max: usize) -> Self {
+            Self { inner, max }
+        }
+    }
+
+    impl<S: NamedService> NamedService for MessageSizeStatus<S> {
+        const NAME: &'static str = S::NAME;
+    }
+
+    impl<S> Service<Request<Body>> for MessageSizeStatus<S>
+    where
+        S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+        S::Future: Send + 'static,
+    {
+        type Response = Response<Body>;
+        type Error = Infallible;
+        type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, request: Request<Body>) -> Self::Future {
+            let call = self.inner.call(request);
+            let max = self.max;
+            Box::pin(async move {
+                let mut response = call.await?;
+                // A trailers-only answer carries the status in the headers.
+                rewrite(response.headers_mut(), max);
+                Ok(response.map(|body| Body::new(Trailers { inner: body, max })))
+            })
+        }
+    }
+
+    fn rewrite(headers: &mut HeaderMap, max: usize) {
+        let too_large = headers.get("grpc-status").is_some_and(|s| s == "11")
+            && headers
+                .get("grpc-message")
+                .and_then(|m| m.to_str().ok())
+                // Percent-encoded on the wire.
+                .is_some_and(|m| m.contains("too large") || m.contains("too%20large"));
+        if too_large {
+            headers.insert("grpc-status", HeaderValue::from_static("8"));
+            let message =
+                format!("request message over max_message_bytes={max}").replace(' ', "%20");
+            if let Ok(v) = HeaderValue::from_str(&message) {
+                headers.insert("grpc-message", v);
+            }
+        }
+    }
+
+    struct Trailers {
+        inner: Body,
+        max: usize,
+    }
+
+    impl http_body::Body for Trailers {
+        type Data = Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+            let max = self.max;
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    Poll::Ready(Some(Ok(match frame.into_trailers() {
+                        Ok(mut trailers) => {
+                            rewrite(&mut trailers, max);
+                            Frame::trailers(trailers)
+                        }
+                        Err(frame) => frame,
+                    })))
+                }
+                other => other,
+            }
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.inner.is_end_stream()
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            self.inner.size_hint()
+        }
+    }
+}
 
 /// Loads rules and opens the store. Rule errors are fatal at startup (a
 /// reload with errors is not); an unreachable Redis is not: the store keeps
@@ -62,6 +177,7 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
             default_algorithm: settings.default_algorithm,
             on_store_error: settings.on_store_error,
             shadow_mode: settings.shadow_mode,
+            max_log_limit: settings.max_log_limit,
         },
     ))
 }
@@ -92,6 +208,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Set first on shutdown: health says NOT_SERVING while calls are still
+    // answered, so load balancers move away before the listeners close.
+    let (drain_tx, drain_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
         async move {
@@ -104,21 +223,29 @@ pub async fn run(
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the reflection service")?;
+    let max_message_bytes = settings.limits.max_message_bytes;
     let service = RateLimitServiceServer::new(RateLimiter::new(
         engine.clone(),
-        settings.rate_limit_headers.clone(),
-    ));
+        ServiceOptions {
+            headers: settings.rate_limit_headers.clone(),
+            limits: settings.limits,
+            deadline_margin: settings.deadline_margin,
+        },
+    ))
+    .max_decoding_message_size(max_message_bytes);
+    let service = limits::MessageSizeStatus::new(service, max_message_bytes);
 
     // Health follows the store: SERVING only while it can answer.
     let store = engine.store().clone();
     let health_task = {
         let reporter = reporter.clone();
         let stop = stopped();
+        let mut draining = drain_rx.clone();
         tokio::spawn(async move {
             tokio::pin!(stop);
             let mut last = None;
             loop {
-                let status = if store.is_ready() {
+                let status = if !*draining.borrow() && store.is_ready() {
                     ServingStatus::Serving
                 } else {
                     ServingStatus::NotServing
@@ -132,6 +259,7 @@ pub async fn run(
                 }
                 tokio::select! {
                     _ = &mut stop => break,
+                    _ = draining.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 }
             }
@@ -170,8 +298,11 @@ pub async fn run(
         "/healthcheck",
         axum::routing::get(move || {
             let store = ready_store.clone();
+            let draining = *drain_rx.borrow();
             async move {
-                if store.is_ready() {
+                if draining {
+                    (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+                } else if store.is_ready() {
                     (StatusCode::OK, "OK\n")
                 } else {
                     (StatusCode::SERVICE_UNAVAILABLE, "store not ready\n")
@@ -191,6 +322,7 @@ pub async fn run(
     let http_server = axum::serve(http, router).with_graceful_shutdown(stopped());
 
     let grace = settings.shutdown_grace;
+    let drain = settings.shutdown_drain;
     let servers = async move {
         let (g, h) = tokio::join!(grpc_server, http_server);
         g.context("gRPC server")?;
@@ -202,7 +334,17 @@ pub async fn run(
         r = &mut servers => return r,
         _ = shutdown => {}
     }
-    tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down");
+    tracing::info!(
+        drain_ms = drain.as_millis() as u64,
+        grace_ms = grace.as_millis() as u64,
+        "draining: health is NOT_SERVING, calls are still answered"
+    );
+    let _ = drain_tx.send(true);
+    tokio::select! {
+        r = &mut servers => return r,
+        _ = tokio::time::sleep(drain) => {}
+    }
+    tracing::info!("closing listeners; finishing calls in flight");
     let _ = stop_tx.send(true);
     let _ = health_task.await;
     match tokio::time::timeout(grace, servers).await {

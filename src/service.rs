@@ -2,6 +2,12 @@
 //! The only module that converts between protocol messages and the engine's
 //! types, and the one place where errors become gRPC statuses ([`to_status`]).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::engine::{
@@ -13,18 +19,58 @@ use crate::proto::{
     HeaderValue, RateLimitRequest, RateLimitResponse, RateLimitService, RateLimitUnit,
     rate_limit_response,
 };
-use crate::settings::HeaderNames;
+use crate::settings::{HeaderNames, RequestLimits};
+
+/// How the service treats requests before the engine sees them.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceOptions {
+    /// `Some` adds `RateLimit-*` response headers.
+    pub headers: Option<HeaderNames>,
+    pub limits: RequestLimits,
+    /// Kept back from the caller's `grpc-timeout` for the answer's way back.
+    pub deadline_margin: Duration,
+}
+
+/// Requests refused before reaching the engine, counted instead of logged.
+#[derive(Debug, Default)]
+pub struct ServiceStats {
+    /// Refused with `INVALID_ARGUMENT` (bad or oversized requests).
+    pub invalid: AtomicU64,
+    /// Refused with `RESOURCE_EXHAUSTED` (over `max_in_flight`).
+    pub overloaded: AtomicU64,
+}
 
 /// The `RateLimitService` implementation.
 #[derive(Clone)]
 pub struct RateLimiter {
     engine: Engine,
-    headers: Option<HeaderNames>,
+    options: Arc<ServiceOptions>,
+    in_flight: Arc<AtomicUsize>,
+    stats: Arc<ServiceStats>,
 }
 
 impl RateLimiter {
-    pub fn new(engine: Engine, headers: Option<HeaderNames>) -> Self {
-        Self { engine, headers }
+    pub fn new(engine: Engine, options: ServiceOptions) -> Self {
+        Self {
+            engine,
+            options: Arc::new(options),
+            in_flight: Arc::default(),
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<ServiceStats> {
+        &self.stats
+    }
+}
+
+/// One request in flight; the count drops when the call ends, answered or
+/// cancelled (tonic drops the handler when the caller's deadline passes).
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -34,32 +80,119 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let req = from_proto(request.into_inner())?;
-        let decision = self
-            .engine
-            .should_rate_limit(&req)
-            .await
-            .map_err(|e| to_status(&req.domain, e))?;
-        Ok(Response::new(to_proto(&decision, self.headers.as_ref())))
+        let max = self.options.limits.max_in_flight;
+        let now_in_flight = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        let _guard = InFlight(self.in_flight.clone());
+        if now_in_flight > max {
+            // Refuse at once: queueing past this only adds latency that the
+            // caller's deadline will turn into an error anyway.
+            self.stats.overloaded.fetch_add(1, Ordering::Relaxed);
+            return Err(Status::resource_exhausted(format!(
+                "over max_in_flight={max}: too many requests in flight"
+            )));
+        }
+        let deadline = deadline(request.metadata(), self.options.deadline_margin);
+        let req =
+            from_proto(request.into_inner(), &self.options.limits, deadline).inspect_err(|_| {
+                self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+            })?;
+        let decision = self.engine.should_rate_limit(&req).await.map_err(|e| {
+            if matches!(
+                e,
+                EngineError::EmptyDomain
+                    | EngineError::NoDescriptors
+                    | EngineError::BadDescriptor { .. }
+            ) {
+                self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+            }
+            to_status(e)
+        })?;
+        Ok(Response::new(to_proto(
+            &decision,
+            self.options.headers.as_ref(),
+        )))
     }
 }
 
 /// The one mapping from errors to gRPC statuses. Store failures are
 /// UNAVAILABLE: Envoy treats every error alike and its `failure_mode_deny`
-/// decides.
-pub fn to_status(domain: &str, e: EngineError) -> Status {
+/// decides. Nothing is logged per request: the engine counts failures, and
+/// the store logs its state changes once each.
+pub fn to_status(e: EngineError) -> Status {
     match e {
         EngineError::EmptyDomain
         | EngineError::NoDescriptors
         | EngineError::BadDescriptor { .. } => Status::invalid_argument(e.to_string()),
-        EngineError::Store { .. } => {
-            tracing::warn!(domain, error = %e, "store failed; answering UNAVAILABLE");
-            Status::unavailable(e.to_string())
-        }
+        EngineError::Store { .. } => Status::unavailable(e.to_string()),
+        EngineError::DeadlineExceeded { .. } => Status::deadline_exceeded(e.to_string()),
     }
 }
 
-fn from_proto(r: RateLimitRequest) -> Result<engine::Request, Status> {
+/// The caller's deadline from its `grpc-timeout` header, less `margin`.
+/// A missing or malformed header means no deadline (the store's own
+/// timeout still bounds every call).
+pub fn deadline(metadata: &MetadataMap, margin: Duration) -> Option<Instant> {
+    let timeout = parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)?;
+    let now = Instant::now();
+    Some(now + timeout.saturating_sub(margin))
+}
+
+/// `grpc-timeout` is at most 8 ASCII digits and a unit: H, M, S, m
+/// (milliseconds), u (microseconds) or n (nanoseconds).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn from_proto(
+    r: RateLimitRequest,
+    limits: &RequestLimits,
+    deadline: Option<Instant>,
+) -> Result<engine::Request, Status> {
+    if r.descriptors.len() > limits.max_descriptors {
+        return Err(Status::invalid_argument(format!(
+            "{} descriptors, over max_descriptors={}",
+            r.descriptors.len(),
+            limits.max_descriptors
+        )));
+    }
+    for (index, d) in r.descriptors.iter().enumerate() {
+        if d.entries.len() > limits.max_entries {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {index}: {} entries, over max_entries={}",
+                d.entries.len(),
+                limits.max_entries
+            )));
+        }
+        for (i, e) in d.entries.iter().enumerate() {
+            if e.key.len() > limits.max_key_bytes {
+                return Err(Status::invalid_argument(format!(
+                    "descriptor {index} entry {i}: key of {} bytes, over max_key_bytes={}",
+                    e.key.len(),
+                    limits.max_key_bytes
+                )));
+            }
+            if e.value.len() > limits.max_value_bytes {
+                return Err(Status::invalid_argument(format!(
+                    "descriptor {index} entry {i}: value of {} bytes, over max_value_bytes={}",
+                    e.value.len(),
+                    limits.max_value_bytes
+                )));
+            }
+        }
+    }
     let descriptors = r
         .descriptors
         .into_iter()
@@ -100,6 +233,7 @@ fn from_proto(r: RateLimitRequest) -> Result<engine::Request, Status> {
         domain: r.domain,
         descriptors,
         hits: u64::from(r.hits_addend),
+        deadline,
     })
 }
 
@@ -184,4 +318,31 @@ fn rate_limit_headers(d: &Decision, names: &HeaderNames) -> Vec<HeaderValue> {
         header(&names.remaining, status.remaining.to_string()),
         header(&names.reset, reset_secs.to_string()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units() {
+        let cases = [
+            ("20m", Some(Duration::from_millis(20))),
+            ("1S", Some(Duration::from_secs(1))),
+            ("2M", Some(Duration::from_secs(120))),
+            ("1H", Some(Duration::from_secs(3600))),
+            ("500u", Some(Duration::from_micros(500))),
+            ("99999999n", Some(Duration::from_nanos(99_999_999))),
+            ("123456789m", None),
+            ("m", None),
+            ("", None),
+            ("20", None),
+            ("-1m", None),
+            ("2x", None),
+            ("1.5S", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_grpc_timeout(text), want, "{text:?}");
+        }
+    }
 }

@@ -542,6 +542,7 @@ fn serve_and_check_binaries() {
             "--http-addr",
             &format!("127.0.0.1:{}", free_port()),
         ])
+        .env("TOLLGATE_SHUTDOWN_DRAIN_MS", "0")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

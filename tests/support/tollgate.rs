@@ -33,6 +33,8 @@ impl Tollgate {
         let mut overrides = vec![
             ("rules_dir".to_string(), rules.path().display().to_string()),
             ("rules_reload_ms".to_string(), "50".to_string()),
+            // Tests stop servers at once; the drain has its own test.
+            ("shutdown_drain_ms".to_string(), "0".to_string()),
         ];
         overrides.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let settings = Settings::load(&Sources {
@@ -105,8 +107,20 @@ impl Tollgate {
         }
     }
 
+    /// Sends the shutdown signal (as SIGTERM would) without waiting.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Whether the server task has ended.
+    pub fn is_stopped(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     pub async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
+        self.begin_stop();
         tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap())
             .await
             .expect("tollgate stops within its grace period")
