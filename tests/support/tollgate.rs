@@ -33,6 +33,8 @@ impl Tollgate {
         let mut overrides = vec![
             ("rules_dir".to_string(), rules.path().display().to_string()),
             ("rules_reload_ms".to_string(), "50".to_string()),
+            // Tests stop at once; the drain is tested where it matters.
+            ("shutdown_drain_ms".to_string(), "0".to_string()),
         ];
         overrides.extend(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let settings = Settings::load(&Sources {
