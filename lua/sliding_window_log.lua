@@ -6,6 +6,7 @@
 --          one member
 -- KEYS[2]  the log's metadata (hash): s = sum of the costs in the log,
 --          q = last sequence number handed out. Same hash tag as KEYS[1].
+--          Only a cache of what KEYS[1] holds: rebuilt from it when lost.
 -- ARGV[1]  limit (requests per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
@@ -39,17 +40,27 @@ local function member(seq, cost)
   return int(seq) .. ':' .. int(cost)
 end
 
+local function seq_of(member)
+  local sep = string.find(member, ':', 1, true)
+  if sep then return tonumber(string.sub(member, 1, sep - 1)) end
+  return tonumber(member)
+end
+
 local m = redis.call('HMGET', meta, 's', 'q')
 local sum = tonumber(m[1])
-local seq = tonumber(m[2]) or 0
+local seq = tonumber(m[2])
 local dirty = false
-if sum == nil or redis.call('EXISTS', log) == 0 then
-  -- First use, or one of the two keys was lost (evicted): the log is the
-  -- truth, rebuild the sum from it.
+if sum == nil or seq == nil or redis.call('EXISTS', log) == 0 then
+  -- First use, or one of the two keys was lost (evicted, deleted): the log
+  -- is the truth. Rebuild the sum from it, and continue the sequence past
+  -- every live member, or a new hit would reuse a member name and overwrite
+  -- a hit that still counts.
   sum = 0
+  seq = seq or 0
   local all = redis.call('ZRANGE', log, 0, -1)
   for i = 1, #all do
     sum = sum + cost_of(all[i])
+    seq = math.max(seq, seq_of(all[i]) or 0)
   end
 end
 

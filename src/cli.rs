@@ -25,10 +25,7 @@ pub enum Command {
     /// Serve the RLS gRPC API and the HTTP health check.
     Serve(ServeArgs),
     /// Check a directory of rule files; prints every error, exits 1 if any.
-    Validate {
-        /// The rules directory.
-        dir: PathBuf,
-    },
+    Validate(ValidateArgs),
     /// Send one ShouldRateLimit request and print the answer.
     Check(CheckArgs),
     /// Load-test an RLS address (tollgate or any Envoy rate-limit service).
@@ -57,6 +54,40 @@ pub struct ServeArgs {
     pub store: Option<String>,
 }
 
+/// The settings that decide whether a rule is acceptable come from the same
+/// sources as for `serve`, so a directory that validates also loads.
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    /// The rules directory.
+    pub dir: PathBuf,
+    /// Settings file (YAML). Environment variables TOLLGATE_* and flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Algorithm of rules that name none [default: sliding_window_counter].
+    #[arg(long)]
+    pub default_algorithm: Option<String>,
+    /// Largest requests_per_unit of a sliding_window_log limit [default: 10000].
+    #[arg(long)]
+    pub max_log_limit: Option<String>,
+}
+
+impl ValidateArgs {
+    fn sources(&self) -> Sources {
+        let overrides = [
+            ("default_algorithm", &self.default_algorithm),
+            ("max_log_limit", &self.max_log_limit),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
+        .collect();
+        Sources {
+            file: self.config.clone(),
+            env: Sources::process_env(),
+            overrides,
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     #[command(flatten)]
@@ -76,7 +107,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Validate { dir } => validate(&dir),
+        Command::Validate(args) => validate(&args),
         Command::Check(args) => check(args),
         Command::Bench(args) => crate::bench::main(args),
     }
@@ -176,8 +207,16 @@ pub async fn shutdown_signal() {
     }
 }
 
-fn validate(dir: &std::path::Path) -> ExitCode {
-    match crate::rules::load_dir(dir) {
+fn validate(args: &ValidateArgs) -> ExitCode {
+    let settings = match Settings::load(&args.sources()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_BAD_SETTINGS);
+        }
+    };
+    let dir = &args.dir;
+    match crate::rules::load_dir(dir, &crate::server::rule_options(&settings)) {
         Ok(set) => {
             let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
             names.sort_unstable();

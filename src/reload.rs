@@ -3,10 +3,28 @@
 //! A directory with errors keeps the old rules and logs every error.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::engine::RulesHandle;
-use crate::rules;
+use crate::rules::{self, LoadOptions};
+
+/// How many changed rule directories were loaded and how many refused since
+/// startup: the only outside sign that a refused edit was seen at all.
+/// Cheap to clone; clones share the counts.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadCounts(Arc<[AtomicU64; 2]>);
+
+impl ReloadCounts {
+    pub fn loaded(&self) -> u64 {
+        self.0[0].load(Ordering::Relaxed)
+    }
+
+    pub fn refused(&self) -> u64 {
+        self.0[1].load(Ordering::Relaxed)
+    }
+}
 
 /// Paths, sizes and modification times of every file under `dir`: enough to
 /// notice an edit, and cheap compared with parsing.
@@ -35,11 +53,14 @@ pub fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
 }
 
 /// Checks `dir` every `every` until `stop` resolves, swapping good rule sets
-/// into `handle`.
+/// (by the same `options` as at startup) into `handle`, and counting the
+/// outcomes in `counts`.
 pub async fn watch(
     dir: PathBuf,
     every: Duration,
+    options: LoadOptions,
     handle: RulesHandle,
+    counts: ReloadCounts,
     stop: impl std::future::Future<Output = ()>,
 ) {
     let mut seen = fingerprint(&dir);
@@ -56,12 +77,14 @@ pub async fn watch(
             continue;
         }
         seen = now;
-        match rules::load_dir(&dir) {
+        match rules::load_dir(&dir, &options) {
             Ok(set) => {
                 tracing::info!(dir = %dir.display(), domains = set.len(), "rules reloaded");
                 handle.replace(set);
+                counts.0[0].fetch_add(1, Ordering::Relaxed);
             }
             Err(errors) => {
+                counts.0[1].fetch_add(1, Ordering::Relaxed);
                 for e in &errors.0 {
                     tracing::error!("{e}");
                 }

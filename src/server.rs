@@ -151,7 +151,9 @@ mod limits {
 /// connecting and health says NOT_SERVING meanwhile.
 pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Engine> {
     let rules = match &settings.rules_dir {
-        Some(dir) => rules::load_dir(dir).map_err(|e| anyhow::anyhow!("{e}"))?,
+        Some(dir) => {
+            rules::load_dir(dir, &rule_options(settings)).map_err(|e| anyhow::anyhow!("{e}"))?
+        }
         None => RuleSet::default(),
     };
     match &settings.rules_dir {
@@ -182,9 +184,20 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
     ))
 }
 
+/// What rule files are checked against, at startup and on every reload.
+pub fn rule_options(settings: &Settings) -> rules::LoadOptions {
+    rules::LoadOptions {
+        default_algorithm: settings.default_algorithm,
+        max_log_limit: settings.max_log_limit,
+    }
+}
+
 async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<dyn Store>> {
     match &settings.store {
-        StoreSetting::Memory => Ok(Arc::new(MemoryStore::new(clock))),
+        StoreSetting::Memory => Ok(Arc::new(MemoryStore::with_max_limiters(
+            clock,
+            settings.memory_max_limiters,
+        ))),
         StoreSetting::Redis(url) => {
             let store = RedisStore::connect(settings.redis.connection.clone())
                 .await
@@ -282,8 +295,16 @@ pub async fn run(
         }
     });
 
+    let reloads = reload::ReloadCounts::default();
     if let (Some(dir), Some(every)) = (settings.rules_dir.clone(), settings.rules_reload) {
-        tokio::spawn(reload::watch(dir, every, engine.rules().clone(), stopped()));
+        tokio::spawn(reload::watch(
+            dir,
+            every,
+            rule_options(settings),
+            engine.rules().clone(),
+            reloads.clone(),
+            stopped(),
+        ));
     }
 
     tracing::info!(addr = %grpc.local_addr()?, "gRPC listening");
@@ -310,13 +331,21 @@ pub async fn run(
             }
         }),
     );
-    // The rules in force, as the reference service's /rlconfig shows them.
+    // The rules in force, as the reference service's /rlconfig shows them;
+    // the headers count reloads, so a refused edit is visible too.
     let rules = engine.rules().clone();
     let router = router.route(
         "/rlconfig",
         axum::routing::get(move || {
             let rules = rules.clone();
-            async move { rules.current().describe() }
+            let reloads = reloads.clone();
+            async move {
+                let counts = [
+                    ("x-rules-reloaded", reloads.loaded().to_string()),
+                    ("x-rules-refused", reloads.refused().to_string()),
+                ];
+                (counts, rules.current().describe())
+            }
         }),
     );
     let http_server = axum::serve(http, router).with_graceful_shutdown(stopped());

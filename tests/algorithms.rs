@@ -216,22 +216,121 @@ async fn sliding_log_reset_is_exact() {
     assert_eq!(d.reset_micros, 10 * SECOND);
 }
 
-#[tokio::test]
-async fn concurrent_callers_never_over_admit() {
+/// Callers on several OS threads, released together by a barrier, hit one
+/// limiter at the same time: the shard's mutex keeps the count exact.
+#[test]
+fn concurrent_callers_never_over_admit() {
+    const THREADS: usize = 8;
+    const CALLS: usize = 500;
+    const LIMIT: u64 = 1_000;
     for algorithm in Algorithm::ALL {
-        let f = Arc::new(Fixture::new());
-        let tasks: Vec<_> = (0..300)
-            .map(|_| {
-                let f = f.clone();
-                tokio::spawn(async move { f.hit(algorithm, 100, 1).await.admitted })
-            })
-            .collect();
-        let mut admitted = 0;
-        for t in tasks {
-            admitted += u32::from(t.await.unwrap());
-        }
-        assert_eq!(admitted, 100, "{algorithm}");
+        let f = Fixture::new();
+        let start = std::sync::Barrier::new(THREADS);
+        let admitted: usize = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let (f, start) = (&f, &start);
+                    scope.spawn(move || {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .build()
+                            .expect("a runtime");
+                        start.wait();
+                        (0..CALLS)
+                            .filter(|_| rt.block_on(f.hit(algorithm, LIMIT, 1)).admitted)
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(admitted as u64, LIMIT, "{algorithm}");
+        let after = futures_util::FutureExt::now_or_never(f.hit(algorithm, LIMIT, 0))
+            .expect("the embedded store answers at once");
+        assert_eq!(after.remaining, 0, "{algorithm}");
     }
+}
+
+fn user(i: usize) -> Vec<(String, String)> {
+    vec![("user".to_string(), format!("u{i}"))]
+}
+
+async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
+    store
+        .hit(Hit {
+            domain: "capped",
+            entries: &user(i),
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            unit: Unit::Hour,
+            hits,
+            negative: false,
+        })
+        .await
+        .expect("the embedded store always answers")
+}
+
+/// A store capped at N, given 3N distinct limiters, holds N and counts 2N
+/// evictions; the limiters used recently stay, with their counts.
+#[tokio::test]
+async fn a_capped_store_forgets_the_least_recently_used() {
+    // 100 per shard: every shard receives far more than that (about 300,
+    // give or take 17), so every shard ends full.
+    const N: usize = 3_200;
+    const HOT: usize = 16;
+    let clock = ManualClock::at_micros(T0);
+    let store = MemoryStore::with_max_limiters(Arc::new(clock.clone()), N);
+    assert_eq!(store.capacity(), N);
+    for i in 0..HOT {
+        assert_eq!(hit_user(&store, i, 3).await.remaining, 7);
+    }
+    for i in HOT..3 * N {
+        assert!(hit_user(&store, i, 1).await.admitted);
+        // A check (0 hits) is a use: the hot limiters stay recent. Between
+        // two checks a shard receives about 2 new limiters, far from 100.
+        if i % 64 == 0 {
+            for h in 0..HOT {
+                assert_eq!(hit_user(&store, h, 0).await.remaining, 7, "hot u{h}");
+            }
+        }
+        assert!(store.len() <= N, "{} limiters held", store.len());
+    }
+    assert_eq!(store.len(), N);
+    assert_eq!(store.evictions(), 2 * N as u64);
+    for h in 0..HOT {
+        let d = hit_user(&store, h, 1).await;
+        assert_eq!(d.remaining, 6, "hot u{h} kept its count");
+    }
+    // The oldest cold limiters were forgotten: they count from zero again.
+    for i in HOT..HOT + 100 {
+        assert_eq!(hit_user(&store, i, 1).await.remaining, 9, "cold u{i}");
+    }
+    assert_eq!(store.len(), N);
+}
+
+/// A cap smaller than the shard count still holds exactly that many.
+#[tokio::test]
+async fn a_tiny_cap_is_exact() {
+    let clock = ManualClock::at_micros(T0);
+    let store = MemoryStore::with_max_limiters(Arc::new(clock.clone()), 1);
+    assert_eq!(store.capacity(), 1);
+    assert_eq!(hit_user(&store, 0, 2).await.remaining, 8);
+    assert_eq!(hit_user(&store, 0, 1).await.remaining, 7);
+    assert_eq!(store.evictions(), 0);
+    assert_eq!(hit_user(&store, 1, 1).await.remaining, 9);
+    assert_eq!((store.len(), store.evictions()), (1, 1));
+    assert_eq!(
+        hit_user(&store, 0, 1).await.remaining,
+        9,
+        "u0 was forgotten"
+    );
+    assert_eq!((store.len(), store.evictions()), (1, 2));
+    let five = MemoryStore::with_max_limiters(Arc::new(clock), 5);
+    for i in 0..50 {
+        hit_user(&five, i, 1).await;
+        assert!(five.len() <= 5);
+    }
+    assert_eq!(five.capacity(), 5);
+    assert_eq!(five.len() as u64 + five.evictions(), 50);
 }
 
 #[tokio::test]

@@ -39,7 +39,7 @@ const RULES: &str = r#"
 domain: shop
 descriptors:
   - key: fixed
-    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: fixed_window}
   - key: counter
     rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window_counter}
   - key: log
@@ -72,6 +72,7 @@ descriptors:
 #[tokio::test]
 async fn each_algorithm_counts_down_then_refuses_with_a_reset() {
     let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;
+    away_from_an_hour_boundary().await;
     for key in ["fixed", "counter", "log"] {
         for remaining in [2, 1, 0] {
             let r = t.ask(req("shop", vec![desc(&[(key, "x")])])).await;
@@ -83,17 +84,22 @@ async fn each_algorithm_counts_down_then_refuses_with_a_reset() {
         let s = &r.statuses[0];
         assert_eq!(s.code, Code::OverLimit as i32);
         let name = if key == "log" { "log_limit" } else { "" };
-        assert_eq!(
-            s.current_limit,
-            limit(3, rate_limit::Unit::Minute, name),
-            "{key}"
-        );
+        let unit = if key == "fixed" {
+            rate_limit::Unit::Hour
+        } else {
+            rate_limit::Unit::Minute
+        };
+        assert_eq!(s.current_limit, limit(3, unit, name), "{key}");
         assert_eq!(s.limit_remaining, 0);
         let reset = s
             .duration_until_reset
             .expect("a refused status has a reset");
         // The counter may have to wait into the next bucket: up to 2 windows.
-        let most = if key == "counter" { 120 } else { 60 };
+        let most = match key {
+            "counter" => 120,
+            "fixed" => 3600,
+            _ => 60,
+        };
         assert!(
             reset.seconds <= most && (reset.seconds > 0 || reset.nanos > 0),
             "{key}: {reset:?}"
@@ -317,6 +323,7 @@ async fn global_shadow_mode_and_rate_limit_headers() {
         ],
     )
     .await;
+    away_from_an_hour_boundary().await;
     let two = || req("shop", vec![desc(&[("log", "h")]), desc(&[("fixed", "h")])]);
     t.ask(two()).await;
     t.ask(two()).await;
@@ -444,14 +451,154 @@ async fn rules_reload_and_a_bad_reload_keeps_the_old_rules() {
     )
     .unwrap();
     wait_for_limit(&t, 7).await;
-    // A broken file is refused; the last good rules stay.
+    assert!(reload_counts(&t).await.0 >= 1, "the good edit was counted");
+    // A broken file is refused; the last good rules stay. The refusal is
+    // waited for first, so the check below follows the bad edit.
     std::fs::write(&path, "domain: shop\ndescriptors:\n  - key: log\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_for_refusals(&t, 1).await;
+    assert_eq!(
+        t.ask(ask_log()).await.statuses[0].current_limit,
+        limit(7, rate_limit::Unit::Minute, "log_limit")
+    );
+    // A log limit above max_log_limit is refused on reload as at startup.
+    std::fs::write(
+        &path,
+        RULES.replace(
+            "requests_per_unit: 3, algorithm: sliding_window_log",
+            "requests_per_unit: 10001, algorithm: sliding_window_log",
+        ),
+    )
+    .unwrap();
+    wait_for_refusals(&t, 2).await;
     assert_eq!(
         t.ask(ask_log()).await.statuses[0].current_limit,
         limit(7, rate_limit::Unit::Minute, "log_limit")
     );
     t.stop().await;
+}
+
+/// The reload counts `/rlconfig` reports: (loaded, refused).
+async fn reload_counts(t: &Tollgate) -> (u64, u64) {
+    let response = http_get(t.http, "/rlconfig").await;
+    let header = |name: &str| -> u64 {
+        response
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} header in:\n{response}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (header("x-rules-reloaded"), header("x-rules-refused"))
+}
+
+async fn wait_for_refusals(t: &Tollgate, n: u64) {
+    for _ in 0..200 {
+        if reload_counts(t).await.1 >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the watcher never refused edit number {n}");
+}
+
+/// A sliding-window log limit above `max_log_limit` (or one inheriting the
+/// log from `default_algorithm`) stops startup with file and line.
+#[tokio::test]
+async fn startup_refuses_a_log_limit_above_max_log_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("big.yaml"),
+        "domain: big\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 500}\n",
+    )
+    .unwrap();
+    let build = |extra: &[(&str, &str)]| {
+        let mut overrides = vec![("rules_dir".to_string(), dir.path().display().to_string())];
+        overrides.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let settings = tollgate::settings::Settings::load(&tollgate::settings::Sources {
+            overrides,
+            ..Default::default()
+        })
+        .unwrap();
+        async move {
+            tollgate::server::build_engine(
+                &settings,
+                std::sync::Arc::new(tollgate::clock::SystemClock),
+            )
+            .await
+            .map(|_| ())
+        }
+    };
+    build(&[("max_log_limit", "100")])
+        .await
+        .expect("the counter is not capped");
+    build(&[("default_algorithm", "sliding_window_log")])
+        .await
+        .expect("500 is within 10000");
+    let e = build(&[
+        ("default_algorithm", "sliding_window_log"),
+        ("max_log_limit", "100"),
+    ])
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(
+            "big.yaml:4: descriptors[0].rate_limit.requests_per_unit: sliding_window_log limit 500"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("sliding_window_counter"), "{e}");
+}
+
+/// `memory.max_limiters` bounds the embedded store behind the gRPC API: with
+/// room for 4 limiters, a refused user is forgotten once 100 others came by
+/// (and admitted again); with the default room, it stays refused.
+#[tokio::test]
+async fn the_embedded_store_forgets_limiters_beyond_its_cap() {
+    const CAP_RULES: &str = "domain: cap\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}\n";
+    for (cap, forgotten) in [(Some("4"), true), (None, false)] {
+        let settings: Vec<(&str, &str)> = cap
+            .map(|c| ("memory.max_limiters", c))
+            .into_iter()
+            .collect();
+        let t = Tollgate::start(&[("cap.yaml", CAP_RULES)], &settings).await;
+        let user = |name: &str| req("cap", vec![desc(&[("user", name)])]);
+        assert_eq!(t.ask(user("hot")).await.overall_code, Code::Ok as i32);
+        assert_eq!(
+            t.ask(user("hot")).await.overall_code,
+            Code::OverLimit as i32
+        );
+        for i in 0..100 {
+            let r = t.ask(user(&format!("other{i}"))).await;
+            assert_eq!(r.overall_code, Code::Ok as i32, "other{i}");
+        }
+        let want = if forgotten { Code::Ok } else { Code::OverLimit };
+        assert_eq!(
+            t.ask(user("hot")).await.overall_code,
+            want as i32,
+            "cap {cap:?}"
+        );
+        t.stop().await;
+    }
+}
+
+/// Keeps a burst inside one hour-long fixed window.
+async fn away_from_an_hour_boundary() {
+    tokio::time::sleep(wait_past_an_hour_boundary()).await;
+}
+
+/// How long to wait so that the next few seconds stay in one hour.
+fn wait_past_an_hour_boundary() -> Duration {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if secs % 3600 > 3590 {
+        Duration::from_secs(3600 - secs % 3600 + 1)
+    } else {
+        Duration::ZERO
+    }
 }
 
 async fn wait_for_limit(t: &Tollgate, rpu: u32) {
@@ -472,6 +619,60 @@ async fn wait_for_limit(t: &Tollgate, rpu: u32) {
 
 fn tollgate_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
+}
+
+/// `validate` checks log limits against the same settings `serve` reads:
+/// flags, then `TOLLGATE_*`, then the settings file, then the defaults.
+#[test]
+fn validate_checks_log_limits_against_the_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("logs.yaml"),
+        "domain: logs\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 500, algorithm: sliding_window_log}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 20000}\n",
+    )
+    .unwrap();
+    // Not in the rules directory: it would be read as a rule file.
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("settings.yaml");
+    std::fs::write(&config, "max_log_limit: 100\n").unwrap();
+    let rules = dir.path().display().to_string();
+    let validate = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(tollgate_bin())
+            .arg("validate")
+            .arg(&rules)
+            .args(args)
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Defaults: 500 is within 10000 and `b` runs the counter.
+    let (code, stderr) = validate(&[], &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    // `b` inherits the log from the default algorithm.
+    let (code, stderr) = validate(&["--default-algorithm", "sliding_window_log"], &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("logs.yaml:6: descriptors[1].rate_limit.requests_per_unit: sliding_window_log limit 20000 (the default_algorithm"), "{stderr}");
+    assert!(stderr.contains("sliding_window_counter"), "{stderr}");
+    assert!(!stderr.contains("logs.yaml:4"), "{stderr}");
+    // The cap from a flag, from the environment, from the settings file.
+    for (args, env) in [
+        (vec!["--max-log-limit", "499"], vec![]),
+        (vec![], vec![("TOLLGATE_MAX_LOG_LIMIT", "499")]),
+        (vec!["--config", config.to_str().unwrap()], vec![]),
+    ] {
+        let (code, stderr) = validate(&args, &env);
+        assert_eq!(code, Some(1), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains("logs.yaml:4: descriptors[0].rate_limit.requests_per_unit: sliding_window_log limit 500 is above max_log_limit"), "{stderr}");
+    }
+    // Bad settings are a usage error, as for serve.
+    let (code, stderr) = validate(&["--max-log-limit", "lots"], &[]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("max_log_limit"), "{stderr}");
 }
 
 #[test]
@@ -579,6 +780,7 @@ fn serve_and_check_binaries() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(up, "tollgate serve did not come up");
+    std::thread::sleep(wait_past_an_hour_boundary());
     for key in ["fixed", "counter", "log"] {
         for left in [2, 1, 0] {
             let out = String::from_utf8(check(key).stdout).unwrap();
@@ -587,7 +789,8 @@ fn serve_and_check_binaries() {
         }
         let out = String::from_utf8(check(key).stdout).unwrap();
         assert!(out.starts_with("overall: OVER_LIMIT"), "{key}: {out}");
-        assert!(out.contains("limit=3/minute"), "{key}: {out}");
+        let unit = if key == "fixed" { "hour" } else { "minute" };
+        assert!(out.contains(&format!("limit=3/{unit}")), "{key}: {out}");
         assert!(out.contains("remaining=0 reset="), "{key}: {out}");
     }
     // SIGTERM: a graceful stop.

@@ -299,12 +299,16 @@ fn arbitrary_rule_files_load_or_fail_with_errors() {
         ..ProptestConfig::default()
     };
     let file = Path::new("fuzz.yaml");
+    let options = tollgate::rules::LoadOptions {
+        default_algorithm: tollgate::limit::Algorithm::SlidingWindowLog,
+        max_log_limit: 1000,
+    };
     proptest!(config, |(text in prop_oneof![
         rule_yaml(),
         prop::collection::vec(any::<u8>(), 0..200)
             .prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
     ], probe in prop::collection::vec(("[a-z]{1,2}", "[a-z*]{0,3}"), 1..4))| {
-        match tollgate::rules::parse_file(file, &text) {
+        match tollgate::rules::parse_file(file, &text, &options) {
             Ok(domain) => {
                 // A loaded file answers lookups without panicking.
                 let mut set = tollgate::rules::RuleSet::default();

@@ -217,7 +217,27 @@ async fn starts_without_redis_and_serves_once_it_appears() {
         .await
         .unwrap();
     let mut health = HealthClient::new(channel);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The service is unknown to health until the health task has looked at
+    // the store once: wait for that first report, then read it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let reply = health
+            .check(HealthCheckRequest {
+                service: "ratelimit".into(),
+            })
+            .await;
+        match reply {
+            Ok(r) => break r.into_inner().status,
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+                assert!(Instant::now() < deadline, "health never reported the store");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(status, ServingStatus::NotServing as i32);
+    // Still not serving some time later, while Redis stays away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let status = health
         .check(HealthCheckRequest {
             service: "ratelimit".into(),

@@ -283,15 +283,23 @@ async fn kill_under_load(
     }
 }
 
-/// `calls=` of `INFO commandstats` for `command` (`evalsha`, `script|load`).
+/// `calls=` of `INFO commandstats` for `command` (`evalsha`, `script|load`);
+/// 0 only when the command was never called (Redis then omits its line).
+/// Panics when the node does not answer.
 fn command_calls(port: u16, command: &str) -> u64 {
     let prefix = format!("cmdstat_{command}:calls=");
-    cli(port, &["INFO", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
+    let stats = cli(port, &["INFO", "commandstats"]);
+    assert!(
+        stats.contains("# Commandstats"),
+        "INFO commandstats on {port} answered {stats:?}"
+    );
+    let Some(line) = stats.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
+        return 0;
+    };
+    line.split(',')
+        .next()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+        .unwrap_or_else(|| panic!("unreadable {command} stats on {port}: {line:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,14 +4,14 @@
 use std::path::{Path, PathBuf};
 
 use tollgate::limit::{Algorithm, FailurePolicy, Unit};
-use tollgate::rules::{LimitSpec, Rule, RuleErrors, RuleSet, load_dir, parse_file};
+use tollgate::rules::{LimitSpec, LoadOptions, Rule, RuleErrors, RuleSet, load_dir, parse_file};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rules")
 }
 
 fn matching() -> RuleSet {
-    load_dir(&fixtures().join("valid")).unwrap_or_else(|e| panic!("{e}"))
+    load_dir(&fixtures().join("valid"), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -167,7 +167,7 @@ fn index_layout() {
 #[test]
 fn replaces_without_own_name_is_fine() {
     let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: other\n";
-    let domain = parse_file(Path::new("d.yaml"), text).unwrap();
+    let domain = parse_file(Path::new("d.yaml"), text, &LoadOptions::default()).unwrap();
     let rule = domain.root.default["k"].rule.as_ref().unwrap();
     assert_eq!(rule.name, None);
     assert_eq!(rule.replaces, ["other"]);
@@ -176,7 +176,7 @@ fn replaces_without_own_name_is_fine() {
 #[test]
 fn examples_load() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules");
-    let set = load_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let set = load_dir(&dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     assert!(set.has_domain("edge_proxy") && set.has_domain("mongo_cps"));
     let name = |domain: &str, pairs: &[(&str, &str)]| {
         find(&set, domain, pairs).map(|r| r.name.clone().unwrap_or_default())
@@ -201,7 +201,7 @@ fn examples_load() {
 #[test]
 fn empty_directory_is_an_empty_set() {
     let dir = tempfile::tempdir().unwrap();
-    let set = load_dir(dir.path()).unwrap();
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap();
     assert!(set.is_empty());
 }
 
@@ -209,7 +209,7 @@ fn empty_directory_is_an_empty_set() {
 fn missing_directory_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope");
-    let errors = load_dir(&missing).unwrap_err();
+    let errors = load_dir(&missing, &LoadOptions::default()).unwrap_err();
     assert_eq!(errors.0.len(), 1);
     assert_eq!(errors.0[0].file, missing);
     assert_eq!(errors.0[0].line, None);
@@ -238,7 +238,7 @@ fn configmap_mount_layout() {
     std::fs::write(dir.path().join("team/three.yaml"), rule("three")).unwrap();
     std::fs::write(dir.path().join(".hidden.yaml"), "not: valid").unwrap();
 
-    let set = load_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
     names.sort();
     assert_eq!(names, ["one", "three", "two"]);
@@ -253,7 +253,7 @@ fn invalid(name: &str) -> PathBuf {
 fn errors_of(name: &str) -> RuleErrors {
     let file = invalid(name);
     let text = std::fs::read_to_string(&file).unwrap();
-    match parse_file(&file, &text) {
+    match parse_file(&file, &text, &LoadOptions::default()) {
         Ok(domain) => panic!("{name} parsed: {domain:?}"),
         Err(errors) => {
             assert!(!errors.0.is_empty());
@@ -302,7 +302,7 @@ fn missing_domain() {
 #[test]
 fn duplicate_domain() {
     let dir = invalid("duplicate_domain");
-    let errors = load_dir(&dir).unwrap_err();
+    let errors = load_dir(&dir, &LoadOptions::default()).unwrap_err();
     assert_eq!(errors.0.len(), 1, "{errors}");
     let e = &errors.0[0];
     assert_eq!(e.file, dir.join("b.yaml"));
@@ -431,6 +431,60 @@ fn unknown_algorithm() {
 }
 
 #[test]
+fn log_limit_above_max() {
+    assert_error(
+        "log_limit_above_max.yaml",
+        9,
+        "descriptors[0].rate_limit.requests_per_unit: ",
+        "sliding_window_log limit 20000 is above max_log_limit 10000 (a log keeps every admitted hit); use algorithm: sliding_window_counter, or raise max_log_limit",
+    );
+    // With the defaults only the rule naming the log is refused.
+    assert_eq!(errors_of("log_limit_above_max.yaml").0.len(), 1);
+}
+
+/// A rule without `algorithm` inherits `default_algorithm`, and the cap is
+/// the `max_log_limit` given, not a constant.
+#[test]
+fn log_limit_follows_the_load_options() {
+    let file = invalid("log_limit_above_max.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let log_default = LoadOptions {
+        default_algorithm: Algorithm::SlidingWindowLog,
+        ..LoadOptions::default()
+    };
+    let errors = parse_file(&file, &text, &log_default).unwrap_err();
+    let lines: Vec<String> = errors.0.iter().map(|e| e.to_string()).collect();
+    assert_eq!(errors.0.len(), 2, "{lines:#?}");
+    assert_eq!(errors.0[0].line, Some(9));
+    assert_eq!(errors.0[1].line, Some(14));
+    assert_eq!(
+        errors.0[1].path,
+        "descriptors[1].rate_limit.requests_per_unit"
+    );
+    assert!(
+        lines[1].ends_with(
+            "log_limit_above_max.yaml:14: descriptors[1].rate_limit.requests_per_unit: \
+             sliding_window_log limit 20000 (the default_algorithm, as the rule names none) \
+             is above max_log_limit 10000 (a log keeps every admitted hit); use algorithm: \
+             sliding_window_counter, or raise max_log_limit"
+        ),
+        "{lines:#?}"
+    );
+    // A raised cap accepts both; the counter was never concerned.
+    let raised = LoadOptions {
+        max_log_limit: 20_000,
+        ..log_default
+    };
+    let domain = parse_file(&file, &text, &raised).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(domain.root.default.len(), 3);
+    let lowered = LoadOptions {
+        max_log_limit: 19_999,
+        ..LoadOptions::default()
+    };
+    assert_eq!(parse_file(&file, &text, &lowered).unwrap_err().0.len(), 1);
+}
+
+#[test]
 fn unknown_on_store_error() {
     assert_error(
         "unknown_on_store_error.yaml",
@@ -503,7 +557,7 @@ fn empty_file() {
     let text = errors.to_string();
     assert!(text.contains("empty_file.yaml: empty rule file"), "{text}");
     // Truly empty too.
-    let errors = parse_file(Path::new("blank.yaml"), "").unwrap_err();
+    let errors = parse_file(Path::new("blank.yaml"), "", &LoadOptions::default()).unwrap_err();
     assert!(errors.to_string().contains("empty rule file"));
 }
 
@@ -552,7 +606,7 @@ fn several_errors() {
 #[test]
 fn invalid_directory_reports_every_file() {
     let dir = fixtures().join("invalid");
-    let errors = load_dir(&dir).unwrap_err();
+    let errors = load_dir(&dir, &LoadOptions::default()).unwrap_err();
     let mut files = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();

@@ -42,11 +42,33 @@ const RATE_LIMIT_KEYS: &[&str] = &[
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
+/// Settings that decide whether a rule is acceptable beyond its own text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// What a rule without `algorithm` runs (the `default_algorithm`
+    /// setting), needed to know which rules are logs.
+    pub default_algorithm: Algorithm,
+    /// Largest `requests_per_unit` of a `sliding_window_log` limit (the
+    /// `max_log_limit` setting): a log keeps one entry per admitted hit, so
+    /// its memory grows with the limit.
+    pub max_log_limit: u32,
+}
+
+impl Default for LoadOptions {
+    /// The settings' defaults.
+    fn default() -> Self {
+        LoadOptions {
+            default_algorithm: Algorithm::SlidingWindowCounter,
+            max_log_limit: 10_000,
+        }
+    }
+}
+
 /// Loads every `*.yaml` / `*.yml` file under `dir` (recursively, skipping
 /// names that start with `.`), one domain per file. All files are checked and
 /// all their errors returned together; a domain defined twice is an error on
 /// the later file (in path order). An empty directory gives an empty set.
-pub fn load_dir(dir: &Path) -> Result<RuleSet, RuleErrors> {
+pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors> {
     let mut errors = Vec::new();
     let mut files = Vec::new();
     if let Err(e) = collect_files(dir, &mut files) {
@@ -70,7 +92,7 @@ pub fn load_dir(dir: &Path) -> Result<RuleSet, RuleErrors> {
                 continue;
             }
         };
-        match parse(&file, &text) {
+        match parse(&file, &text, options) {
             Ok((domain, line)) => {
                 if let Some((first, first_line)) = seen.get(&domain.name) {
                     errors.push(RuleError {
@@ -135,13 +157,13 @@ fn is_rule_file(path: &Path) -> bool {
 
 /// Parses one rule file's text into its domain. `file` is only used in
 /// errors and in each rule's `source`.
-pub fn parse_file(file: &Path, text: &str) -> Result<Domain, RuleErrors> {
-    parse(file, text).map(|(domain, _)| domain)
+pub fn parse_file(file: &Path, text: &str, options: &LoadOptions) -> Result<Domain, RuleErrors> {
+    parse(file, text, options).map(|(domain, _)| domain)
 }
 
 /// The domain and the line of its `domain` value.
-fn parse(file: &Path, text: &str) -> Result<(Domain, usize), RuleErrors> {
-    let mut w = Walker::new(file);
+fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usize), RuleErrors> {
+    let mut w = Walker::new(file, options);
     let options = LoaderOptions::default()
         .error_on_duplicate_keys(true)
         // Keeps `may_coerce()` true only for plain scalars, so a quoted
@@ -258,19 +280,21 @@ impl<'y> Fields<'y> {
 
 struct Walker<'f> {
     file: &'f Path,
+    options: &'f LoadOptions,
     /// `file_name` for `Rule::source`.
     short: String,
     errors: Vec<RuleError>,
 }
 
 impl<'f> Walker<'f> {
-    fn new(file: &'f Path) -> Self {
+    fn new(file: &'f Path, options: &'f LoadOptions) -> Self {
         let short = file.file_name().map_or_else(
             || file.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
         Walker {
             file,
+            options,
             short,
             errors: Vec::new(),
         }
@@ -518,6 +542,15 @@ impl<'f> Walker<'f> {
         let on_store_error = fields
             .get("on_store_error")
             .and_then(|(_, v)| self.parsed::<FailurePolicy>(v, &join(path, "on_store_error")));
+        if let (
+            Some(LimitSpec::PerUnit {
+                requests_per_unit, ..
+            }),
+            Some((_, rpu_node)),
+        ) = (&limit, rpu)
+        {
+            self.log_limit(*requests_per_unit, algorithm, rpu_node, path);
+        }
 
         if self.errors.len() > errors_before {
             return None;
@@ -529,6 +562,30 @@ impl<'f> Walker<'f> {
             algorithm,
             on_store_error,
         })
+    }
+
+    /// Refuses a log limit above `max_log_limit`, whether the rule names the
+    /// log or inherits it from `default_algorithm`.
+    fn log_limit(&mut self, limit: u32, algorithm: Option<Algorithm>, node: &Yaml, path: &str) {
+        let max = self.options.max_log_limit;
+        let effective = algorithm.unwrap_or(self.options.default_algorithm);
+        if effective != Algorithm::SlidingWindowLog || limit <= max {
+            return;
+        }
+        let inherited = if algorithm.is_none() {
+            " (the default_algorithm, as the rule names none)"
+        } else {
+            ""
+        };
+        self.error(
+            line_of(node),
+            &join(path, "requests_per_unit"),
+            format!(
+                "sliding_window_log limit {limit}{inherited} is above max_log_limit {max} \
+                 (a log keeps every admitted hit); use algorithm: sliding_window_counter, \
+                 or raise max_log_limit"
+            ),
+        );
     }
 
     fn replaces(&mut self, node: &Yaml, path: &str, own: Option<&str>) -> Vec<String> {
@@ -689,7 +746,7 @@ mod tests {
     #[test]
     fn null_values_read_as_absent() {
         let text = "domain: d\ndescriptors:\n  - key: k\n    value: ~\n    rate_limit:\n      unlimited: true\n      unit:\n      name: null\n";
-        let d = parse_file(Path::new("n.yaml"), text).unwrap();
+        let d = parse_file(Path::new("n.yaml"), text, &LoadOptions::default()).unwrap();
         let node = &d.root.default["k"];
         let rule = node.rule.as_ref().unwrap();
         assert_eq!(rule.limit, LimitSpec::Unlimited);
@@ -700,7 +757,7 @@ mod tests {
     #[test]
     fn quoted_null_is_a_value() {
         let text = "domain: d\ndescriptors:\n  - key: k\n    value: \"null\"\n";
-        let d = parse_file(Path::new("q.yaml"), text).unwrap();
+        let d = parse_file(Path::new("q.yaml"), text, &LoadOptions::default()).unwrap();
         assert!(
             d.root
                 .exact

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
-pub use load::{load_dir, parse_file};
+pub use load::{LoadOptions, load_dir, parse_file};
 
 /// The limit a rule gives.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,10 +7,21 @@
 //! and never across an `.await`, so the decision and the record are one atomic
 //! step per limiter. Expired limiters are swept from a shard every
 //! [`SWEEP_EVERY`] operations on it, so memory follows the live windows.
+//!
+//! Memory is bounded too: each shard holds at most its share of the store's
+//! capacity (the capacity divided by the shard count, rounded down, so the
+//! total never exceeds it) and, when full, forgets its least recently used
+//! limiter to make room. A forgotten limiter starts again from zero, so under
+//! pressure the store errs towards admitting, never towards refusing; the
+//! eviction count says how often that happened.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use hashlink::LinkedHashMap;
+use hashlink::linked_hash_map::Entry;
 
 use crate::clock::{Clock, SystemClock};
 use crate::limit::Algorithm;
@@ -47,7 +58,8 @@ struct Slot {
 
 #[derive(Debug, Default)]
 struct Shard {
-    slots: HashMap<String, Slot>,
+    /// Least recently used first.
+    slots: LinkedHashMap<String, Slot>,
     ops: u64,
 }
 
@@ -55,6 +67,9 @@ struct Shard {
 #[derive(Clone)]
 pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>]>,
+    /// Limiters one shard may hold.
+    per_shard: usize,
+    evictions: Arc<AtomicU64>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     keys: KeyBuilder,
@@ -67,14 +82,38 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// A store without a limit on the number of limiters.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        let shards: Vec<Mutex<Shard>> = (0..SHARDS).map(|_| Mutex::default()).collect();
+        Self::with_max_limiters(clock, usize::MAX)
+    }
+
+    /// A store holding at most `max_limiters` limiters (at least one).
+    pub fn with_max_limiters(clock: Arc<dyn Clock>, max_limiters: usize) -> Self {
+        let max_limiters = max_limiters.max(1);
+        // A small cap gets fewer shards, so that every shard has room for
+        // at least one limiter.
+        let count = SHARDS.min(max_limiters);
+        let shards: Vec<Mutex<Shard>> = (0..count).map(|_| Mutex::default()).collect();
         Self {
             shards: shards.into(),
+            per_shard: max_limiters / count,
+            evictions: Arc::new(AtomicU64::new(0)),
             hasher: RandomState::new(),
             clock,
             keys: KeyBuilder::default(),
         }
+    }
+
+    /// The most limiters held at once: the cap given, rounded down to a
+    /// multiple of the shard count.
+    pub fn capacity(&self) -> usize {
+        self.per_shard.saturating_mul(self.shards.len())
+    }
+
+    /// Limiters forgotten to stay within [`MemoryStore::capacity`] since the
+    /// store was built (expired ones swept away are not counted).
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
     }
 
     /// Number of limiters held (expired ones included until swept).
@@ -106,24 +145,17 @@ impl MemoryStore {
         if shard.ops.is_multiple_of(SWEEP_EVERY) {
             shard.slots.retain(|_, slot| slot.expires_at > now);
         }
-        let slot = shard.slots.entry(key).or_insert_with(|| Slot {
-            state: match hit.algorithm {
-                Algorithm::FixedWindow => State::Fixed {
-                    window: 0,
-                    count: 0,
-                },
-                Algorithm::SlidingWindowCounter => State::Counter {
-                    window: 0,
-                    prev: 0,
-                    cur: 0,
-                },
-                Algorithm::SlidingWindowLog => State::Log {
-                    entries: VecDeque::new(),
-                    sum: 0,
-                },
-            },
-            expires_at: 0,
-        });
+        if shard.slots.len() >= self.per_shard && !shard.slots.contains_key(&key) {
+            shard.slots.pop_front();
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        let slot = match shard.slots.entry(key) {
+            Entry::Occupied(mut e) => {
+                e.to_back();
+                e.into_mut()
+            }
+            Entry::Vacant(e) => e.insert(new_slot(hit.algorithm)),
+        };
         let w = hit.unit.micros();
         match &mut slot.state {
             State::Fixed { window, count } => {
@@ -142,6 +174,27 @@ impl MemoryStore {
                 d
             }
         }
+    }
+}
+
+fn new_slot(algorithm: Algorithm) -> Slot {
+    Slot {
+        state: match algorithm {
+            Algorithm::FixedWindow => State::Fixed {
+                window: 0,
+                count: 0,
+            },
+            Algorithm::SlidingWindowCounter => State::Counter {
+                window: 0,
+                prev: 0,
+                cur: 0,
+            },
+            Algorithm::SlidingWindowLog => State::Log {
+                entries: VecDeque::new(),
+                sum: 0,
+            },
+        },
+        expires_at: 0,
     }
 }
 

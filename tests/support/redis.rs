@@ -35,28 +35,38 @@ pub fn require_redis() {
 }
 
 /// Runs `redis-cli -p <port> <args>` and returns its trimmed standard output
-/// (Redis error replies included), or the failure as text.
+/// (Redis error replies included: redis-cli prints them and succeeds).
+/// Panics, naming the command and its stderr, when redis-cli itself fails
+/// (no server on the port, for one): a test must not read that as a reply.
 pub fn cli(port: u16, args: &[&str]) -> String {
+    try_cli(port, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`cli`] for polling a node that may be down: the failure as `Err`.
+pub fn try_cli(port: u16, args: &[&str]) -> Result<String, String> {
     cli_with(&[], port, args)
 }
 
-/// [`cli`] with options before the command (e.g. TLS files).
-fn cli_with(options: &[String], port: u16, args: &[&str]) -> String {
+/// [`try_cli`] with options before the command (e.g. TLS files).
+fn cli_with(options: &[String], port: u16, args: &[&str]) -> Result<String, String> {
     let output = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(options)
         .args(args)
         .stdin(Stdio::null())
         .output();
+    let command = format!("redis-cli -p {port} {}", args.join(" "));
     match output {
-        Ok(out) => {
-            let mut text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            if !out.status.success() {
-                text.push_str(&String::from_utf8_lossy(&out.stderr));
-            }
-            text
+        Ok(out) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
         }
-        Err(e) => format!("failed to run redis-cli: {e} ({INSTALL_HINT})"),
+        Ok(out) => Err(format!(
+            "`{command}` failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        )),
+        Err(e) => Err(format!("cannot run `{command}`: {e} ({INSTALL_HINT})")),
     }
 }
 
@@ -140,7 +150,7 @@ impl Node {
             .unwrap_or_else(|e| panic!("cannot run redis-server: {e}; {INSTALL_HINT}"));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if self.cli(&["PING"]) == "PONG" {
+            if self.try_cli(&["PING"]).is_ok_and(|r| r == "PONG") {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -155,6 +165,10 @@ impl Node {
     }
 
     fn cli(&self, args: &[&str]) -> String {
+        self.try_cli(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_cli(&self, args: &[&str]) -> Result<String, String> {
         cli_with(&self.cli_options, self.port, args)
     }
 
@@ -528,8 +542,8 @@ impl RedisCluster {
         let live = self.live_ports();
         wait_until("a healthy cluster", timeout, || {
             live.iter().all(|&port| {
-                let info = cli(port, &["CLUSTER", "INFO"]);
-                let replication = cli(port, &["INFO", "replication"]);
+                let info = try_cli(port, &["CLUSTER", "INFO"]).unwrap_or_default();
+                let replication = try_cli(port, &["INFO", "replication"]).unwrap_or_default();
                 info.contains("cluster_state:ok")
                     && info.contains(&format!("cluster_known_nodes:{total}"))
                     && (replication.contains("role:master")
@@ -543,8 +557,9 @@ impl RedisCluster {
     pub fn wait_state_ok(&self, timeout: Duration) {
         let live = self.live_ports();
         wait_until("cluster_state:ok on every live node", timeout, || {
-            live.iter()
-                .all(|&port| cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+            live.iter().all(|&port| {
+                try_cli(port, &["CLUSTER", "INFO"]).is_ok_and(|r| r.contains("cluster_state:ok"))
+            })
         });
     }
 
@@ -729,8 +744,8 @@ impl RedisSentinel {
                 "the sentinel to know the replica",
                 Duration::from_secs(20),
                 || {
-                    let replicas = cli(sentinel, &["SENTINEL", "replicas", SENTINEL_SERVICE]);
-                    replicas.lines().any(|l| l.trim() == replica_port)
+                    try_cli(sentinel, &["SENTINEL", "replicas", SENTINEL_SERVICE])
+                        .is_ok_and(|r| r.lines().any(|l| l.trim() == replica_port))
                 },
             );
             // Found through the primary's hello channel, every 2 s.
@@ -744,7 +759,8 @@ impl RedisSentinel {
             );
         }
         wait_until("the replica to sync", Duration::from_secs(20), || {
-            cli(setup.replica.port, &["INFO", "replication"]).contains("master_link_status:up")
+            try_cli(setup.replica.port, &["INFO", "replication"])
+                .is_ok_and(|r| r.contains("master_link_status:up"))
         });
         setup
     }
@@ -815,7 +831,9 @@ impl RedisSentinel {
             timeout,
             || {
                 promoted = self.current_primary().filter(|&p| {
-                    p != old && cli(p, &["INFO", "replication"]).contains("role:master")
+                    p != old
+                        && try_cli(p, &["INFO", "replication"])
+                            .is_ok_and(|r| r.contains("role:master"))
                 });
                 promoted.is_some()
             },
@@ -826,10 +844,12 @@ impl RedisSentinel {
 
 /// The primary's port, by `SENTINEL get-master-addr-by-name` on `sentinel`.
 pub fn master_port_by_sentinel(sentinel: u16) -> Option<u16> {
-    let reply = cli(
+    // A sentinel not answering yet names nothing.
+    let reply = try_cli(
         sentinel,
         &["SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE],
-    );
+    )
+    .ok()?;
     // Two lines: the host, then the port.
     let mut lines = reply.lines();
     let (_host, port) = (lines.next()?, lines.next()?);
@@ -838,7 +858,7 @@ pub fn master_port_by_sentinel(sentinel: u16) -> Option<u16> {
 
 /// One field of `SENTINEL master <service>` (a flat name/value list).
 fn sentinel_master_field(sentinel: u16, field: &str) -> Option<String> {
-    let reply = cli(sentinel, &["SENTINEL", "master", SENTINEL_SERVICE]);
+    let reply = try_cli(sentinel, &["SENTINEL", "master", SENTINEL_SERVICE]).ok()?;
     let mut lines = reply.lines().map(str::trim);
     while let Some(name) = lines.next() {
         let value = lines.next()?;
