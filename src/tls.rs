@@ -267,6 +267,9 @@ async fn watch_files(
     stop: impl Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    // The last read error, so that a file that stays unreadable (gone, or
+    // mid-replacement) is warned about once, not every interval.
+    let mut unreadable: Option<String> = None;
     loop {
         tokio::select! {
             _ = &mut stop => return,
@@ -275,16 +278,15 @@ async fn watch_files(
         let files = match Files::read(&tls) {
             Ok(f) => f,
             Err(e) => {
-                // Unreadable: likely mid-replacement (or gone); the digest of
-                // the error text keeps the warning to one per distinct failure.
-                let digest: [u8; 32] = Sha256::digest(e.to_string()).into();
-                if digest != seen {
+                let e = e.to_string();
+                if unreadable.as_ref() != Some(&e) {
                     tracing::warn!("TLS files not reloaded, the last good ones stay: {e}");
-                    seen = digest;
+                    unreadable = Some(e);
                 }
                 continue;
             }
         };
+        unreadable = None;
         let digest = files.digest();
         if digest == seen {
             continue;

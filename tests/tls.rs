@@ -348,6 +348,22 @@ async fn reload_swaps_certificates_and_keeps_the_last_good_ones() {
         "the last good certificate, after a bad key",
     );
 
+    // A key that is gone: the same, once.
+    std::fs::remove_file(files.path("server.key")).unwrap();
+    let gone = ["TLS files not reloaded", &files.key(), "cannot be read"];
+    eventually(
+        Duration::from_secs(20),
+        "the missing key warned about",
+        || async { log_lines(&gone) > 0 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(log_lines(&gone), 1, "one warning while it stays missing");
+    assert_answered(
+        try_ask(&tg, second.trust()).await,
+        "the last good certificate, without a key file",
+    );
+
     // The watcher goes on: good files after bad ones are taken.
     files.set(&third.server());
     eventually(
