@@ -159,7 +159,11 @@ pub async fn run(
         tokio::spawn(reload::watch(dir, every, engine.rules().clone(), stopped()));
     }
 
-    tracing::info!(addr = %grpc.local_addr()?, tls = settings.grpc_tls.is_some(), "gRPC listening");
+    tracing::info!(
+        addr = %grpc.local_addr()?,
+        tls = settings.grpc_tls.is_some(),
+        "gRPC listening"
+    );
     tracing::info!(addr = %http.local_addr()?, "HTTP listening");
     let routes = tonic::transport::Server::builder()
         .add_service(health)
