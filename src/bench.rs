@@ -105,6 +105,8 @@ pub struct BenchConfig {
     pub connections: usize,
     pub timeout: Duration,
     pub warmup: Duration,
+    /// TLS settings; `None` for plaintext.
+    pub tls: Option<crate::check::ClientTls>,
 }
 
 impl BenchConfig {
@@ -122,6 +124,7 @@ impl BenchConfig {
             connections: 4,
             timeout: Duration::from_secs(1),
             warmup: Duration::from_secs(1),
+            tls: None,
         }
     }
 
@@ -192,6 +195,7 @@ impl TryFrom<&BenchArgs> for BenchConfig {
             connections: a.connections,
             timeout: Duration::from_millis(a.timeout_ms),
             warmup: secs("warmup", a.warmup)?,
+            tls: a.target.client_tls()?,
         })
     }
 }
@@ -378,7 +382,7 @@ fn json_string(s: &str) -> String {
 /// errors.
 pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     cfg.validate()?;
-    let endpoint = crate::check::endpoint(&cfg.addr, cfg.timeout)?;
+    let endpoint = crate::check::endpoint(&cfg.addr, cfg.timeout, cfg.tls.as_ref())?;
     // Lazy: a target that is down is a run full of UNAVAILABLE, not a
     // failure to start, and each channel reconnects on its own.
     let clients: Vec<_> = (0..cfg.connections)

@@ -1,18 +1,19 @@
 //! `tollgate check`: a small RLS client for debugging a running service
 //! (tollgate or any other Envoy rate-limit service).
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
-
-use tonic::transport::Endpoint;
+use anyhow::{Context, anyhow, bail};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto::rate_limit_descriptor::Entry;
 use crate::proto::rate_limit_response::{Code, rate_limit};
 use crate::proto::{
     RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
 };
+use crate::tls;
 
 /// Where to send requests and what to ask: shared by `check` and `bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,6 +27,21 @@ pub struct Target {
     /// Descriptor entries `k=v[,k2=v2...]`; repeat for several descriptors.
     #[arg(long = "descriptor", required = true)]
     pub descriptors: Vec<String>,
+    /// Connect over TLS (also implied by an https:// address or any --tls-* flag).
+    #[arg(long)]
+    pub tls: bool,
+    /// PEM CA certificates to trust [default: the system's roots].
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate chain, for servers that require one (mTLS).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Name to verify the server's certificate against [default: the address's host].
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
 }
 
 impl Target {
@@ -36,19 +52,103 @@ impl Target {
             .map(|d| parse_descriptor(d).map_err(|e| format!("--descriptor {e}")))
             .collect()
     }
+
+    /// The client TLS settings the flags ask for, files read and checked;
+    /// `None` for plaintext.
+    pub fn client_tls(&self) -> anyhow::Result<Option<ClientTls>> {
+        let wanted = self.tls
+            || self.addr.starts_with("https://")
+            || self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_server_name.is_some();
+        if !wanted {
+            return Ok(None);
+        }
+        if self.addr.starts_with("http://") {
+            bail!(
+                "--addr {} is plaintext (http://) but TLS was asked for",
+                self.addr
+            );
+        }
+        let mut config = ClientTlsConfig::new();
+        match &self.tls_ca {
+            Some(file) => {
+                let pem = std::fs::read(file)
+                    .with_context(|| format!("--tls-ca {}: cannot be read", file.display()))?;
+                tls::parse_certs(&pem).map_err(|e| anyhow!("--tls-ca {}: {e}", file.display()))?;
+                config = config.ca_certificate(Certificate::from_pem(pem));
+            }
+            None => config = config.with_native_roots(),
+        }
+        if let (Some(cert_file), Some(key_file)) = (&self.tls_cert, &self.tls_key) {
+            let cert = std::fs::read(cert_file)
+                .with_context(|| format!("--tls-cert {}: cannot be read", cert_file.display()))?;
+            tls::parse_certs(&cert)
+                .map_err(|e| anyhow!("--tls-cert {}: {e}", cert_file.display()))?;
+            let key = std::fs::read(key_file)
+                .with_context(|| format!("--tls-key {}: cannot be read", key_file.display()))?;
+            tls::parse_key(&key).map_err(|e| anyhow!("--tls-key {}: {e}", key_file.display()))?;
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.tls_server_name {
+            config = config.domain_name(name.clone());
+        }
+        Ok(Some(ClientTls {
+            config,
+            client_cert: self.tls_cert.clone(),
+        }))
+    }
 }
 
-/// An endpoint for `addr` (`host:port` or a URI).
-pub fn endpoint(addr: &str, timeout: Duration) -> anyhow::Result<Endpoint> {
+/// A client's TLS settings. Its `Debug` leaves out the configuration, which
+/// holds the private key.
+#[derive(Clone)]
+pub struct ClientTls {
+    pub config: ClientTlsConfig,
+    client_cert: Option<PathBuf>,
+}
+
+impl ClientTls {
+    /// TLS trusting only the CA certificates in `ca_pem`.
+    pub fn with_ca(ca_pem: impl AsRef<[u8]>) -> ClientTls {
+        ClientTls {
+            config: ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)),
+            client_cert: None,
+        }
+    }
+}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("client_cert", &self.client_cert)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An endpoint for `addr` (`host:port` or a URI), over TLS when `tls` is set.
+pub fn endpoint(
+    addr: &str,
+    timeout: Duration,
+    tls: Option<&ClientTls>,
+) -> anyhow::Result<Endpoint> {
     let uri = if addr.contains("://") {
         addr.to_string()
+    } else if tls.is_some() {
+        format!("https://{addr}")
     } else {
         format!("http://{addr}")
     };
-    Ok(Endpoint::from_shared(uri)
+    let endpoint = Endpoint::from_shared(uri)
         .with_context(|| format!("--addr {addr} is not a valid address"))?
         .connect_timeout(timeout)
-        .tcp_nodelay(true))
+        .tcp_nodelay(true);
+    match tls {
+        Some(tls) => endpoint
+            .tls_config(tls.config.clone())
+            .with_context(|| format!("TLS settings for --addr {addr}")),
+        None => Ok(endpoint),
+    }
 }
 
 /// Parses `k=v[,k2=v2...]` into descriptor entries. The first `=` of each
@@ -88,13 +188,14 @@ pub fn request(domain: &str, descriptors: &[Vec<(String, String)>], hits: u32) -
     }
 }
 
-/// Sends one request to `addr` (`host:port` or `http://host:port`).
+/// Sends one request to `addr` (`host:port`, `http://` or `https://`).
 pub async fn call(
     addr: &str,
+    tls: Option<&ClientTls>,
     req: RateLimitRequest,
     timeout: Duration,
 ) -> anyhow::Result<RateLimitResponse> {
-    let channel = endpoint(addr, timeout)?
+    let channel = endpoint(addr, timeout, tls)?
         .timeout(timeout)
         .connect()
         .await

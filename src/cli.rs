@@ -246,11 +246,23 @@ fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_SETTINGS);
         }
     };
+    let tls = match args.target.client_tls() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("tollgate check: {e:#}");
+            return ExitCode::from(EXIT_BAD_SETTINGS);
+        }
+    };
     let req = crate::check::request(&args.target.domain, &descriptors, args.hits);
     let timeout = Duration::from_millis(args.timeout_ms);
-    let result = runtime()
-        .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(crate::check::call(&args.target.addr, req.clone(), timeout)));
+    let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
+        rt.block_on(crate::check::call(
+            &args.target.addr,
+            tls.as_ref(),
+            req.clone(),
+            timeout,
+        ))
+    });
     match result {
         Ok(resp) => {
             print!("{}", crate::check::render(&req, &resp));

@@ -20,3 +20,4 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod storage;
+pub mod tls;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::http::StatusCode;
+use futures_util::FutureExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -307,13 +308,24 @@ pub async fn run(
         ));
     }
 
-    tracing::info!(addr = %grpc.local_addr()?, "gRPC listening");
+    tracing::info!(
+        addr = %grpc.local_addr()?,
+        tls = settings.grpc_tls.is_some(),
+        "gRPC listening"
+    );
     tracing::info!(addr = %http.local_addr()?, "HTTP listening");
-    let grpc_server = tonic::transport::Server::builder()
+    let routes = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
-        .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped());
+        .add_service(service);
+    let grpc_server = match &settings.grpc_tls {
+        None => routes
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped())
+            .boxed(),
+        Some(tls) => routes
+            .serve_with_incoming_shutdown(crate::tls::listen(grpc, tls, stopped())?, stopped())
+            .boxed(),
+    };
     let ready_store = engine.store().clone();
     let router = axum::Router::new().route(
         "/healthcheck",

@@ -751,6 +751,13 @@ impl Raw {
                 ));
             }
         };
+        // Load the files now, so that a bad certificate stops startup before
+        // any port is bound, with the setting that named it.
+        if let Some(tls) = &grpc_tls
+            && let Err(e) = crate::tls::server_config(tls)
+        {
+            return Err(bad(src, e.setting, &e.file.display().to_string(), e.reason));
+        }
         Ok(Settings {
             grpc_addr,
             http_addr,

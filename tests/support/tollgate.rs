@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tollgate::clock::SystemClock;
 use tollgate::settings::{Settings, Sources};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig};
 
 pub struct Tollgate {
     pub grpc: SocketAddr,
@@ -68,6 +68,22 @@ impl Tollgate {
         RateLimitServiceClient::connect(format!("http://{}", self.grpc))
             .await
             .unwrap()
+    }
+
+    /// A client over TLS (to `https://127.0.0.1:port`, so the server's
+    /// certificate must name that address). Fails when the handshake does.
+    pub async fn client_tls(
+        &self,
+        tls: ClientTlsConfig,
+    ) -> Result<RateLimitServiceClient<Channel>, tonic::transport::Error> {
+        let channel = Channel::from_shared(format!("https://{}", self.grpc))
+            .expect("a valid URI")
+            .tls_config(tls)?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await?;
+        Ok(RateLimitServiceClient::new(channel))
     }
 
     pub async fn ask(&self, req: RateLimitRequest) -> RateLimitResponse {
