@@ -72,11 +72,13 @@ EOF
 GRPC_PORT=$(free_port)
 env_timeout=()
 [[ -n ${TIMEOUT_MS:-} ]] && env_timeout=(TOLLGATE_REDIS__COMMAND_TIMEOUT_MS="$TIMEOUT_MS")
-env "${env_timeout[@]}" RUST_LOG=warn "$BIN" serve --rules "$WORK/rules" \
+env ${env_timeout[@]+"${env_timeout[@]}"} RUST_LOG=warn "$BIN" serve --rules "$WORK/rules" \
     --store "redis://127.0.0.1:$REDIS_PORT" \
     --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$(free_port)" \
     >"$WORK/tollgate.log" 2>&1 &
 PIDS+=($!)
+TOLLGATE_PID=$!
+REDIS_PID=${PIDS[0]}
 for _ in $(seq 200); do
     "$BIN" check --addr "127.0.0.1:$GRPC_PORT" --domain load --descriptor user=probe \
         --timeout-ms 500 2>/dev/null | grep -q '^overall: OK' && break
@@ -89,23 +91,38 @@ if [[ $BUSY == 1 ]]; then
 fi
 
 json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+# CPU time (user + system) of a process so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 run() {
     local c=$1
-    local out
+    local out tg0 rd0 tg1 rd1
+    tg0=$(cpu_ticks "$TOLLGATE_PID")
+    rd0=$(cpu_ticks "$REDIS_PID")
     out=$(timeout $((SECS + 40)) "$BIN" bench --addr "127.0.0.1:$GRPC_PORT" --domain load \
         --descriptor user=u --keys "$KEYS" --concurrency "$c" --duration "$SECS" --warmup 1 --json)
+    tg1=$(cpu_ticks "$TOLLGATE_PID")
+    rd1=$(cpu_ticks "$REDIS_PID")
     local rate p50 p99 max err
     rate=$(json_num decisions_per_s <<<"$out")
     p50=$(json_num p50 <<<"$out")
     p99=$(json_num p99 <<<"$out")
     max=$(json_num max <<<"$out")
     err=$(sed -n 's/.*"errors":\([0-9]*\),.*/\1/p' <<<"$out")
-    printf "%6d %12.0f %9s %9s %9s %7s\n" "$c" "$rate" "$p50" "$p99" "$max" "$err"
+    # Decisions in the whole run (1 s warm-up included), estimated from the
+    # measured rate: CPU is read around the whole run.
+    awk -v c="$c" -v r="$rate" -v p50="$p50" -v p99="$p99" -v max="$max" -v e="$err" \
+        -v tg=$((tg1 - tg0)) -v rd=$((rd1 - rd0)) -v tick="$TICK_US" -v secs="$SECS" 'BEGIN {
+        n = r * (secs + 1)
+        printf "%6d %12.0f %9s %9s %9s %7s %8.1f %8.1f\n", c, r, p50, p99, max, e,
+            (n > 0 ? tg * tick / n : 0), (n > 0 ? rd * tick / n : 0)
+    }'
 }
 
 echo "KEYS=$KEYS SECS=$SECS BUSY=$BUSY TIMEOUT_MS=${TIMEOUT_MS:-default} ($(nproc) cores, shared by generator, tollgate and Redis)"
-printf "%6s %12s %9s %9s %9s %7s\n" callers "decisions/s" "p50 us" "p99 us" "max us" errors
+printf "%6s %12s %9s %9s %9s %7s %8s %8s\n" callers "decisions/s" "p50 us" "p99 us" "max us" errors \
+    "tg us/d" "redis us/d"
 peak_rate=0
 peak_c=0
 total_errors=0
