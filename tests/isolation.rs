@@ -9,15 +9,19 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures_util::future::join_all;
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::Hit;
 use tollgate::storage::keys::{KeyBuilder, Role};
+use tonic::transport::Channel;
 
 use support::redis::{ClusterOptions, RedisCluster};
 use support::tollgate::{Tollgate, descriptor};
 use support::unique_domain;
+
+type Client = RateLimitServiceClient<Channel>;
 
 const COMMAND_TIMEOUT_MS: u64 = 200;
 /// Scheduling on a machine busy with other test binaries.
@@ -91,8 +95,9 @@ enum Outcome {
     Error(tonic::Code),
 }
 
-async fn ask(t: &Tollgate, domain: &str, key: &str, value: &str) -> (Outcome, Duration) {
-    let mut client = t.client().await;
+/// Calls share one HTTP/2 connection, as Envoy's do.
+async fn ask(client: &Client, domain: &str, key: &str, value: &str) -> (Outcome, Duration) {
+    let mut client = client.clone();
     let request = RateLimitRequest {
         domain: domain.into(),
         descriptors: vec![descriptor(&[(key, value)])],
@@ -137,7 +142,7 @@ fn dead_outcome_matches(policy: &str, outcome: &Outcome) -> bool {
 /// Rounds of concurrent calls, the dead primary's limiters next to live
 /// ones, each answer checked.
 struct Outage<'a> {
-    t: &'a Tollgate,
+    client: &'a Client,
     domain: &'a str,
     dead: &'a BTreeMap<&'static str, String>,
     steady: &'a [String],
@@ -149,7 +154,7 @@ struct Outage<'a> {
 impl Outage<'_> {
     /// Runs rounds for `period`; returns the slowest dead answer of each.
     async fn rounds(&mut self, period: Duration) -> Vec<Duration> {
-        let (t, domain) = (self.t, self.domain);
+        let (t, domain) = (self.client, self.domain);
         let started = Instant::now();
         let mut slowest_dead = Vec::new();
         while started.elapsed() < period {
@@ -214,6 +219,7 @@ async fn a_dead_primary_fails_alone() {
     )
     .await;
     t.wait_serving(Duration::from_secs(20)).await;
+    let client = t.client().await;
 
     let ports = cluster.ports();
     let (victim, live) = (ports[0], [ports[1], ports[2]]);
@@ -236,11 +242,11 @@ async fn a_dead_primary_fails_alone() {
 
     // Every limiter answers before the kill: the placement is real.
     for (policy, value) in &dead {
-        let (outcome, _) = ask(&t, &domain, policy, value).await;
+        let (outcome, _) = ask(&client, &domain, policy, value).await;
         assert_eq!(outcome, Outcome::Ok { remaining: 4 }, "{policy}={value}");
     }
     for value in &steady {
-        let (outcome, _) = ask(&t, &domain, "steady", value).await;
+        let (outcome, _) = ask(&client, &domain, "steady", value).await;
         assert_eq!(
             outcome,
             Outcome::Ok {
@@ -253,7 +259,7 @@ async fn a_dead_primary_fails_alone() {
     // calls wait for the command timeout until the circuit opens.
     cluster.pause_node(victim);
     let mut outage = Outage {
-        t: &t,
+        client: &client,
         domain: &domain,
         dead: &dead,
         steady: &steady,
@@ -284,7 +290,7 @@ async fn a_dead_primary_fails_alone() {
     // Live primaries count exactly: 5 OK, then OVER_LIMIT.
     for (policy, value) in &fresh {
         for n in 1..=5u32 {
-            let (outcome, took) = ask(&t, &domain, policy, value).await;
+            let (outcome, took) = ask(&client, &domain, policy, value).await;
             assert_eq!(
                 outcome,
                 Outcome::Ok { remaining: 5 - n },
@@ -292,7 +298,7 @@ async fn a_dead_primary_fails_alone() {
             );
             assert!(took < bound(), "{policy} on a live primary took {took:?}");
         }
-        let (outcome, _) = ask(&t, &domain, policy, value).await;
+        let (outcome, _) = ask(&client, &domain, policy, value).await;
         assert_eq!(outcome, Outcome::OverLimit, "{policy}={value}, 6th call");
     }
 
