@@ -1,7 +1,8 @@
 //! One dead Redis Cluster primary, with no replica to take over, over real
 //! gRPC: limiters on the live primaries keep counting exactly, limiters on
 //! the dead one follow their `on_store_error` policy within the command
-//! timeout, and once that server's circuit opens they are answered at once.
+//! timeout, and once that server's circuit opens they are answered at once;
+//! when the primary returns, its limiters answer again.
 
 mod support;
 
@@ -302,9 +303,33 @@ async fn a_dead_primary_fails_alone() {
         assert_eq!(outcome, Outcome::OverLimit, "{policy}={value}, 6th call");
     }
 
+    // The primary comes back (empty: no persistence): its circuit closes
+    // after a probe and its limiters count again.
+    cluster.restart_node(victim);
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(20);
+    loop {
+        let (outcome, took) = ask(&client, &domain, "error", &dead["error"]).await;
+        assert!(
+            took < bound(),
+            "error on the returning primary took {took:?}"
+        );
+        match outcome {
+            Outcome::Ok { .. } => break,
+            Outcome::Error(tonic::Code::Unavailable) => {}
+            other => panic!("error on the returning primary answered {other:?}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted primary's limiters do not answer after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let recovered = back.elapsed();
+
     eprintln!(
         "slowest live call {slowest_live:?}; slowest call of each round on the \
-         hung primary: {hung:?}; then dead: {dead_rounds:?}"
+         hung primary: {hung:?}; then dead: {dead_rounds:?}; back after {recovered:?}"
     );
     t.stop().await;
 }

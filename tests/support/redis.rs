@@ -677,6 +677,17 @@ impl RedisCluster {
         node.signal("STOP");
     }
 
+    /// Starts the node on `port` again, same arguments: it rejoins the
+    /// cluster with its slots (its `nodes.conf` is kept), but no data.
+    pub fn restart_node(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no cluster node on port {port}"));
+        node.restart();
+    }
+
     /// Kills the primary that serves `key`; returns its port.
     pub fn kill_primary_for_key(&mut self, key: &str) -> u16 {
         let port = self
