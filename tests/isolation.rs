@@ -2,11 +2,12 @@
 //! gRPC: limiters on the live primaries keep counting exactly, limiters on
 //! the dead one follow their `on_store_error` policy within the command
 //! timeout, and once that server's circuit opens they are answered at once;
-//! when the primary returns, its limiters answer again.
+//! when the primary returns, its limiters answer again. Also: a call on a
+//! slot that just moved follows `MOVED`.
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -55,32 +56,39 @@ fn rules(domain: &str) -> String {
     )
 }
 
-/// Finds, for `key`, a value whose limiter lives on each primary: the slot
-/// of the key tollgate builds, by Redis's own `CLUSTER KEYSLOT`.
+/// Finds, for `key`, a value whose limiter lives on a given primary: the
+/// slot of the key tollgate builds, by Redis's own `CLUSTER KEYSLOT`. Every
+/// value found has a slot of its own, so moving one slot moves one limiter.
 struct Placement<'a> {
     cluster: &'a RedisCluster,
     domain: String,
     next: usize,
+    slots: BTreeSet<u16>,
 }
 
 impl Placement<'_> {
+    fn redis_key(&self, key: &str, value: &str) -> String {
+        let entries = vec![(key.to_owned(), value.to_owned())];
+        KeyBuilder::default()
+            .limiter(&Hit {
+                domain: &self.domain,
+                entries: &entries,
+                algorithm: Algorithm::SlidingWindowLog,
+                limit: 5,
+                unit: Unit::Hour,
+                hits: 1,
+                negative: false,
+            })
+            .key(Role::LogSet)
+    }
+
     fn value_on(&mut self, key: &str, port: u16) -> String {
         for _ in 0..1_000 {
             self.next += 1;
             let value = format!("v{}", self.next);
-            let entries = vec![(key.to_owned(), value.clone())];
-            let redis_key = KeyBuilder::default()
-                .limiter(&Hit {
-                    domain: &self.domain,
-                    entries: &entries,
-                    algorithm: Algorithm::SlidingWindowLog,
-                    limit: 5,
-                    unit: Unit::Hour,
-                    hits: 1,
-                    negative: false,
-                })
-                .key(Role::LogSet);
-            if self.cluster.primary_for_key(&redis_key) == Some(port) {
+            let slot = self.cluster.keyslot(&self.redis_key(key, &value));
+            if !self.slots.contains(&slot) && self.cluster.primary_for_slot(slot) == Some(port) {
+                self.slots.insert(slot);
                 return value;
             }
         }
@@ -228,6 +236,7 @@ async fn a_dead_primary_fails_alone() {
         cluster: &cluster,
         domain: domain.clone(),
         next: 0,
+        slots: BTreeSet::new(),
     };
     let dead: BTreeMap<&'static str, String> = POLICIES
         .iter()
@@ -255,6 +264,30 @@ async fn a_dead_primary_fails_alone() {
             }
         );
     }
+
+    // A slot handed to another primary behind tollgate's back (an empty
+    // slot: Redis refuses to reassign one that holds keys). The call meets
+    // MOVED before the routing is refreshed, and follows it.
+    let moved = place.value_on("error", live[0]);
+    let moved_key = place.redis_key("error", &moved);
+    let slot = cluster.keyslot(&moved_key).to_string();
+    let new_owner = cluster.cli(live[1], &["CLUSTER", "MYID"]);
+    for port in [live[1], live[0], victim] {
+        let reply = cluster.cli(port, &["CLUSTER", "SETSLOT", &slot, "NODE", &new_owner]);
+        assert_eq!(reply, "OK", "CLUSTER SETSLOT on {port}");
+    }
+    let (outcome, took) = ask(&client, &domain, "error", &moved).await;
+    assert_eq!(
+        outcome,
+        Outcome::Ok { remaining: 4 },
+        "a call on a moved slot"
+    );
+    assert!(took < bound(), "a call on a moved slot took {took:?}");
+    assert_eq!(
+        cluster.cli(live[1], &["EXISTS", &moved_key]),
+        "1",
+        "counted on the slot's new owner"
+    );
 
     // A hung primary first: connections stay open and nothing answers, so
     // calls wait for the command timeout until the circuit opens.

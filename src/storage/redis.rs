@@ -437,49 +437,12 @@ impl RedisStore {
         keys: Vec<String>,
         args: [String; 4],
     ) -> Result<Decision, StoreError> {
-        let routing;
-        let node = match &self.inner.deployment {
-            Deployment::Single(node) => node,
-            Deployment::Cluster { .. } => {
-                routing = self.inner.routing();
-                match routing.owner(slot) {
-                    Some(node) => node,
-                    None if routing.nodes.is_empty() => {
-                        return Err(StoreError::Unavailable(
-                            "redis cluster routing not known yet".into(),
-                        ));
-                    }
-                    None => {
-                        return Err(StoreError::Unavailable(format!(
-                            "no redis primary serves slot {slot}"
-                        )));
-                    }
-                }
-            }
-        };
-        let client = node.pool.next_connected();
-        if !client.is_connected() {
-            return Err(StoreError::Unavailable(format!(
-                "not connected to redis {}",
-                node.id
-            )));
-        }
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
-        // NOSCRIPT reload and any wait in fred's queue.
-        let call = script.evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec());
-        let reply = match tokio::time::timeout(timeout, call).await {
+        // NOSCRIPT reload, a MOVED retry and any wait in fred's queue.
+        let reply = match tokio::time::timeout(timeout, self.call(slot, script, keys, args)).await {
             Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
-            Ok(Err(e)) => {
-                if ["MOVED", "ASK", "CLUSTERDOWN"]
-                    .iter()
-                    .any(|p| e.details().starts_with(p))
-                {
-                    self.inner.stale.store(true, Ordering::Release);
-                }
-                return Err(store_error(e, timeout));
-            }
-            Ok(Ok(reply)) => reply,
+            Ok(reply) => reply?,
         };
         match reply[..] {
             [admitted, remaining, reset]
@@ -495,6 +458,81 @@ impl RedisStore {
                 "unexpected script reply {reply:?}"
             ))),
         }
+    }
+
+    /// Runs the script on the slot's primary. A `MOVED` reply (the slot has
+    /// just changed hands, ahead of our routing) is followed once, to a
+    /// primary we already know: the script did not run, so it is safe.
+    async fn call(
+        &self,
+        slot: u16,
+        script: &Script,
+        keys: Vec<String>,
+        args: [String; 4],
+    ) -> Result<Vec<i64>, StoreError> {
+        let timeout = self.inner.command_timeout;
+        let routing = self.inner.routing();
+        let node = match &self.inner.deployment {
+            Deployment::Single(node) => node,
+            Deployment::Cluster { .. } => match routing.owner(slot) {
+                Some(node) => node,
+                None if routing.nodes.is_empty() => {
+                    return Err(StoreError::Unavailable(
+                        "redis cluster routing not known yet".into(),
+                    ));
+                }
+                None => {
+                    return Err(StoreError::Unavailable(format!(
+                        "no redis primary serves slot {slot}"
+                    )));
+                }
+            },
+        };
+        let client = connected_client(node)?;
+        let retry =
+            matches!(self.inner.deployment, Deployment::Cluster { .. }).then(|| keys.clone());
+        let first = script
+            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec())
+            .await;
+        let e = match first {
+            Ok(reply) => return Ok(reply),
+            Err(e) => e,
+        };
+        if !["MOVED", "ASK", "CLUSTERDOWN"]
+            .iter()
+            .any(|p| e.details().starts_with(p))
+        {
+            return Err(store_error(e, timeout));
+        }
+        self.inner.stale.store(true, Ordering::Release);
+        // MOVED <slot> <host:port>
+        let target = e
+            .details()
+            .strip_prefix("MOVED ")
+            .and_then(|rest| rest.split_whitespace().nth(1));
+        let owner = target.and_then(|t| routing.nodes.iter().find(|n| n.id.name() == Some(t)));
+        match (owner, retry) {
+            (Some(owner), Some(keys)) => {
+                let client = connected_client(owner)?;
+                script
+                    .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec())
+                    .await
+                    .map_err(|e| store_error(e, timeout))
+            }
+            _ => Err(store_error(e, timeout)),
+        }
+    }
+}
+
+fn connected_client(node: &NodePool) -> Result<&Client, StoreError> {
+    let client = node.pool.next_connected();
+    if client.is_connected() {
+        Ok(client)
+    } else {
+        Err(StoreError::Unavailable(format!(
+            "not connected to redis {}",
+            node.id
+        )))
     }
 }
 
