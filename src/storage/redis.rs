@@ -529,10 +529,10 @@ fn connected_client(node: &NodePool) -> Result<&Client, StoreError> {
     if client.is_connected() {
         Ok(client)
     } else {
-        Err(StoreError::Unavailable(format!(
-            "not connected to redis {}",
-            node.id
-        )))
+        Err(StoreError::Unavailable(match node.id.name() {
+            Some(name) => format!("not connected to redis {name}"),
+            None => "not connected to redis".to_owned(),
+        }))
     }
 }
 
@@ -692,6 +692,7 @@ async fn supervise(store: Weak<Inner>) {
     // the seeds until the first `CLUSTER SLOTS`).
     let mut pools: HashMap<String, Arc<NodePool>> = HashMap::new();
     let mut last_refresh: Option<tokio::time::Instant> = None;
+    let mut preferred: Option<String> = None;
     loop {
         tokio::time::sleep(SUPERVISE_EVERY).await;
         let Some(inner) = store.upgrade() else { return };
@@ -705,7 +706,7 @@ async fn supervise(store: Weak<Inner>) {
                 let due = last_refresh.is_none_or(|t| t.elapsed() >= CLUSTER_REFRESH);
                 if due || inner.stale.swap(false, Ordering::AcqRel) {
                     last_refresh = Some(tokio::time::Instant::now());
-                    refresh_cluster(&inner, settings, seeds, &mut pools).await;
+                    refresh_cluster(&inner, settings, seeds, &mut pools, &mut preferred).await;
                 }
                 let routing = inner.routing();
                 link.observe(&inner, routing.nodes.iter().any(|n| n.is_connected()));
@@ -746,6 +747,7 @@ async fn refresh_cluster(
     settings: &PoolSettings,
     seeds: &[Server],
     pools: &mut HashMap<String, Arc<NodePool>>,
+    preferred: &mut Option<String>,
 ) {
     if !pools.values().any(|p| p.is_connected()) {
         // Nothing reachable (first start, or every known node gone): go
@@ -761,8 +763,13 @@ async fn refresh_cluster(
             }
         }
     }
+    // The node that answered last time first: a hung node (connected, but
+    // silent until the unresponsive check closes it) costs a timeout per
+    // refresh when asked first every time.
+    let mut candidates: Vec<&Arc<NodePool>> = pools.values().filter(|p| p.is_connected()).collect();
+    candidates.sort_by_key(|p| p.id.name() != preferred.as_deref());
     let mut asked = None;
-    for pool in pools.values().filter(|p| p.is_connected()) {
+    for pool in candidates {
         let Some(client) = pool.pool.clients().iter().find(|c| c.is_connected()) else {
             continue;
         };
@@ -775,6 +782,7 @@ async fn refresh_cluster(
         if let Ok(Ok(reply)) = tokio::time::timeout(settings.connect_timeout, call).await {
             match ClusterRouting::from_cluster_slots(reply, host) {
                 Ok(state) if !state.slots().is_empty() => {
+                    *preferred = pool.id.name().map(str::to_owned);
                     asked = Some(state);
                     break;
                 }
