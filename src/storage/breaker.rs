@@ -1,6 +1,9 @@
-//! A circuit breaker around any [`Store`]: when the backend keeps failing,
-//! stop waiting on it and answer [`StoreError::CircuitOpen`] at once.
+//! A circuit breaker around any [`Store`], one circuit per backend server
+//! ([`Store::node`]): when a server keeps failing, stop waiting on it and
+//! answer [`StoreError::CircuitOpen`] at once, while limiters on the other
+//! servers (the other primaries of a Redis Cluster) go on as usual.
 //!
+//! Per server:
 //! * Closed: calls go through. `failure_threshold` consecutive failures open
 //!   the circuit. A failure is a transient error (timeout, unavailable); a
 //!   protocol error means the backend answered, so it counts as a success.
@@ -10,16 +13,31 @@
 //!   circuit; its failure opens it for another cooldown. A probe dropped
 //!   before it finishes (a caller that gave up) lets the next call probe.
 //!
-//! The state sits behind a std `Mutex`: it is held for a few comparisons and
-//! never across an `.await`. Time comes from an injected [`Clock`]; if it
-//! steps backwards while open, the cooldown counts as over rather than
-//! holding the circuit open for the size of the step.
+//! Only servers in trouble have an entry: a healthy closed circuit is the
+//! absence of one, so the map stays as small as the set of failing servers.
+//! An entry not used for [`FORGET_AFTER`] (the server left the routing) is
+//! dropped by [`Store::maintain`].
+//!
+//! Opening and closing are logged once each, naming the server; single
+//! failed calls are not logged (an outage would flood the log), only
+//! counted ([`Store::failures`]).
+//!
+//! The map sits behind a std `Mutex`: it is held for a lookup and a few
+//! comparisons, never across an `.await`. Time comes from an injected
+//! [`Clock`]; if it steps backwards while open, the cooldown counts as over
+//! rather than holding the circuit open for the size of the step.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
+use crate::storage::{
+    BoxFuture, Decision, FailureCounters, FailureCounts, Hit, NodeId, Store, StoreError,
+};
+
+/// A server's entry unused for this long is forgotten.
+pub const FORGET_AFTER: Duration = Duration::from_secs(60);
 
 /// When to open and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,23 +59,28 @@ impl Default for BreakerConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
-    Closed {
-        failures: u32,
-    },
+    /// With at least one failure: zero failures is no entry at all.
+    Closed { failures: u32 },
     /// Opened at this time (microseconds).
-    Open {
-        since: u64,
-    },
+    Open { since: u64 },
     /// The probe is in flight.
     HalfOpen,
 }
 
-/// Wraps a store with a circuit breaker. See the module docs.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    state: State,
+    /// Last call admitted or finished (microseconds).
+    used: u64,
+}
+
+/// Wraps a store with a circuit breaker per server. See the module docs.
 pub struct Breaker<S> {
     inner: S,
     config: BreakerConfig,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    nodes: Mutex<HashMap<NodeId, Entry>>,
+    failures: FailureCounters,
 }
 
 impl<S: Store> Breaker<S> {
@@ -73,7 +96,8 @@ impl<S: Store> Breaker<S> {
                 failure_threshold: config.failure_threshold.max(1),
                 ..config
             },
-            state: Mutex::new(State::Closed { failures: 0 }),
+            nodes: Mutex::new(HashMap::new()),
+            failures: FailureCounters::default(),
         }
     }
 
@@ -82,9 +106,29 @@ impl<S: Store> Breaker<S> {
         &self.inner
     }
 
-    /// True while calls are refused without trying the store.
+    /// True while some server's calls are refused without trying it.
     pub fn is_open(&self) -> bool {
-        match *self.lock() {
+        let nodes = self.lock();
+        nodes.values().any(|e| self.refuses(e.state))
+    }
+
+    /// True while calls to `node` are refused without trying it.
+    pub fn is_open_for(&self, node: &NodeId) -> bool {
+        self.lock().get(node).is_some_and(|e| self.refuses(e.state))
+    }
+
+    /// Servers whose calls are refused now.
+    pub fn open_nodes(&self) -> Vec<NodeId> {
+        let nodes = self.lock();
+        nodes
+            .iter()
+            .filter(|(_, e)| self.refuses(e.state))
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
+    fn refuses(&self, state: State) -> bool {
+        match state {
             State::Closed { .. } => false,
             State::Open { since } => self.cooling(since),
             State::HalfOpen => true,
@@ -97,46 +141,69 @@ impl<S: Store> Breaker<S> {
         now >= since && now - since < self.config.cooldown.as_micros() as u64
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is a plain value; a panic elsewhere cannot leave it torn.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, HashMap<NodeId, Entry>> {
+        // Plain values; a panic elsewhere cannot leave them torn.
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Decides whether a call may go through, and as what.
-    fn admit(&self) -> Result<Permit<'_, S>, StoreError> {
-        let mut state = self.lock();
-        let probe = match *state {
-            State::Closed { .. } => false,
-            State::Open { since } if self.cooling(since) => {
-                return Err(StoreError::CircuitOpen);
+    fn name<'n>(&'n self, node: &'n NodeId) -> &'n str {
+        node.name().unwrap_or(self.inner.kind())
+    }
+
+    /// Decides whether a call to `node` may go through, and as what.
+    fn admit(&self, node: NodeId) -> Result<Permit<'_, S>, StoreError> {
+        let mut nodes = self.lock();
+        let probe = match nodes.get_mut(&node) {
+            None => false,
+            Some(entry) => {
+                entry.used = self.clock.now_micros();
+                match entry.state {
+                    State::Closed { .. } => false,
+                    State::Open { since } if self.cooling(since) => {
+                        return Err(StoreError::CircuitOpen);
+                    }
+                    State::Open { .. } => {
+                        entry.state = State::HalfOpen;
+                        true
+                    }
+                    State::HalfOpen => return Err(StoreError::CircuitOpen),
+                }
             }
-            State::Open { .. } => {
-                *state = State::HalfOpen;
-                true
-            }
-            State::HalfOpen => return Err(StoreError::CircuitOpen),
         };
+        drop(nodes);
         Ok(Permit {
             breaker: self,
+            node,
             probe,
             finished: false,
         })
     }
 
-    fn succeeded(&self) {
-        let mut state = self.lock();
-        if !matches!(*state, State::Closed { .. }) {
-            tracing::info!(store = self.inner.kind(), "store circuit closed");
+    fn succeeded(&self, node: &NodeId) {
+        let mut nodes = self.lock();
+        if let Some(entry) = nodes.remove(node)
+            && !matches!(entry.state, State::Closed { .. })
+        {
+            tracing::info!(
+                store = self.inner.kind(),
+                node = self.name(node),
+                "store circuit closed"
+            );
         }
-        *state = State::Closed { failures: 0 };
     }
 
-    fn failed(&self, probe: bool) {
-        let mut state = self.lock();
-        let open = match *state {
+    fn failed(&self, node: &NodeId, probe: bool) {
+        let now = self.clock.now_micros();
+        let mut nodes = self.lock();
+        let entry = nodes.entry(node.clone()).or_insert(Entry {
+            state: State::Closed { failures: 0 },
+            used: now,
+        });
+        entry.used = now;
+        let open = match entry.state {
             State::Closed { failures } if failures + 1 >= self.config.failure_threshold => true,
             State::Closed { failures } => {
-                *state = State::Closed {
+                entry.state = State::Closed {
                     failures: failures + 1,
                 };
                 false
@@ -147,15 +214,38 @@ impl<S: Store> Breaker<S> {
             State::Open { .. } => false,
         };
         if open {
-            tracing::warn!(
-                store = self.inner.kind(),
-                cooldown_ms = self.config.cooldown.as_millis() as u64,
-                "store circuit opened"
-            );
-            *state = State::Open {
-                since: self.clock.now_micros(),
-            };
+            // Logged when a closed circuit opens, not when a probe fails:
+            // an outage logs once, however long it lasts.
+            if matches!(entry.state, State::Closed { .. }) {
+                tracing::warn!(
+                    store = self.inner.kind(),
+                    node = self.name(node),
+                    cooldown_ms = self.config.cooldown.as_millis() as u64,
+                    "store circuit opened"
+                );
+            }
+            entry.state = State::Open { since: now };
         }
+    }
+
+    /// Drops entries of servers no call has gone to for [`FORGET_AFTER`].
+    fn forget_unused(&self) {
+        let now = self.clock.now_micros();
+        let horizon = FORGET_AFTER.as_micros() as u64;
+        let mut nodes = self.lock();
+        nodes.retain(|node, entry| {
+            // A backwards clock step keeps the entry: forgetting is a
+            // clean-up, never urgent.
+            let keep = entry.state == State::HalfOpen || now.saturating_sub(entry.used) < horizon;
+            if !keep {
+                tracing::debug!(
+                    store = self.inner.kind(),
+                    node = node.name().unwrap_or(self.inner.kind()),
+                    "store circuit forgotten: no calls go to this server any more"
+                );
+            }
+            keep
+        });
     }
 }
 
@@ -163,6 +253,7 @@ impl<S: Store> Breaker<S> {
 /// next caller.
 struct Permit<'a, S: Store> {
     breaker: &'a Breaker<S>,
+    node: NodeId,
     probe: bool,
     finished: bool,
 }
@@ -170,9 +261,12 @@ struct Permit<'a, S: Store> {
 impl<S: Store> Permit<'_, S> {
     fn finish(mut self, result: &Result<Decision, StoreError>) {
         self.finished = true;
+        if let Err(e) = result {
+            self.breaker.failures.record(e);
+        }
         match result {
-            Err(e) if e.is_transient() => self.breaker.failed(self.probe),
-            _ => self.breaker.succeeded(),
+            Err(e) if e.is_transient() => self.breaker.failed(&self.node, self.probe),
+            _ => self.breaker.succeeded(&self.node),
         }
     }
 }
@@ -180,10 +274,12 @@ impl<S: Store> Permit<'_, S> {
 impl<S: Store> Drop for Permit<'_, S> {
     fn drop(&mut self) {
         if self.probe && !self.finished {
-            let mut state = self.breaker.lock();
-            if *state == State::HalfOpen {
+            let mut nodes = self.breaker.lock();
+            if let Some(entry) = nodes.get_mut(&self.node)
+                && entry.state == State::HalfOpen
+            {
                 // Open with the cooldown already over: the next call probes.
-                *state = State::Open { since: 0 };
+                entry.state = State::Open { since: 0 };
             }
         }
     }
@@ -191,8 +287,11 @@ impl<S: Store> Drop for Permit<'_, S> {
 
 impl<S: Store> Store for Breaker<S> {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        match self.admit() {
-            Err(e) => Box::pin(async move { Err(e) }),
+        match self.admit(self.inner.node(&hit)) {
+            Err(e) => {
+                self.failures.record(&e);
+                Box::pin(async move { Err(e) })
+            }
             Ok(permit) => Box::pin(async move {
                 let result = self.inner.hit(hit).await;
                 permit.finish(&result);
@@ -206,11 +305,20 @@ impl<S: Store> Store for Breaker<S> {
     }
 
     fn maintain(&self) {
+        self.forget_unused();
         self.inner.maintain();
     }
 
     fn kind(&self) -> &'static str {
         self.inner.kind()
+    }
+
+    fn node(&self, hit: &Hit<'_>) -> NodeId {
+        self.inner.node(hit)
+    }
+
+    fn failures(&self) -> FailureCounts {
+        self.failures.snapshot()
     }
 }
 
@@ -232,11 +340,15 @@ mod tests {
     /// Waits for `release` before answering OK.
     const HANG: u8 = 4;
 
-    /// A store that fails on demand and counts the calls that reach it.
+    /// A store that fails on demand and counts the calls that reach it. Its
+    /// servers are named after the hit's domain; each can be given its own
+    /// mode, the others follow the default one.
     #[derive(Default)]
     struct Scripted {
         mode: AtomicU8,
+        node_modes: Mutex<HashMap<String, u8>>,
         calls: AtomicUsize,
+        node_calls: Mutex<HashMap<String, usize>>,
         release: Notify,
     }
 
@@ -245,15 +357,40 @@ mod tests {
             self.mode.store(mode, Ordering::SeqCst);
         }
 
+        fn set_node(&self, node: &str, mode: u8) {
+            self.node_modes
+                .lock()
+                .unwrap()
+                .insert(node.to_owned(), mode);
+        }
+
         fn calls(&self) -> usize {
             self.calls.load(Ordering::SeqCst)
+        }
+
+        fn calls_to(&self, node: &str) -> usize {
+            self.node_calls
+                .lock()
+                .unwrap()
+                .get(node)
+                .copied()
+                .unwrap_or(0)
         }
     }
 
     impl Store for Arc<Scripted> {
-        fn hit<'a>(&'a self, _hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            let mode = self.mode.load(Ordering::SeqCst);
+            *self
+                .node_calls
+                .lock()
+                .unwrap()
+                .entry(hit.domain.to_owned())
+                .or_default() += 1;
+            let mode = match self.node_modes.lock().unwrap().get(hit.domain) {
+                Some(&mode) => mode,
+                None => self.mode.load(Ordering::SeqCst),
+            };
             Box::pin(async move {
                 match mode {
                     UNAVAILABLE => Err(StoreError::Unavailable("down".into())),
@@ -271,6 +408,10 @@ mod tests {
         fn kind(&self) -> &'static str {
             "scripted"
         }
+
+        fn node(&self, hit: &Hit<'_>) -> NodeId {
+            NodeId::named(hit.domain)
+        }
     }
 
     fn ok() -> Decision {
@@ -284,8 +425,13 @@ mod tests {
     const ENTRIES: &[(String, String)] = &[];
 
     fn hit() -> Hit<'static> {
+        hit_on("d")
+    }
+
+    /// A hit on the server named `node`.
+    fn hit_on(node: &'static str) -> Hit<'static> {
         Hit {
-            domain: "d",
+            domain: node,
             entries: ENTRIES,
             algorithm: Algorithm::FixedWindow,
             limit: 10,
@@ -467,5 +613,130 @@ mod tests {
         setup.store.set(OK);
         assert!(setup.breaker.hit(hit()).await.is_ok());
         assert!(!setup.breaker.is_open());
+    }
+
+    #[tokio::test]
+    async fn failures_on_one_node_open_that_node_only() {
+        let setup = breaker(3);
+        setup.store.set_node("a", UNAVAILABLE);
+        for _ in 0..3 {
+            assert!(matches!(
+                setup.breaker.hit(hit_on("a")).await,
+                Err(StoreError::Unavailable(_))
+            ));
+            // Successes on another server do not reset the count of "a".
+            assert!(setup.breaker.hit(hit_on("b")).await.is_ok());
+        }
+        let (a, b) = (NodeId::named("a"), NodeId::named("b"));
+        assert!(setup.breaker.is_open_for(&a));
+        assert!(!setup.breaker.is_open_for(&b));
+        assert_eq!(setup.breaker.open_nodes(), vec![a]);
+        for _ in 0..10 {
+            assert!(is_circuit_open(setup.breaker.hit(hit_on("a")).await));
+            assert!(setup.breaker.hit(hit_on("b")).await.is_ok());
+        }
+        assert_eq!(
+            setup.store.calls_to("a"),
+            3,
+            "an open circuit spares its server"
+        );
+        assert_eq!(
+            setup.store.calls_to("b"),
+            13,
+            "the other server gets every call"
+        );
+    }
+
+    #[tokio::test]
+    async fn each_node_has_its_own_probe() {
+        let setup = breaker(1);
+        setup.store.set(UNAVAILABLE);
+        let _ = setup.breaker.hit(hit_on("a")).await;
+        let _ = setup.breaker.hit(hit_on("b")).await;
+        assert_eq!(setup.breaker.open_nodes().len(), 2);
+        setup.advance_ms(600);
+        setup.store.set_node("a", HANG);
+        setup.store.set_node("b", OK);
+        let mut probe_a = setup.breaker.hit(hit_on("a"));
+        assert!(futures_util::poll!(&mut probe_a).is_pending());
+        // "a" is half-open with its probe in flight; "b" probes on its own.
+        assert!(is_circuit_open(setup.breaker.hit(hit_on("a")).await));
+        assert!(setup.breaker.hit(hit_on("b")).await.is_ok());
+        assert!(!setup.breaker.is_open_for(&NodeId::named("b")));
+        assert!(setup.breaker.is_open_for(&NodeId::named("a")));
+        setup.store.release.notify_one();
+        assert!(probe_a.await.is_ok());
+        assert!(!setup.breaker.is_open());
+    }
+
+    #[tokio::test]
+    async fn a_failed_probe_on_one_node_leaves_the_other_closed() {
+        let setup = breaker(1);
+        setup.store.set_node("a", TIMEOUT);
+        let _ = setup.breaker.hit(hit_on("a")).await;
+        setup.advance_ms(600);
+        assert!(matches!(
+            setup.breaker.hit(hit_on("a")).await,
+            Err(StoreError::Timeout(_))
+        ));
+        assert!(setup.breaker.is_open_for(&NodeId::named("a")));
+        assert!(setup.breaker.hit(hit_on("b")).await.is_ok());
+        assert_eq!(setup.breaker.open_nodes(), vec![NodeId::named("a")]);
+    }
+
+    #[tokio::test]
+    async fn healthy_nodes_take_no_room_and_idle_ones_are_forgotten() {
+        let setup = breaker(2);
+        setup.store.set_node("a", UNAVAILABLE);
+        setup.store.set_node("b", UNAVAILABLE);
+        let _ = setup.breaker.hit(hit_on("a")).await;
+        let _ = setup.breaker.hit(hit_on("a")).await;
+        let _ = setup.breaker.hit(hit_on("b")).await;
+        assert_eq!(setup.breaker.lock().len(), 2);
+        setup.store.set_node("b", OK);
+        assert!(setup.breaker.hit(hit_on("b")).await.is_ok());
+        assert_eq!(
+            setup.breaker.lock().len(),
+            1,
+            "a closed circuit is no entry"
+        );
+        // "a" stays open while calls keep coming (here a failed probe)...
+        setup.advance_ms(30_000);
+        assert!(matches!(
+            setup.breaker.hit(hit_on("a")).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        setup.advance_ms(40_000);
+        setup.breaker.maintain();
+        assert!(setup.breaker.lock().contains_key(&NodeId::named("a")));
+        // ...and is forgotten once nothing goes there any more.
+        setup.clock.advance_micros(FORGET_AFTER.as_micros() as u64);
+        setup.breaker.maintain();
+        assert!(setup.breaker.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn failures_are_counted_by_kind() {
+        let setup = breaker(2);
+        setup.store.set(TIMEOUT);
+        let _ = setup.breaker.hit(hit()).await;
+        setup.store.set(UNAVAILABLE);
+        let _ = setup.breaker.hit(hit()).await;
+        for _ in 0..3 {
+            let _ = setup.breaker.hit(hit()).await;
+        }
+        setup.store.set(PROTOCOL);
+        let _ = setup.breaker.hit(hit_on("other")).await;
+        setup.store.set(OK);
+        let _ = setup.breaker.hit(hit_on("other")).await;
+        assert_eq!(
+            setup.breaker.failures(),
+            FailureCounts {
+                timeout: 1,
+                unavailable: 1,
+                protocol: 1,
+                circuit_open: 3,
+            }
+        );
     }
 }

@@ -10,8 +10,11 @@ pub mod keys;
 pub mod memory;
 pub mod redis;
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::limit::{Algorithm, Unit};
 
@@ -75,6 +78,72 @@ impl StoreError {
     }
 }
 
+/// The backend server a hit goes to (a Redis Cluster primary), so failures
+/// of one server are kept apart from the others. Cheap to clone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct NodeId(Option<Arc<str>>);
+
+impl NodeId {
+    /// The one server of a store that has one (or that cannot tell).
+    pub const SOLE: NodeId = NodeId(None);
+
+    /// A server by its name, e.g. `10.0.0.7:6379`.
+    pub fn named(name: &str) -> NodeId {
+        NodeId(Some(Arc::from(name)))
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name().unwrap_or("sole"))
+    }
+}
+
+/// Failed calls since start, by kind: what a metrics exporter reads.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FailureCounts {
+    pub timeout: u64,
+    pub unavailable: u64,
+    pub protocol: u64,
+    /// Refused by an open circuit without trying the backend.
+    pub circuit_open: u64,
+}
+
+/// [`FailureCounts`] kept with relaxed atomics: counting must cost next to
+/// nothing on the request path, and readers only need a recent total.
+#[derive(Debug, Default)]
+pub struct FailureCounters {
+    timeout: AtomicU64,
+    unavailable: AtomicU64,
+    protocol: AtomicU64,
+    circuit_open: AtomicU64,
+}
+
+impl FailureCounters {
+    pub fn record(&self, error: &StoreError) {
+        let counter = match error {
+            StoreError::Timeout(_) => &self.timeout,
+            StoreError::Unavailable(_) => &self.unavailable,
+            StoreError::Protocol(_) => &self.protocol,
+            StoreError::CircuitOpen => &self.circuit_open,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> FailureCounts {
+        FailureCounts {
+            timeout: self.timeout.load(Ordering::Relaxed),
+            unavailable: self.unavailable.load(Ordering::Relaxed),
+            protocol: self.protocol.load(Ordering::Relaxed),
+            circuit_open: self.circuit_open.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// A counting backend. Implementations must be safe under concurrent calls:
 /// no lost updates and no over-admission for one limiter.
 pub trait Store: Send + Sync + 'static {
@@ -92,4 +161,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// A short name for logs: `memory`, `redis`, `redis-cluster`...
     fn kind(&self) -> &'static str;
+
+    /// The server `hit` would go to, by the store's current view of its
+    /// deployment. Called on every hit before [`Store::hit`]: must be cheap
+    /// and never wait.
+    fn node(&self, _hit: &Hit<'_>) -> NodeId {
+        NodeId::SOLE
+    }
+
+    /// Failed calls so far, for stores that count them.
+    fn failures(&self) -> FailureCounts {
+        FailureCounts::default()
+    }
 }

@@ -15,24 +15,37 @@
 //! * Scripts are reloaded on `NOSCRIPT`, because a failed-over primary (or a
 //!   restarted server) has an empty script cache: Redis 7 does not replicate
 //!   `SCRIPT LOAD`.
+//! * One server's trouble stays with it. A cluster gets one client per
+//!   primary, routed by our own copy of `CLUSTER SLOTS` (see
+//!   [`CLUSTER_REFRESH`] for why not fred's cluster client), and
+//!   [`Store::node`] names the primary of a hit so the breaker keeps a
+//!   circuit per primary.
+//! * State changes are logged once each by the supervisor (connected, lost,
+//!   back, a primary unreachable or back, the routing changed); a failed
+//!   call is never logged here, only returned.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
+use fred::interfaces::ClusterInterface;
 use fred::prelude::{
     Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Pool,
-    ReconnectPolicy, ServerConfig, TlsConfig,
+    ReconnectPolicy, Server, ServerConfig, TlsConfig,
 };
+use fred::types::cluster::ClusterRouting;
 use fred::types::config::UnresponsiveConfig;
 use fred::types::scripts::Script;
+use tokio::sync::broadcast::Receiver;
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::task::AbortHandle;
 
 use crate::limit::Algorithm;
 use crate::storage::keys::{self, KeyBuilder, Role};
-use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
+use crate::storage::{BoxFuture, Decision, Hit, NodeId, Store, StoreError};
 
 const FIXED_WINDOW_LUA: &str = include_str!("../../lua/fixed_window.lua");
 const SLIDING_COUNTER_LUA: &str = include_str!("../../lua/sliding_window_counter.lua");
@@ -50,6 +63,11 @@ const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(2);
 const SUPERVISE_EVERY: Duration = Duration::from_millis(100);
 /// Lua numbers are doubles: integers are exact up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
+/// How long a cluster waits for every primary before it reports ready
+/// with those that answer.
+const STARTUP_GRACE: Duration = Duration::from_secs(5);
+/// Hash slots of a Redis Cluster.
+const SLOTS: usize = 16_384;
 
 /// How to reach Redis. Its `Debug` output hides the password (the field
 /// and the URL's).
@@ -160,38 +178,69 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    pool: Pool,
+    deployment: Deployment,
     fixed_window: Script,
     sliding_counter: Script,
     sliding_log: Script,
     keys: KeyBuilder,
     kind: &'static str,
     command_timeout: Duration,
-    /// Scripts loaded since the last (re)connection.
-    loaded: AtomicBool,
-    /// fred's connection tasks and our supervisor; aborted on drop so a
-    /// dropped store stops reconnecting.
-    tasks: Vec<AbortHandle>,
+    /// Which server each hit goes to; rebuilt by the supervisor, read on
+    /// every hit.
+    routing: RwLock<Arc<Routing>>,
+    /// A call met a slot that moved: look at the cluster again now.
+    stale: AtomicBool,
+    /// The supervisor; aborted on drop so a dropped store stops
+    /// reconnecting.
+    supervisor: Mutex<Option<AbortHandle>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for task in &self.tasks {
+        if let Some(task) = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             task.abort();
         }
     }
 }
 
-impl RedisStore {
-    /// Builds the store and starts connecting in the background. Fails only
-    /// on invalid settings (URL, TLS files), never because Redis is down;
-    /// see [`Store::is_ready`] and [`RedisStore::wait_ready`]. Needs a tokio
-    /// runtime.
-    pub async fn connect(config: RedisConfig) -> Result<RedisStore, StoreError> {
-        let (fred_config, kind) = config.to_fred()?;
-        let connect_timeout = config.connect_timeout;
-        let command_timeout = config.command_timeout;
-        let pool = Builder::from_config(fred_config)
+enum Deployment {
+    /// Standalone, or Sentinel (fred follows the primary).
+    Single(NodePool),
+    /// A Redis Cluster, with one pool per primary (see [`Routing`]) and
+    /// these to open them.
+    Cluster {
+        settings: PoolSettings,
+        seeds: Vec<Server>,
+    },
+}
+
+/// Why a Redis Cluster gets one client per primary rather than fred's
+/// cluster client: fred's cluster client reconnects as a whole, and while it
+/// retries a node that stays down (a primary with no replica to promote) it
+/// takes no new command for any node. Separate clients keep a dead primary's
+/// trouble to its own slots; the routing comes from `CLUSTER SLOTS`, asked
+/// every [`CLUSTER_REFRESH`] and at once when a call meets a moved slot.
+const CLUSTER_REFRESH: Duration = Duration::from_secs(1);
+
+/// What it takes to open a pool like the first one.
+#[derive(Clone)]
+struct PoolSettings {
+    config: Config,
+    pool_size: usize,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+}
+
+impl PoolSettings {
+    fn open(&self, config: Config, id: NodeId) -> Result<NodePool, StoreError> {
+        let connect_timeout = self.connect_timeout;
+        let command_timeout = self.command_timeout;
+        let pool = Builder::from_config(config)
             .with_connection_config(|c| {
                 c.connection_timeout = connect_timeout;
                 c.internal_command_timeout = connect_timeout;
@@ -210,9 +259,8 @@ impl RedisStore {
                 RECONNECT_MAX_MS,
                 2,
             ))
-            .build_pool(config.pool_size.max(1))
+            .build_pool(self.pool_size.max(1))
             .map_err(|e| invalid(format!("redis client: {e}")))?;
-
         let mut tasks = Vec::new();
         for handle in pool.connect_pool() {
             tasks.push(handle.abort_handle());
@@ -223,21 +271,148 @@ impl RedisStore {
                 }
             });
         }
+        let reconnects = pool.clients().iter().map(|c| c.reconnect_rx()).collect();
+        Ok(NodePool {
+            id,
+            pool,
+            tasks,
+            loaded: AtomicBool::new(false),
+            reconnects: Mutex::new(reconnects),
+            reachable: AtomicBool::new(true),
+            answered: AtomicBool::new(false),
+        })
+    }
 
-        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
-            tasks.push(tokio::spawn(supervise(weak.clone(), pool.clone())).abort_handle());
-            Inner {
-                pool,
-                fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
-                sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
-                sliding_log: Script::from_lua(SLIDING_LOG_LUA),
-                keys: KeyBuilder::new(config.key_prefix),
-                kind,
-                command_timeout,
-                loaded: AtomicBool::new(false),
-                tasks,
+    /// A pool to one cluster node.
+    fn open_node(&self, server: Server) -> Result<NodePool, StoreError> {
+        let mut config = self.config.clone();
+        let id = NodeId::named(&server.to_string());
+        config.server = ServerConfig::Centralized { server };
+        self.open(config, id)
+    }
+}
+
+/// Connections to one server. Dropping it stops them.
+struct NodePool {
+    id: NodeId,
+    pool: Pool,
+    tasks: Vec<AbortHandle>,
+    /// Scripts loaded since the last (re)connection.
+    loaded: AtomicBool,
+    /// Read by the supervisor only.
+    reconnects: Mutex<Vec<Receiver<Server>>>,
+    /// As last logged by the supervisor.
+    reachable: AtomicBool,
+    /// Scripts were loaded once: the server has answered since the pool
+    /// opened.
+    answered: AtomicBool,
+}
+
+impl Drop for NodePool {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl NodePool {
+    fn is_connected(&self) -> bool {
+        self.pool.clients().iter().any(|c| c.is_connected())
+    }
+
+    fn is_ready(&self) -> bool {
+        self.loaded.load(Ordering::Acquire) && self.is_connected()
+    }
+
+    /// Whether a connection came back since the last look.
+    fn reconnected(&self) -> bool {
+        let mut reconnects = self.reconnects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reconnected = false;
+        for (rx, client) in reconnects.iter_mut().zip(self.pool.clients()) {
+            loop {
+                match rx.try_recv() {
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Closed) => {
+                        // fred swaps the channel on some state changes.
+                        *rx = client.reconnect_rx();
+                        reconnected = true;
+                        break;
+                    }
+                    Ok(_) | Err(TryRecvError::Lagged(_)) => reconnected = true,
+                }
             }
+        }
+        reconnected
+    }
+
+    /// Loads the scripts after every (re)connection, so the first calls do
+    /// not pay for a `NOSCRIPT` round trip and readiness means "can
+    /// answer". A reconnect does not flip readiness while it reloads: other
+    /// connections still answer, and a call that meets `NOSCRIPT` reloads on
+    /// its own.
+    async fn keep_scripts(&self, inner: &Inner) {
+        let reconnected = self.reconnected();
+        let Some(client) = self.pool.clients().iter().find(|c| c.is_connected()) else {
+            self.loaded.store(false, Ordering::Release);
+            return;
+        };
+        if !reconnected && self.loaded.load(Ordering::Acquire) {
+            return;
+        }
+        let load = load_scripts(inner, client);
+        let loaded = match tokio::time::timeout(Duration::from_secs(2), load).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::debug!(node = %self.id, error = %e, "loading redis scripts failed");
+                false
+            }
+            Err(_) => {
+                tracing::debug!(node = %self.id, "loading redis scripts timed out");
+                false
+            }
+        };
+        self.loaded.store(loaded, Ordering::Release);
+        if loaded {
+            self.answered.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl RedisStore {
+    /// Builds the store and starts connecting in the background. Fails only
+    /// on invalid settings (URL, TLS files), never because Redis is down;
+    /// see [`Store::is_ready`] and [`RedisStore::wait_ready`]. Needs a tokio
+    /// runtime.
+    pub async fn connect(config: RedisConfig) -> Result<RedisStore, StoreError> {
+        let (fred_config, kind) = config.to_fred()?;
+        let settings = PoolSettings {
+            config: fred_config.clone(),
+            pool_size: config.pool_size,
+            connect_timeout: config.connect_timeout,
+            command_timeout: config.command_timeout,
+        };
+        let deployment = match &fred_config.server {
+            ServerConfig::Clustered { hosts, .. } => Deployment::Cluster {
+                seeds: hosts.clone(),
+                settings,
+            },
+            _ => Deployment::Single(settings.open(fred_config, NodeId::SOLE)?),
+        };
+        let inner = Arc::new(Inner {
+            deployment,
+            fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
+            sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
+            sliding_log: Script::from_lua(SLIDING_LOG_LUA),
+            keys: KeyBuilder::new(config.key_prefix),
+            kind,
+            command_timeout: config.command_timeout,
+            routing: RwLock::new(Arc::new(Routing::default())),
+            stale: AtomicBool::new(true),
+            supervisor: Mutex::new(None),
         });
+        let task = tokio::spawn(supervise(Arc::downgrade(&inner)));
+        *inner.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
         Ok(RedisStore { inner })
     }
 
@@ -257,22 +432,17 @@ impl RedisStore {
 
     async fn run(
         &self,
+        slot: u16,
         script: &Script,
         keys: Vec<String>,
         args: [String; 4],
     ) -> Result<Decision, StoreError> {
-        let client = self.inner.pool.next_connected();
-        if !client.is_connected() {
-            return Err(StoreError::Unavailable("not connected to redis".into()));
-        }
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
-        // NOSCRIPT reload and any wait in fred's queue.
-        let call = script.evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec());
-        let reply = match tokio::time::timeout(timeout, call).await {
+        // NOSCRIPT reload, a MOVED retry and any wait in fred's queue.
+        let reply = match tokio::time::timeout(timeout, self.call(slot, script, keys, args)).await {
             Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
-            Ok(Err(e)) => return Err(store_error(e, timeout)),
-            Ok(Ok(reply)) => reply,
+            Ok(reply) => reply?,
         };
         match reply[..] {
             [admitted, remaining, reset]
@@ -289,11 +459,158 @@ impl RedisStore {
             ))),
         }
     }
+
+    /// Runs the script on the slot's primary. A `MOVED` reply (the slot has
+    /// just changed hands, ahead of our routing) is followed once, to a
+    /// primary we already know: the script did not run, so it is safe.
+    async fn call(
+        &self,
+        slot: u16,
+        script: &Script,
+        keys: Vec<String>,
+        args: [String; 4],
+    ) -> Result<Vec<i64>, StoreError> {
+        let timeout = self.inner.command_timeout;
+        let routing = self.inner.routing();
+        let node = match &self.inner.deployment {
+            Deployment::Single(node) => node,
+            Deployment::Cluster { .. } => match routing.owner(slot) {
+                Some(node) => node,
+                None if routing.nodes.is_empty() => {
+                    return Err(StoreError::Unavailable(
+                        "redis cluster routing not known yet".into(),
+                    ));
+                }
+                None => {
+                    return Err(StoreError::Unavailable(format!(
+                        "no redis primary serves slot {slot}"
+                    )));
+                }
+            },
+        };
+        let client = connected_client(node)?;
+        let retry =
+            matches!(self.inner.deployment, Deployment::Cluster { .. }).then(|| keys.clone());
+        let first = script
+            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec())
+            .await;
+        let e = match first {
+            Ok(reply) => return Ok(reply),
+            Err(e) => e,
+        };
+        if !["MOVED", "ASK", "CLUSTERDOWN"]
+            .iter()
+            .any(|p| e.details().starts_with(p))
+        {
+            return Err(store_error(e, timeout));
+        }
+        self.inner.stale.store(true, Ordering::Release);
+        // MOVED <slot> <host:port>
+        let target = e
+            .details()
+            .strip_prefix("MOVED ")
+            .and_then(|rest| rest.split_whitespace().nth(1));
+        let owner = target.and_then(|t| routing.nodes.iter().find(|n| n.id.name() == Some(t)));
+        match (owner, retry) {
+            (Some(owner), Some(keys)) => {
+                let client = connected_client(owner)?;
+                script
+                    .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec())
+                    .await
+                    .map_err(|e| store_error(e, timeout))
+            }
+            _ => Err(store_error(e, timeout)),
+        }
+    }
+}
+
+fn connected_client(node: &NodePool) -> Result<&Client, StoreError> {
+    let client = node.pool.next_connected();
+    if client.is_connected() {
+        Ok(client)
+    } else {
+        Err(StoreError::Unavailable(match node.id.name() {
+            Some(name) => format!("not connected to redis {name}"),
+            None => "not connected to redis".to_owned(),
+        }))
+    }
+}
+
+/// Where hits go. A cluster maps each hash slot to its primary's pool; a
+/// single server (standalone, or Sentinel's current primary) is the only
+/// node, named once known.
+#[derive(Default)]
+struct Routing {
+    /// Cluster only: for each slot, an index into `nodes`, or `UNOWNED`.
+    slots: Vec<u16>,
+    nodes: Vec<Arc<NodePool>>,
+    /// Single server only: its name, once known.
+    single: NodeId,
+    /// What this was built from, to notice a change cheaply.
+    source: Vec<(u16, u16, String)>,
+    built: Option<std::time::Instant>,
+}
+
+/// A slot no primary serves in the last `CLUSTER SLOTS`.
+const UNOWNED: u16 = u16::MAX;
+
+impl Routing {
+    /// `pools` holds the pools already open, by server name; they are
+    /// reused, and pools for new primaries are opened.
+    fn cluster(
+        state: &ClusterRouting,
+        pools: &HashMap<String, Arc<NodePool>>,
+        settings: &PoolSettings,
+    ) -> Result<Routing, StoreError> {
+        let source = Self::cluster_source(state);
+        let mut nodes: Vec<Arc<NodePool>> = Vec::new();
+        let mut slots = vec![UNOWNED; SLOTS];
+        for (range, (start, end, name)) in state.slots().iter().zip(&source) {
+            let index = match nodes.iter().position(|n| n.id.name() == Some(name)) {
+                Some(index) => index,
+                None => {
+                    let pool = match pools.get(name) {
+                        Some(pool) => pool.clone(),
+                        None => Arc::new(settings.open_node(range.primary.clone())?),
+                    };
+                    nodes.push(pool);
+                    nodes.len() - 1
+                }
+            };
+            let (start, end) = (*start as usize, (*end as usize).min(SLOTS - 1));
+            if start <= end {
+                slots[start..=end].fill(index as u16);
+            }
+        }
+        Ok(Routing {
+            slots,
+            nodes,
+            single: NodeId::SOLE,
+            source,
+            built: Some(std::time::Instant::now()),
+        })
+    }
+
+    fn cluster_source(state: &ClusterRouting) -> Vec<(u16, u16, String)> {
+        state
+            .slots()
+            .iter()
+            .map(|r| (r.start, r.end, r.primary.to_string()))
+            .collect()
+    }
+
+    fn owner(&self, slot: u16) -> Option<&NodePool> {
+        match self.slots.get(slot as usize) {
+            Some(&index) if index != UNOWNED => Some(&self.nodes[index as usize]),
+            _ => None,
+        }
+    }
 }
 
 impl Store for RedisStore {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         let limiter = self.inner.keys.limiter(&hit);
+        let slot = ClusterRouting::hash_key(limiter.tag().as_bytes());
         let (script, keys) = match hit.algorithm {
             Algorithm::FixedWindow => (&self.inner.fixed_window, vec![limiter.key(Role::State)]),
             Algorithm::SlidingWindowCounter => {
@@ -310,71 +627,224 @@ impl Store for RedisStore {
             hit.hits.min(MAX_EXACT).to_string(),
             if hit.negative { "1" } else { "0" }.to_owned(),
         ];
-        Box::pin(self.run(script, keys, args))
+        Box::pin(self.run(slot, script, keys, args))
     }
 
     fn is_ready(&self) -> bool {
-        self.inner.loaded.load(Ordering::Acquire)
-            && self.inner.pool.clients().iter().any(|c| c.is_connected())
+        match &self.inner.deployment {
+            Deployment::Single(node) => node.is_ready(),
+            // Ready once every primary has answered (or, with one down from
+            // the start, after a grace period), and then while some primary
+            // answers: the limiters of a lost primary follow their failure
+            // policy, which is no reason to take this instance out.
+            Deployment::Cluster { .. } => {
+                let routing = self.inner.routing();
+                let settled = routing.built.is_some_and(|t| t.elapsed() >= STARTUP_GRACE)
+                    || routing
+                        .nodes
+                        .iter()
+                        .all(|n| n.answered.load(Ordering::Acquire));
+                settled && routing.nodes.iter().any(|n| n.is_ready())
+            }
+        }
     }
 
     fn kind(&self) -> &'static str {
         self.inner.kind
     }
+
+    fn node(&self, hit: &Hit<'_>) -> NodeId {
+        let routing = self.inner.routing();
+        match &self.inner.deployment {
+            Deployment::Single(_) => routing.single.clone(),
+            Deployment::Cluster { .. } => {
+                // Every key of a limiter shares its hash tag, so the tag's
+                // slot is the limiter's slot.
+                let slot = ClusterRouting::hash_key(self.inner.keys.limiter(hit).tag().as_bytes());
+                routing
+                    .owner(slot)
+                    .map(|n| n.id.clone())
+                    .unwrap_or_default()
+            }
+        }
+    }
 }
 
-/// Watches the connections: after every (re)connection, loads the scripts
-/// once, so the first calls do not pay for a `NOSCRIPT` round trip and
-/// readiness means "can answer". Holds only a weak reference: ends with the
-/// store.
-async fn supervise(store: Weak<Inner>, pool: Pool) {
-    let mut reconnects: Vec<_> = pool.clients().iter().map(|c| c.reconnect_rx()).collect();
+impl Inner {
+    fn routing(&self) -> Arc<Routing> {
+        self.routing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_routing(&self, routing: Routing) {
+        *self.routing.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(routing);
+    }
+}
+
+/// Keeps connections useful: scripts loaded after every (re)connection,
+/// the routing current, and each change of reachability logged once.
+/// Holds only a weak reference: ends with the store.
+async fn supervise(store: Weak<Inner>) {
+    let mut link = Link::Connecting;
+    // Cluster only: every pool open, by server name (the primaries, plus
+    // the seeds until the first `CLUSTER SLOTS`).
+    let mut pools: HashMap<String, Arc<NodePool>> = HashMap::new();
+    let mut last_refresh: Option<tokio::time::Instant> = None;
+    let mut preferred: Option<String> = None;
     loop {
         tokio::time::sleep(SUPERVISE_EVERY).await;
         let Some(inner) = store.upgrade() else { return };
-        let mut reconnected = false;
-        for (rx, client) in reconnects.iter_mut().zip(pool.clients()) {
-            loop {
-                match rx.try_recv() {
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Closed) => {
-                        // fred swaps the channel on some state changes.
-                        *rx = client.reconnect_rx();
-                        reconnected = true;
-                        break;
-                    }
-                    Ok(_) | Err(TryRecvError::Lagged(_)) => reconnected = true,
+        match &inner.deployment {
+            Deployment::Single(node) => {
+                link.observe(&inner, node.is_connected());
+                node.keep_scripts(&inner).await;
+                follow_single_primary(&inner, node);
+            }
+            Deployment::Cluster { settings, seeds } => {
+                let due = last_refresh.is_none_or(|t| t.elapsed() >= CLUSTER_REFRESH);
+                if due || inner.stale.swap(false, Ordering::AcqRel) {
+                    last_refresh = Some(tokio::time::Instant::now());
+                    refresh_cluster(&inner, settings, seeds, &mut pools, &mut preferred).await;
+                }
+                let routing = inner.routing();
+                link.observe(&inner, routing.nodes.iter().any(|n| n.is_connected()));
+                for node in &routing.nodes {
+                    node.keep_scripts(&inner).await;
+                    log_reachability(&inner, node);
                 }
             }
         }
-        let connected = inner.pool.clients().iter().find(|c| c.is_connected());
-        let Some(client) = connected else {
-            inner.loaded.store(false, Ordering::Release);
+    }
+}
+
+/// Names the one node after the server fred is connected to (Sentinel's
+/// current primary), so a new primary starts with a fresh circuit.
+fn follow_single_primary(inner: &Inner, node: &NodePool) {
+    let Some(client) = node.pool.clients().iter().find(|c| c.is_connected()) else {
+        return;
+    };
+    let Some(server) = client.active_connections().first().map(|s| s.to_string()) else {
+        return;
+    };
+    let current = inner.routing();
+    if current.single.name() == Some(server.as_str()) {
+        return;
+    }
+    tracing::debug!(kind = inner.kind, primary = %server, "redis primary");
+    inner.set_routing(Routing {
+        single: NodeId::named(&server),
+        source: vec![(0, 0, server)],
+        ..Routing::default()
+    });
+}
+
+/// Asks a reachable node for `CLUSTER SLOTS` and rebuilds the routing when
+/// it changed, opening pools for new primaries and closing the others.
+async fn refresh_cluster(
+    inner: &Inner,
+    settings: &PoolSettings,
+    seeds: &[Server],
+    pools: &mut HashMap<String, Arc<NodePool>>,
+    preferred: &mut Option<String>,
+) {
+    if !pools.values().any(|p| p.is_connected()) {
+        // Nothing reachable (first start, or every known node gone): go
+        // back to the seeds.
+        for seed in seeds {
+            if let Entry::Vacant(slot) = pools.entry(seed.to_string()) {
+                match settings.open_node(seed.clone()) {
+                    Ok(pool) => {
+                        slot.insert(Arc::new(pool));
+                    }
+                    Err(e) => tracing::error!(error = %e, "opening a redis seed node"),
+                }
+            }
+        }
+    }
+    // The node that answered last time first: a hung node (connected, but
+    // silent until the unresponsive check closes it) costs a timeout per
+    // refresh when asked first every time.
+    let mut candidates: Vec<&Arc<NodePool>> = pools.values().filter(|p| p.is_connected()).collect();
+    candidates.sort_by_key(|p| p.id.name() != preferred.as_deref());
+    let mut asked = None;
+    for pool in candidates {
+        let Some(client) = pool.pool.clients().iter().find(|c| c.is_connected()) else {
             continue;
         };
-        // A reconnect reloads the scripts (the server may be a promoted
-        // replica with an empty cache) but does not flip readiness while it
-        // does: other connections still answer, and a call that meets
-        // NOSCRIPT reloads on its own. Readiness drops only when nothing is
-        // connected or the reload fails.
-        if !reconnected && inner.loaded.load(Ordering::Acquire) {
-            continue;
-        }
-        let load = load_scripts(&inner, client);
-        match tokio::time::timeout(Duration::from_secs(2), load).await {
-            Ok(Ok(())) => {
-                tracing::debug!(kind = inner.kind, "redis scripts loaded");
-                inner.loaded.store(true, Ordering::Release);
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "loading redis scripts failed");
-                inner.loaded.store(false, Ordering::Release);
-            }
-            Err(_) => {
-                tracing::debug!("loading redis scripts timed out");
-                inner.loaded.store(false, Ordering::Release);
+        let host = client
+            .active_connections()
+            .first()
+            .map(|s| s.host.to_string())
+            .unwrap_or_default();
+        let call = client.cluster_slots::<fred::types::Value>();
+        if let Ok(Ok(reply)) = tokio::time::timeout(settings.connect_timeout, call).await {
+            match ClusterRouting::from_cluster_slots(reply, host) {
+                Ok(state) if !state.slots().is_empty() => {
+                    *preferred = pool.id.name().map(str::to_owned);
+                    asked = Some(state);
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(node = %pool.id, error = %e, "bad CLUSTER SLOTS reply"),
             }
         }
+    }
+    let Some(state) = asked else { return };
+    if Routing::cluster_source(&state) == inner.routing().source {
+        return;
+    }
+    match Routing::cluster(&state, pools, settings) {
+        Ok(routing) => {
+            let primaries: Vec<String> = routing.nodes.iter().map(|n| n.id.to_string()).collect();
+            tracing::info!(kind = inner.kind, primaries = ?primaries, "redis cluster routing updated");
+            *pools = routing
+                .nodes
+                .iter()
+                .map(|n| (n.id.to_string(), n.clone()))
+                .collect();
+            inner.set_routing(routing);
+        }
+        Err(e) => tracing::error!(error = %e, "opening a redis cluster node"),
+    }
+}
+
+/// Logs a primary going out of reach, and coming back, once each.
+fn log_reachability(inner: &Inner, node: &NodePool) {
+    let connected = node.is_connected();
+    if node.reachable.swap(connected, Ordering::AcqRel) != connected {
+        if connected {
+            tracing::info!(kind = inner.kind, node = %node.id, "redis node back");
+        } else {
+            tracing::warn!(kind = inner.kind, node = %node.id, "redis node unreachable");
+        }
+    }
+}
+
+/// Whether the store reaches Redis, as last logged: each change is logged
+/// once, never per call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Link {
+    Connecting,
+    Up,
+    Lost,
+}
+
+impl Link {
+    fn observe(&mut self, inner: &Inner, connected: bool) {
+        let next = match (*self, connected) {
+            (Link::Connecting, false) => return,
+            (_, true) => Link::Up,
+            (_, false) => Link::Lost,
+        };
+        match (*self, next) {
+            (Link::Connecting, Link::Up) => tracing::info!(kind = inner.kind, "redis connected"),
+            (Link::Up, Link::Lost) => tracing::warn!(kind = inner.kind, "redis connection lost"),
+            (Link::Lost, Link::Up) => tracing::info!(kind = inner.kind, "redis connection back"),
+            _ => {}
+        }
+        *self = next;
     }
 }
 
@@ -398,8 +868,10 @@ fn store_error(e: FredError, timeout: Duration) -> StoreError {
             // An error reply from Redis: transient server states are
             // "unavailable"; anything else (a script error, CROSSSLOT,
             // WRONGTYPE) is a bug or a foreign key, not worth a retry.
-            const TRANSIENT: [&str; 10] = [
+            const TRANSIENT: [&str; 12] = [
                 "CLUSTERDOWN",
+                "MOVED",
+                "ASK",
                 "TRYAGAIN",
                 "LOADING",
                 "READONLY",

@@ -187,6 +187,17 @@ impl Node {
         self.child.is_some()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`...) to the process.
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("a running node");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} {}", child.id());
+    }
+
     /// Starts the process again on the same port, same arguments.
     fn restart(&mut self) {
         self.kill();
@@ -462,11 +473,39 @@ pub struct RedisCluster {
     _dir: TempDir,
 }
 
+/// The shape of a [`RedisCluster`].
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterOptions {
+    /// Replicas per primary (there are always 3 primaries).
+    pub replicas: usize,
+    /// `cluster-require-full-coverage`: with `false`, the live primaries
+    /// keep serving their slots while another primary's slots are down.
+    pub require_full_coverage: bool,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            require_full_coverage: true,
+        }
+    }
+}
+
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        Self::start_with(ClusterOptions::default())
+    }
+
+    pub fn start_with(options: ClusterOptions) -> RedisCluster {
         let dir = temp_dir();
         let path = dir.path().to_owned();
-        let nodes: Vec<Node> = (0..6)
+        let coverage = if options.require_full_coverage {
+            "yes"
+        } else {
+            "no"
+        };
+        let nodes: Vec<Node> = (0..3 * (1 + options.replicas))
             .map(|_| {
                 Node::start(&path, |port| {
                     let mut args = base_args(&path, port);
@@ -481,6 +520,8 @@ impl RedisCluster {
                             // Let a replica take over however stale it is.
                             "--cluster-replica-validity-factor",
                             "0",
+                            "--cluster-require-full-coverage",
+                            coverage,
                         ]
                         .map(str::to_owned),
                     );
@@ -496,7 +537,8 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &options.replicas.to_string()])
+            .arg("--cluster-yes")
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}; {INSTALL_HINT}"));
@@ -593,7 +635,11 @@ impl RedisCluster {
     /// Port of the primary serving `key`'s slot, by a running node's
     /// `CLUSTER NODES` (a primary flagged `fail` does not count).
     pub fn primary_for_key(&self, key: &str) -> Option<u16> {
-        let slot = self.keyslot(key);
+        self.primary_for_slot(self.keyslot(key))
+    }
+
+    /// Port of the primary serving `slot`, as [`Self::primary_for_key`].
+    pub fn primary_for_slot(&self, slot: u16) -> Option<u16> {
         let port = self.live_ports()[0];
         let nodes = cli(port, &["CLUSTER", "NODES"]);
         nodes.lines().find_map(|line| {
@@ -632,6 +678,29 @@ impl RedisCluster {
             .find(|n| n.port == port)
             .unwrap_or_else(|| panic!("no cluster node on port {port}"));
         node.kill();
+    }
+
+    /// Freezes the node listening on `port` (SIGSTOP): its connections
+    /// stay open and nothing answers, as with a hung host. [`Self::kill_node`]
+    /// still works on it.
+    pub fn pause_node(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no cluster node on port {port}"));
+        node.signal("STOP");
+    }
+
+    /// Starts the node on `port` again, same arguments: it rejoins the
+    /// cluster with its slots (its `nodes.conf` is kept), but no data.
+    pub fn restart_node(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no cluster node on port {port}"));
+        node.restart();
     }
 
     /// Kills the primary that serves `key`; returns its port.
