@@ -1598,3 +1598,29 @@ async fn the_python_client_spends_a_weighted_budget_and_honours_reset() {
     );
     t.stop().await;
 }
+
+/// The opt-in checksum annotation changes with the rules (so pods roll),
+/// and stays put when they do not.
+#[test]
+fn the_rules_checksum_follows_the_rules() {
+    let h = helm(3);
+    let checksum = |rules: &str| {
+        let (_, r) = render(
+            &h,
+            &[
+                "--set",
+                "rulesChecksumRollout=true",
+                "--set-file",
+                &format!("rules.r={rules}"),
+            ],
+        );
+        r.one("Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/rules"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let edge = example("envoy/rules/edge.yaml");
+    let first = checksum(&edge);
+    assert_eq!(first, checksum(&edge), "same rules, same checksum");
+    assert_ne!(first, checksum(&example("rules/demo.yaml")));
+}
