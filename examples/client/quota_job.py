@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""A batch job spending a shared upstream API quota through tollgate.
+
+Each upstream call costs `--cost` units of a budget that every job shares
+(tollgate counts them with `hits_addend`). When the budget is spent the job
+waits for the reset time tollgate returns, then tries again, so the jobs
+never exceed the upstream's quota however many run at once.
+
+    pip install grpcio grpcio-tools
+    tollgate serve --rules examples/client/rules &
+    python3 examples/client/quota_job.py --addr 127.0.0.1:8081 --calls 5 --cost 30
+
+The gRPC stubs are generated from this repository's proto/ at start.
+"""
+
+import argparse
+import importlib
+import pathlib
+import sys
+import tempfile
+import time
+
+import grpc
+from grpc_tools import protoc
+
+PROTO = pathlib.Path(__file__).resolve().parents[2] / "proto"
+
+
+def load_stubs():
+    out = tempfile.mkdtemp(prefix="tollgate-stubs-")
+    files = [str(p.relative_to(PROTO)) for p in PROTO.rglob("*.proto")]
+    include = str(pathlib.Path(protoc.__file__).parent / "_proto")
+    if protoc.main(["protoc", f"-I{PROTO}", f"-I{include}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", *files]) != 0:
+        sys.exit("could not compile the protocol files in " + str(PROTO))
+    sys.path.insert(0, out)
+    rls = importlib.import_module("envoy.service.ratelimit.v3.rls_pb2")
+    rls_grpc = importlib.import_module("envoy.service.ratelimit.v3.rls_pb2_grpc")
+    common = importlib.import_module("envoy.extensions.common.ratelimit.v3.ratelimit_pb2")
+    return rls, rls_grpc, common
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--addr", default="127.0.0.1:8081")
+    ap.add_argument("--domain", default="upstream_quota")
+    ap.add_argument("--api", default="partner-search", help="the upstream API's name")
+    ap.add_argument("--cost", type=int, default=10, help="budget units one call spends")
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--max-wait", type=float, default=120.0, help="give up past this wait")
+    args = ap.parse_args()
+
+    rls, rls_grpc, common = load_stubs()
+    stub = rls_grpc.RateLimitServiceStub(grpc.insecure_channel(args.addr))
+    entry = common.RateLimitDescriptor.Entry(key="upstream_api", value=args.api)
+    request = rls.RateLimitRequest(
+        domain=args.domain,
+        descriptors=[common.RateLimitDescriptor(entries=[entry])],
+        hits_addend=args.cost,
+    )
+    over = rls.RateLimitResponse.OVER_LIMIT
+    done = 0
+    while done < args.calls:
+        answer = stub.ShouldRateLimit(request, timeout=2.0)
+        status = answer.statuses[0]
+        if answer.overall_code == over:
+            reset = status.duration_until_reset
+            wait = reset.seconds + reset.nanos / 1e9
+            if wait > args.max_wait:
+                sys.exit(f"budget spent; it resets in {wait:.1f}s, past --max-wait")
+            print(f"over budget; waiting {wait:.3f}s", flush=True)
+            time.sleep(wait)
+            continue
+        done += 1
+        # ... the upstream call would go here ...
+        print(f"call {done}: spent {args.cost}, remaining {status.limit_remaining}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
