@@ -18,7 +18,7 @@
 //! | `redis.tls_ca_file` / `tls_cert_file` / `tls_key_file` | `TOLLGATE_REDIS__TLS_CA_FILE` ... | none | TLS files |
 //! | `redis.pool_size` | `TOLLGATE_REDIS__POOL_SIZE` | `4` | connections per node |
 //! | `redis.connect_timeout_ms` | `TOLLGATE_REDIS__CONNECT_TIMEOUT_MS` | `1000` | connect timeout |
-//! | `redis.command_timeout_ms` | `TOLLGATE_REDIS__COMMAND_TIMEOUT_MS` | `250` | upper bound on one Redis call; the caller's own deadline (`grpc-timeout`) shortens it |
+//! | `redis.command_timeout_ms` | `TOLLGATE_REDIS__COMMAND_TIMEOUT_MS` | `250` | upper bound on one Redis call; the caller's own deadline (`grpc-timeout`) shortens it. 250 ms is above the slowest answer of a healthy Redis on a busy 2-core machine (47-205 ms measured; 10 ms failed a third of the calls): see `docs/benchmarks.md#overload` |
 //! | `redis.key_prefix` | `TOLLGATE_REDIS__KEY_PREFIX` | `tg1` | prefix of every key |
 //! | `redis.breaker_failures` | `TOLLGATE_REDIS__BREAKER_FAILURES` | `5` | consecutive failures that open the circuit |
 //! | `redis.breaker_cooldown_ms` | `TOLLGATE_REDIS__BREAKER_COOLDOWN_MS` | `500` | how long it stays open before a probe |
@@ -309,8 +309,8 @@ impl Sources {
 const ENV_PREFIX: &str = "TOLLGATE_";
 
 /// Default bound on one Redis call when the caller states no deadline. See
-/// `docs/benchmarks.md` ("Deadlines"): on a busy 2-core machine a healthy
-/// Redis answered within 100 ms, never 10 ms.
+/// `docs/benchmarks.md` ("Overload"): on a busy 2-core machine the slowest
+/// answers of a healthy Redis took 47-205 ms; 10 ms failed a third of them.
 pub const DEFAULT_COMMAND_TIMEOUT_MS: u64 = 250;
 
 /// The variable that sets `name`: `redis.pool_size` -> `TOLLGATE_REDIS__POOL_SIZE`.
