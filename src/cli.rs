@@ -152,10 +152,20 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_SETTINGS);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&settings.log))
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::new(&settings.log);
+    match settings.log_format {
+        crate::settings::LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .init(),
+        // The current span's fields (a request's trace id) on every line.
+        crate::settings::LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }

@@ -36,7 +36,15 @@
 //! | `grpc_tls.reload_ms` | `TOLLGATE_GRPC_TLS__RELOAD_MS` | `5000` | how often the TLS files are checked for changes; 0 = never |
 //! | `shutdown_drain_ms` | `TOLLGATE_SHUTDOWN_DRAIN_MS` | `5000` | on SIGTERM: health says NOT_SERVING and calls are still answered this long |
 //! | `shutdown_grace_ms` | `TOLLGATE_SHUTDOWN_GRACE_MS` | `5000` | then: listeners closed, in-flight calls get this long to finish |
-//! | `log` | `TOLLGATE_LOG` | `info` | log filter (tracing `EnvFilter` syntax) |
+//! | `log` | `TOLLGATE_LOG` (or `RUST_LOG`) | `info` | log filter (tracing `EnvFilter` syntax) |
+//! | `log_format` | `TOLLGATE_LOG_FORMAT` | `text` | `text` or `json` (one object per line) |
+//! | `metrics.enabled` | `TOLLGATE_METRICS__ENABLED` | `true` | serve `GET /metrics` (Prometheus text) on the HTTP address |
+//! | `metrics.near_limit_ratio` | `TOLLGATE_METRICS__NEAR_LIMIT_RATIO` | `0.8` | share of a limit past which hits count as `near_limit` |
+//! | `metrics.detailed_max_series` | `TOLLGATE_METRICS__DETAILED_MAX_SERIES` | `100` | distinct descriptor values a `detailed_metric` rule exports; the rest share the `_overflow` series |
+//! | `otel.endpoint` | `TOLLGATE_OTEL__ENDPOINT` (or `OTEL_EXPORTER_OTLP_ENDPOINT`) | none | OTLP/gRPC collector (`http://host:4317`): traces and metrics are exported there; none = off |
+//! | `otel.service_name` | `TOLLGATE_OTEL__SERVICE_NAME` (or `OTEL_SERVICE_NAME`) | `tollgate` | `service.name` of spans and metrics |
+//! | `otel.sampling_ratio` | `TOLLGATE_OTEL__SAMPLING_RATIO` (or `OTEL_TRACES_SAMPLER_ARG`) | `1.0` | share of new traces sampled (0 to 1); a caller's sampled flag is followed |
+//! | `otel.metrics_interval_ms` | `TOLLGATE_OTEL__METRICS_INTERVAL_MS` (or `OTEL_METRIC_EXPORT_INTERVAL`) | `60000` | how often metrics are pushed over OTLP |
 
 use std::collections::HashMap;
 use std::fmt;
@@ -109,6 +117,30 @@ pub struct GrpcTls {
     pub reload: Option<Duration>,
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// What the exported metrics count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricsSettings {
+    pub enabled: bool,
+    pub near_limit_ratio: f64,
+    pub detailed_max_series: usize,
+}
+
+/// OpenTelemetry export over OTLP/gRPC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtelSettings {
+    pub endpoint: String,
+    pub service_name: String,
+    pub sampling_ratio: f64,
+    pub metrics_interval: Duration,
+}
+
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -134,6 +166,10 @@ pub struct Settings {
     pub shutdown_drain: Duration,
     pub shutdown_grace: Duration,
     pub log: String,
+    pub log_format: LogFormat,
+    pub metrics: MetricsSettings,
+    /// `Some` when an OTLP endpoint is set.
+    pub otel: Option<OtelSettings>,
     /// Things worth a warning once logging is up (unknown `TOLLGATE_*`
     /// variables): settings are read before the logger exists.
     pub warnings: Vec<String>,
@@ -194,6 +230,28 @@ struct Raw {
     shutdown_drain_ms: Option<String>,
     shutdown_grace_ms: Option<String>,
     log: Option<String>,
+    log_format: Option<String>,
+    #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
+    otel: RawOtel,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    enabled: Option<String>,
+    near_limit_ratio: Option<String>,
+    detailed_max_series: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOtel {
+    endpoint: Option<String>,
+    service_name: Option<String>,
+    sampling_ratio: Option<String>,
+    metrics_interval_ms: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -253,6 +311,24 @@ pub const KEYS: &[&str] = &[
     "shutdown_drain_ms",
     "shutdown_grace_ms",
     "log",
+    "log_format",
+    "metrics.enabled",
+    "metrics.near_limit_ratio",
+    "metrics.detailed_max_series",
+    "otel.endpoint",
+    "otel.service_name",
+    "otel.sampling_ratio",
+    "otel.metrics_interval_ms",
+];
+
+/// The standard OpenTelemetry variables read as fallbacks of `otel.*`,
+/// and `RUST_LOG` of `log` (tollgate's own names win).
+const FOREIGN_ENV: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "RUST_LOG",
 ];
 
 #[derive(Debug, Default, Deserialize)]
@@ -285,7 +361,7 @@ impl Sources {
     /// The process environment's `TOLLGATE_*` variables.
     pub fn process_env() -> HashMap<String, String> {
         std::env::vars()
-            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) || FOREIGN_ENV.contains(&k.as_str()))
             .collect()
     }
 
@@ -394,6 +470,9 @@ impl Settings {
         let mut names: Vec<&String> = sources.env.keys().collect();
         names.sort();
         for var in names {
+            if FOREIGN_ENV.contains(&var.as_str()) {
+                continue;
+            }
             let value = &sources.env[var];
             match classify_env(var, value) {
                 EnvVar::Setting(_) => {
@@ -658,8 +737,130 @@ impl Raw {
                 reason,
             ));
         }
-        let log = self.log.unwrap_or_else(|| "info".into());
-        tracing_subscriber::EnvFilter::try_new(&log).map_err(|e| bad(src, "log", &log, e))?;
+        // A standard variable stands in for a setting left unset; its errors
+        // name the variable.
+        let foreign = |var: &str, value: &Option<String>| -> Option<(String, String)> {
+            match value {
+                Some(v) => Some((v.clone(), String::new())),
+                None => src.env.get(var).map(|v| (v.clone(), var.to_string())),
+            }
+        };
+        let bad_foreign = |name: &str, var: &str, value: &str, reason: String| {
+            if var.is_empty() {
+                bad(src, name, value, reason)
+            } else {
+                SettingsError {
+                    name: var.to_string(),
+                    value: value.to_string(),
+                    reason,
+                    origin: var.to_string(),
+                }
+            }
+        };
+        let (log, log_var) =
+            foreign("RUST_LOG", &self.log).unwrap_or(("info".into(), String::new()));
+        tracing_subscriber::EnvFilter::try_new(&log)
+            .map_err(|e| bad_foreign("log", &log_var, &log, e.to_string()))?;
+        let log_format = match self.log_format.as_deref().map(str::trim) {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => return Err(bad(src, "log_format", other, "expected text or json")),
+        };
+        let near_limit_ratio = parse(
+            src,
+            "metrics.near_limit_ratio",
+            &self.metrics.near_limit_ratio,
+            0.8f64,
+        )?;
+        if !(near_limit_ratio > 0.0 && near_limit_ratio <= 1.0) {
+            return Err(bad(
+                src,
+                "metrics.near_limit_ratio",
+                &near_limit_ratio.to_string(),
+                "must be above 0 and at most 1",
+            ));
+        }
+        let metrics = MetricsSettings {
+            enabled: parse(src, "metrics.enabled", &self.metrics.enabled, true)?,
+            near_limit_ratio,
+            detailed_max_series: bounded(
+                src,
+                "metrics.detailed_max_series",
+                &self.metrics.detailed_max_series,
+                100,
+                1..=10_000,
+            )?,
+        };
+        let o = self.otel;
+        let otel = match foreign("OTEL_EXPORTER_OTLP_ENDPOINT", &o.endpoint) {
+            None => None,
+            Some((endpoint, _)) if endpoint.trim().is_empty() => None,
+            Some((endpoint, var)) => {
+                let endpoint = endpoint.trim().to_string();
+                if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                    return Err(bad_foreign(
+                        "otel.endpoint",
+                        &var,
+                        &endpoint,
+                        "expected an http:// or https:// URL of an OTLP/gRPC collector".into(),
+                    ));
+                }
+                let service_name = foreign("OTEL_SERVICE_NAME", &o.service_name)
+                    .map(|(v, _)| v)
+                    .unwrap_or_else(|| "tollgate".into());
+                let sampling_ratio = match foreign("OTEL_TRACES_SAMPLER_ARG", &o.sampling_ratio) {
+                    None => 1.0,
+                    Some((v, var)) => match v.trim().parse::<f64>() {
+                        Ok(r) if (0.0..=1.0).contains(&r) => r,
+                        Ok(_) => {
+                            return Err(bad_foreign(
+                                "otel.sampling_ratio",
+                                &var,
+                                &v,
+                                "must be between 0 and 1".into(),
+                            ));
+                        }
+                        Err(e) => {
+                            return Err(bad_foreign(
+                                "otel.sampling_ratio",
+                                &var,
+                                &v,
+                                e.to_string(),
+                            ));
+                        }
+                    },
+                };
+                let interval = match foreign("OTEL_METRIC_EXPORT_INTERVAL", &o.metrics_interval_ms)
+                {
+                    None => 60_000,
+                    Some((v, var)) => match v.trim().parse::<u64>() {
+                        Ok(ms) if ms >= 10 => ms,
+                        Ok(_) => {
+                            return Err(bad_foreign(
+                                "otel.metrics_interval_ms",
+                                &var,
+                                &v,
+                                "must be at least 10".into(),
+                            ));
+                        }
+                        Err(e) => {
+                            return Err(bad_foreign(
+                                "otel.metrics_interval_ms",
+                                &var,
+                                &v,
+                                e.to_string(),
+                            ));
+                        }
+                    },
+                };
+                Some(OtelSettings {
+                    endpoint,
+                    service_name,
+                    sampling_ratio,
+                    metrics_interval: Duration::from_millis(interval),
+                })
+            }
+        };
         let d = RequestLimits::default();
         let limits = RequestLimits {
             max_descriptors: bounded(
@@ -777,6 +978,9 @@ impl Raw {
             shutdown_drain: millis(src, "shutdown_drain_ms", &self.shutdown_drain_ms, 5000)?,
             shutdown_grace: millis(src, "shutdown_grace_ms", &self.shutdown_grace_ms, 5000)?,
             log,
+            log_format,
+            metrics,
+            otel,
             warnings: Vec::new(),
         })
     }
