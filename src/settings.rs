@@ -1174,6 +1174,80 @@ mod tests {
     }
 
     #[test]
+    fn observability_settings() {
+        let s = Settings::load(&Sources::default()).unwrap();
+        assert_eq!(s.log_format, LogFormat::Text);
+        assert_eq!(
+            s.metrics,
+            MetricsSettings {
+                enabled: true,
+                near_limit_ratio: 0.8,
+                detailed_max_series: 100,
+            }
+        );
+        assert_eq!(s.otel, None);
+
+        // The standard variables stand in for unset settings...
+        let mut src = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            ("OTEL_SERVICE_NAME", "edge-limits"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "15000"),
+            ("RUST_LOG", "debug"),
+            ("TOLLGATE_LOG_FORMAT", "json"),
+        ]);
+        let s = Settings::load(&src).unwrap();
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        assert_eq!(
+            s.otel,
+            Some(OtelSettings {
+                endpoint: "http://collector:4317".into(),
+                service_name: "edge-limits".into(),
+                sampling_ratio: 0.25,
+                metrics_interval: Duration::from_secs(15),
+            })
+        );
+        assert_eq!((s.log.as_str(), s.log_format), ("debug", LogFormat::Json));
+        // ...and tollgate's own names win.
+        src.env
+            .insert("TOLLGATE_OTEL__SAMPLING_RATIO".into(), "0".into());
+        src.env.insert("TOLLGATE_LOG".into(), "warn".into());
+        let s = Settings::load(&src).unwrap();
+        assert_eq!(s.otel.unwrap().sampling_ratio, 0.0);
+        assert_eq!(s.log, "warn");
+
+        for (pairs, want) in [
+            (
+                &[
+                    ("OTEL_TRACES_SAMPLER_ARG", "2"),
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ][..],
+                "OTEL_TRACES_SAMPLER_ARG=2 is not valid: must be between 0 and 1 (set by OTEL_TRACES_SAMPLER_ARG)",
+            ),
+            (
+                &[("TOLLGATE_OTEL__ENDPOINT", "collector:4317")][..],
+                "otel.endpoint=collector:4317 is not valid",
+            ),
+            (
+                &[("TOLLGATE_METRICS__NEAR_LIMIT_RATIO", "0")][..],
+                "metrics.near_limit_ratio=0 is not valid: must be above 0 and at most 1",
+            ),
+            (
+                &[("TOLLGATE_METRICS__DETAILED_MAX_SERIES", "0")][..],
+                "metrics.detailed_max_series=0 is not valid",
+            ),
+            (
+                &[("TOLLGATE_LOG_FORMAT", "xml")][..],
+                "log_format=xml is not valid: expected text or json",
+            ),
+            (&[("RUST_LOG", "[[")][..], "(set by RUST_LOG)"),
+        ] {
+            let err = Settings::load(&env(pairs)).unwrap_err().to_string();
+            assert!(err.contains(want), "{pairs:?}: {err}");
+        }
+    }
+
+    #[test]
     fn every_listed_key_is_a_setting() {
         // Each name in KEYS is accepted by the file parser and by its
         // variable (a value may still be refused, but never as unknown).
