@@ -118,8 +118,12 @@ impl RateLimiter {
         };
         let started = std::time::Instant::now();
         let descriptors = message.descriptors.len() as u64;
-        let span_cx = obs.tracer.as_ref().map(|tracer| {
+        let span_cx = obs.tracer.as_ref().and_then(|tracer| {
             let parent = crate::observe::extract(metadata);
+            // What the sampler would decide, without building a span.
+            if !obs.sample_new && !parent.span().span_context().is_sampled() {
+                return None;
+            }
             let mut span = tracer
                 .span_builder("ShouldRateLimit")
                 .with_kind(SpanKind::Server)
@@ -128,7 +132,7 @@ impl RateLimiter {
                 span.set_attribute(KeyValue::new("tollgate.domain", message.domain.clone()));
                 span.set_attribute(KeyValue::new("tollgate.descriptors", descriptors as i64));
             }
-            parent.with_span(span)
+            Some(parent.with_span(span))
         });
         let result = match &span_cx {
             Some(cx) if cx.span().span_context().is_sampled() => {
@@ -142,20 +146,26 @@ impl RateLimiter {
             }
             _ => self.decide_unobserved(metadata, message).await,
         };
-        let (code, grpc_status) = match &result {
+        let elapsed = started.elapsed().as_secs_f64();
+        let code = match &result {
             Ok(r) if r.overall_code == rate_limit_response::Code::OverLimit as i32 => {
-                ("over_limit", "OK")
+                obs.request_over_limit.record(elapsed);
+                "over_limit"
             }
-            Ok(_) => ("ok", "OK"),
-            Err(s) => ("error", code_name(s.code())),
+            Ok(_) => {
+                obs.request_ok.record(elapsed);
+                "ok"
+            }
+            Err(s) => {
+                let attrs = [
+                    KeyValue::new("code", "error"),
+                    KeyValue::new("grpc_status", code_name(s.code())),
+                ];
+                obs.request_duration.record(elapsed, &attrs);
+                "error"
+            }
         };
-        let attrs = [
-            KeyValue::new("code", code),
-            KeyValue::new("grpc_status", grpc_status),
-        ];
-        obs.request_duration
-            .record(started.elapsed().as_secs_f64(), &attrs);
-        obs.request_descriptors.record(descriptors, &[]);
+        obs.request_descriptors.record(descriptors);
         if let Some(cx) = span_cx {
             let span = cx.span();
             span.set_attribute(KeyValue::new("tollgate.overall_code", code));

@@ -15,10 +15,11 @@
 mod propagation;
 mod store;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
+use opentelemetry::metrics::{BoundHistogram, Histogram, Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::WithExportConfig;
@@ -31,7 +32,7 @@ use crate::reload::ReloadCounts;
 use crate::rules::{CountsSnapshot, OVERFLOW};
 use crate::service::ServiceStats;
 use crate::settings::Settings;
-use crate::storage::Store;
+use crate::storage::{NodeId, Store};
 
 pub use propagation::extract;
 pub use store::ObservedStore;
@@ -54,14 +55,55 @@ pub struct Sources {
     pub reloads: ReloadCounts,
 }
 
-/// Instruments recorded on the request path.
+/// Instruments recorded on the request path. The common label sets are
+/// bound once, so recording them skips the SDK's attribute lookup.
 pub struct Instruments {
     pub request_duration: Histogram<f64>,
-    pub request_descriptors: Histogram<u64>,
+    pub request_ok: BoundHistogram<f64>,
+    pub request_over_limit: BoundHistogram<f64>,
+    pub request_descriptors: BoundHistogram<u64>,
     pub store_duration: Histogram<f64>,
+    /// `outcome="ok"` per node, bound on a node's first call (a store has
+    /// a handful of nodes).
+    store_ok: RwLock<HashMap<NodeId, BoundHistogram<f64>>>,
     pub store_errors: opentelemetry::metrics::Counter<u64>,
     /// `Some` when traces are exported.
     pub tracer: Option<SdkTracer>,
+    /// Whether a call without a sampled caller context can be sampled: at
+    /// ratio 0 such calls skip the tracer altogether.
+    pub sample_new: bool,
+}
+
+impl Instruments {
+    /// The bound `outcome="ok"` series of `node`.
+    pub fn store_ok(&self, backend: &'static str, node: &NodeId) -> BoundHistogram<f64> {
+        if let Some(b) = self
+            .store_ok
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+        {
+            return b.clone();
+        }
+        let mut map = self.store_ok.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(node.clone())
+            .or_insert_with(|| {
+                self.store_duration.bind(&[
+                    KeyValue::new("backend", backend),
+                    KeyValue::new("node", node_label(node)),
+                    KeyValue::new("outcome", "ok"),
+                ])
+            })
+            .clone()
+    }
+}
+
+/// A node's label; the name is shared, so this clones a pointer.
+pub fn node_label(node: &NodeId) -> opentelemetry::StringValue {
+    match node.shared_name() {
+        Some(name) => opentelemetry::StringValue::from(name),
+        None => opentelemetry::StringValue::from("sole"),
+    }
 }
 
 /// The metrics and trace pipelines of one server. Shut down at the end of
@@ -131,18 +173,30 @@ impl Telemetry {
             .build();
         let meter = meters.meter_with_scope(scope.clone());
         register_observers(&meter, sources);
+        let request_duration = meter
+            .f64_histogram("tollgate.request.duration")
+            .with_unit("s")
+            .with_description("ShouldRateLimit calls by overall code and gRPC status")
+            .with_boundaries(LATENCY_BUCKETS.to_vec())
+            .build();
+        let answered = |code: &'static str| {
+            request_duration.bind(&[
+                KeyValue::new("code", code),
+                KeyValue::new("grpc_status", "OK"),
+            ])
+        };
         let instruments = Arc::new(Instruments {
-            request_duration: meter
-                .f64_histogram("tollgate.request.duration")
-                .with_unit("s")
-                .with_description("ShouldRateLimit calls by overall code and gRPC status")
-                .with_boundaries(LATENCY_BUCKETS.to_vec())
-                .build(),
+            request_ok: answered("ok"),
+            request_over_limit: answered("over_limit"),
+            request_duration,
             request_descriptors: meter
                 .u64_histogram("tollgate.request.descriptors")
                 .with_description("Descriptors per ShouldRateLimit call")
                 .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0])
-                .build(),
+                .build()
+                .bind(&[]),
+            store_ok: RwLock::default(),
+            sample_new: settings.otel.as_ref().is_some_and(|o| o.sampling_ratio > 0.0),
             store_duration: meter
                 .f64_histogram("tollgate.store.duration")
                 .with_unit("s")

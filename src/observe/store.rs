@@ -7,7 +7,7 @@ use std::time::Instant;
 use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 
-use super::Instruments;
+use super::{Instruments, node_label};
 use crate::storage::{
     BoxFuture, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges,
 };
@@ -59,14 +59,16 @@ impl Store for ObservedStore {
             let result = self.inner.hit(hit).await;
             let elapsed = started.elapsed().as_secs_f64();
             let outcome = outcome(&result);
-            let node_label = node_label(&node);
-            let attrs = [
-                KeyValue::new("backend", backend),
-                KeyValue::new("node", node_label.clone()),
-                KeyValue::new("outcome", outcome),
-            ];
-            self.instruments.store_duration.record(elapsed, &attrs);
-            if result.is_err() {
+            if result.is_ok() {
+                self.instruments.store_ok(backend, &node).record(elapsed);
+            } else {
+                let node_label = node_label(&node);
+                let attrs = [
+                    KeyValue::new("backend", backend),
+                    KeyValue::new("node", node_label.clone()),
+                    KeyValue::new("outcome", outcome),
+                ];
+                self.instruments.store_duration.record(elapsed, &attrs);
                 let attrs = [
                     KeyValue::new("backend", backend),
                     KeyValue::new("node", node_label),
@@ -107,13 +109,5 @@ impl Store for ObservedStore {
 
     fn gauges(&self) -> StoreGauges {
         self.inner.gauges()
-    }
-}
-
-/// A node's label; the node name is shared, so this clones a pointer.
-fn node_label(node: &NodeId) -> opentelemetry::StringValue {
-    match node.shared_name() {
-        Some(name) => opentelemetry::StringValue::from(name),
-        None => opentelemetry::StringValue::from("sole"),
     }
 }
