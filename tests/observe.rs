@@ -619,3 +619,100 @@ async fn spans_follow_the_callers_context_and_metrics_reach_the_collector() {
     let _ = stop_collector.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_metrics_on_redis_through_an_outage() {
+    support::redis::require_redis();
+    let mut redis = support::redis::RedisServer::start();
+    let url = redis.url();
+    let t = Tollgate::start(
+        &[("shop.yaml", SHOP)],
+        &[
+            ("store", url.as_str()),
+            ("redis.command_timeout_ms", "200"),
+            ("redis.breaker_failures", "3"),
+            ("redis.breaker_cooldown_ms", "60000"),
+        ],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(20)).await;
+    let mut c = t.client().await;
+    for _ in 0..5 {
+        let r = c.should_rate_limit(req("shop", &[("user", "r")])).await;
+        assert_eq!(r.unwrap().into_inner().overall_code, Code::Ok as i32);
+    }
+    let page = scrape(&t).await;
+    let node = format!("127.0.0.1:{}", redis.port());
+    assert_eq!(
+        value(
+            &page,
+            "tollgate_store_duration_seconds_count",
+            &[("backend", "redis"), ("node", &node), ("outcome", "ok")]
+        ),
+        5.0
+    );
+    assert!(
+        value(
+            &page,
+            "tollgate_store_script_loads_total",
+            &[("backend", "redis")]
+        ) >= 1.0
+    );
+    assert_eq!(series(&page, "tollgate_store_errors_total"), 0, "{page}");
+
+    redis.stop();
+    for _ in 0..10 {
+        let r = c.should_rate_limit(req("shop", &[("user", "r")])).await;
+        assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
+    }
+    let page = scrape(&t).await;
+    // Every failed call is counted once, under its node and kind; after
+    // three failures the circuit refuses the rest without trying Redis.
+    let errors: f64 = samples(&page)
+        .into_iter()
+        .filter(|((n, l), _)| {
+            n == "tollgate_store_errors_total"
+                && l.get("backend").map(String::as_str) == Some("redis")
+                && l.get("node") == Some(&node)
+        })
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(errors, 10.0, "{page}");
+    assert!(
+        value(
+            &page,
+            "tollgate_store_errors_total",
+            &[("node", &node), ("kind", "circuit_open")]
+        ) >= 1.0
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tollgate_store_circuit_open",
+            &[("backend", "redis"), ("node", &node)]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tollgate_store_failures_answered_total",
+            &[("policy", "error")]
+        ),
+        10.0
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tollgate_request_duration_seconds_count",
+            &[("code", "error"), ("grpc_status", "UNAVAILABLE")]
+        ),
+        10.0
+    );
+    // Rule counts hold decided hits only.
+    assert_eq!(
+        value(&page, "tollgate_rule_hits_total", &[("rule", "user")]),
+        5.0
+    );
+    t.stop().await;
+}
