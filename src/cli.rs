@@ -152,19 +152,15 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_SETTINGS);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::new(&settings.log);
-    match settings.log_format {
-        crate::settings::LogFormat::Text => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-            .init(),
-        // The current span's fields (a request's trace id) on every line.
-        crate::settings::LogFormat::Json => tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init(),
+    let logger = crate::observe::logger(
+        settings.log_format,
+        &settings.log,
+        std::io::stdout,
+        std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    );
+    // `try_init` also forwards the `log` crate's records (rustls, fred).
+    if tracing_subscriber::util::SubscriberInitExt::try_init(logger).is_err() {
+        eprintln!("tollgate: a logger was already installed");
     }
     for warning in &settings.warnings {
         tracing::warn!("{warning}");

@@ -716,3 +716,92 @@ async fn store_metrics_on_redis_through_an_outage() {
     );
     t.stop().await;
 }
+
+/// Log output kept in memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Captured {
+    type Writer = Captured;
+
+    fn make_writer(&'w self) -> Captured {
+        self.clone()
+    }
+}
+
+/// The circuit opens during a traced call: that line names the call's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_logged_inside_a_traced_call_carries_its_trace_id() {
+    support::redis::require_redis();
+    let captured = Captured::default();
+    // The one test in this binary that installs a logger; other tests'
+    // lines land here too and are told apart by message and trace id.
+    tracing::subscriber::set_global_default(tollgate::observe::logger(
+        tollgate::settings::LogFormat::Json,
+        "info",
+        captured.clone(),
+        false,
+    ))
+    .unwrap();
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(collector.clone()))
+            .add_service(MetricsServiceServer::new(collector.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut redis = support::redis::RedisServer::start();
+    let url = redis.url();
+    let t = Tollgate::start(
+        &[("shop.yaml", SHOP)],
+        &[
+            ("store", url.as_str()),
+            ("redis.command_timeout_ms", "200"),
+            ("redis.breaker_failures", "1"),
+            ("redis.breaker_cooldown_ms", "60000"),
+            ("otel.endpoint", endpoint.as_str()),
+            ("otel.sampling_ratio", "0"),
+        ],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(20)).await;
+    redis.stop();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut r = tonic::Request::new(req("shop", &[("user", "logged")]));
+    r.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
+    );
+    let answer = t.client().await.should_rate_limit(r).await;
+    assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
+    t.stop().await;
+    server.abort();
+
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let opened: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "store circuit opened")
+        .filter(|v| {
+            v["fields"]["node"]
+                .as_str()
+                .is_some_and(|n| n.ends_with(&format!(":{}", redis.port())))
+        })
+        .collect();
+    assert_eq!(opened.len(), 1, "{text}");
+    assert_eq!(opened[0]["span"]["trace_id"], trace, "{}", opened[0]);
+    assert_eq!(opened[0]["level"], "WARN");
+}

@@ -12,6 +12,7 @@
 //! `traceparent` or B3 headers, with a child span per store call
 //! ([`ObservedStore`]). Spans go to the OTLP endpoint in batches.
 
+mod log;
 mod propagation;
 mod store;
 
@@ -34,6 +35,7 @@ use crate::service::ServiceStats;
 use crate::settings::Settings;
 use crate::storage::{NodeId, Store};
 
+pub use log::logger;
 pub use propagation::extract;
 pub use store::ObservedStore;
 
