@@ -791,7 +791,51 @@ impl Raw {
                 1..=10_000,
             )?,
         };
+        // Checked even without an endpoint: a bad value is an error, not
+        // ignored until the day an endpoint is set.
         let o = self.otel;
+        let service_name = foreign("OTEL_SERVICE_NAME", &o.service_name)
+            .map(|(v, _)| v)
+            .unwrap_or_else(|| "tollgate".into());
+        let sampling_ratio = match foreign("OTEL_TRACES_SAMPLER_ARG", &o.sampling_ratio) {
+            None => 1.0,
+            Some((v, var)) => match v.trim().parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => r,
+                Ok(_) => {
+                    return Err(bad_foreign(
+                        "otel.sampling_ratio",
+                        &var,
+                        &v,
+                        "must be between 0 and 1".into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(bad_foreign("otel.sampling_ratio", &var, &v, e.to_string()));
+                }
+            },
+        };
+        let interval = match foreign("OTEL_METRIC_EXPORT_INTERVAL", &o.metrics_interval_ms) {
+            None => 60_000,
+            Some((v, var)) => match v.trim().parse::<u64>() {
+                Ok(ms) if ms >= 10 => ms,
+                Ok(_) => {
+                    return Err(bad_foreign(
+                        "otel.metrics_interval_ms",
+                        &var,
+                        &v,
+                        "must be at least 10".into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(bad_foreign(
+                        "otel.metrics_interval_ms",
+                        &var,
+                        &v,
+                        e.to_string(),
+                    ));
+                }
+            },
+        };
         let otel = match foreign("OTEL_EXPORTER_OTLP_ENDPOINT", &o.endpoint) {
             None => None,
             Some((endpoint, _)) if endpoint.trim().is_empty() => None,
@@ -805,54 +849,6 @@ impl Raw {
                         "expected an http:// or https:// URL of an OTLP/gRPC collector".into(),
                     ));
                 }
-                let service_name = foreign("OTEL_SERVICE_NAME", &o.service_name)
-                    .map(|(v, _)| v)
-                    .unwrap_or_else(|| "tollgate".into());
-                let sampling_ratio = match foreign("OTEL_TRACES_SAMPLER_ARG", &o.sampling_ratio) {
-                    None => 1.0,
-                    Some((v, var)) => match v.trim().parse::<f64>() {
-                        Ok(r) if (0.0..=1.0).contains(&r) => r,
-                        Ok(_) => {
-                            return Err(bad_foreign(
-                                "otel.sampling_ratio",
-                                &var,
-                                &v,
-                                "must be between 0 and 1".into(),
-                            ));
-                        }
-                        Err(e) => {
-                            return Err(bad_foreign(
-                                "otel.sampling_ratio",
-                                &var,
-                                &v,
-                                e.to_string(),
-                            ));
-                        }
-                    },
-                };
-                let interval = match foreign("OTEL_METRIC_EXPORT_INTERVAL", &o.metrics_interval_ms)
-                {
-                    None => 60_000,
-                    Some((v, var)) => match v.trim().parse::<u64>() {
-                        Ok(ms) if ms >= 10 => ms,
-                        Ok(_) => {
-                            return Err(bad_foreign(
-                                "otel.metrics_interval_ms",
-                                &var,
-                                &v,
-                                "must be at least 10".into(),
-                            ));
-                        }
-                        Err(e) => {
-                            return Err(bad_foreign(
-                                "otel.metrics_interval_ms",
-                                &var,
-                                &v,
-                                e.to_string(),
-                            ));
-                        }
-                    },
-                };
                 Some(OtelSettings {
                     endpoint,
                     service_name,
@@ -1223,6 +1219,10 @@ mod tests {
                     ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
                 ][..],
                 "OTEL_TRACES_SAMPLER_ARG=2 is not valid: must be between 0 and 1 (set by OTEL_TRACES_SAMPLER_ARG)",
+            ),
+            (
+                &[("TOLLGATE_OTEL__SAMPLING_RATIO", "-1")][..],
+                "otel.sampling_ratio=-1 is not valid: must be between 0 and 1",
             ),
             (
                 &[("TOLLGATE_OTEL__ENDPOINT", "collector:4317")][..],

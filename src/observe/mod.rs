@@ -23,7 +23,7 @@ use std::time::Duration;
 use opentelemetry::metrics::{BoundHistogram, Histogram, Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
@@ -142,21 +142,30 @@ impl Telemetry {
             .with_reader(prometheus);
         let mut tracers = None;
         if let Some(otel) = &settings.otel {
-            let metrics = opentelemetry_otlp::MetricExporter::builder()
+            // An https endpoint is verified against the system's roots.
+            let https = otel.endpoint.starts_with("https://");
+            let tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
+            let mut metrics = opentelemetry_otlp::MetricExporter::builder()
                 .with_tonic()
                 .with_endpoint(otel.endpoint.clone())
-                .with_timeout(Duration::from_secs(5))
-                .build()?;
+                .with_timeout(Duration::from_secs(5));
+            if https {
+                metrics = metrics.with_tls_config(tls.clone());
+            }
+            let metrics = metrics.build()?;
             meters = meters.with_reader(
                 PeriodicReader::builder(metrics)
                     .with_interval(otel.metrics_interval)
                     .build(),
             );
-            let spans = opentelemetry_otlp::SpanExporter::builder()
+            let mut spans = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(otel.endpoint.clone())
-                .with_timeout(Duration::from_secs(5))
-                .build()?;
+                .with_timeout(Duration::from_secs(5));
+            if https {
+                spans = spans.with_tls_config(tls);
+            }
+            let spans = spans.build()?;
             // A caller's decision is followed; new traces are sampled at
             // the configured ratio.
             let sampler =
