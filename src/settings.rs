@@ -43,7 +43,7 @@
 //! | `metrics.detailed_max_series` | `TOLLGATE_METRICS__DETAILED_MAX_SERIES` | `100` | distinct descriptor values a `detailed_metric` rule exports; the rest share the `_overflow` series |
 //! | `otel.endpoint` | `TOLLGATE_OTEL__ENDPOINT` (or `OTEL_EXPORTER_OTLP_ENDPOINT`) | none | OTLP/gRPC collector (`http://host:4317`): traces and metrics are exported there; none = off |
 //! | `otel.service_name` | `TOLLGATE_OTEL__SERVICE_NAME` (or `OTEL_SERVICE_NAME`) | `tollgate` | `service.name` of spans and metrics |
-//! | `otel.sampling_ratio` | `TOLLGATE_OTEL__SAMPLING_RATIO` (or `OTEL_TRACES_SAMPLER_ARG`) | `1.0` | share of new traces sampled (0 to 1); a caller's sampled flag is followed |
+//! | `otel.sampling_ratio` | `TOLLGATE_OTEL__SAMPLING_RATIO` (or `OTEL_TRACES_SAMPLER_ARG`; `OTEL_TRACES_SAMPLER=always_on`/`always_off` mean 1/0) | `1.0` | share of new traces sampled (0 to 1); a caller's sampled flag is followed |
 //! | `otel.metrics_interval_ms` | `TOLLGATE_OTEL__METRICS_INTERVAL_MS` (or `OTEL_METRIC_EXPORT_INTERVAL`) | `60000` | how often metrics are pushed over OTLP |
 
 use std::collections::HashMap;
@@ -327,6 +327,8 @@ const FOREIGN_ENV: &[&str] = &[
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_SERVICE_NAME",
     "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_METRIC_EXPORT_INTERVAL",
     "RUST_LOG",
 ];
@@ -797,8 +799,27 @@ impl Raw {
         let service_name = foreign("OTEL_SERVICE_NAME", &o.service_name)
             .map(|(v, _)| v)
             .unwrap_or_else(|| "tollgate".into());
-        let sampling_ratio = match foreign("OTEL_TRACES_SAMPLER_ARG", &o.sampling_ratio) {
-            None => 1.0,
+        // OTEL_TRACES_SAMPLER names a ratio when it fixes one; a caller's
+        // sampled flag is followed whichever it names.
+        let fixed_ratio = match src.env.get("OTEL_TRACES_SAMPLER").map(|v| v.trim()) {
+            None | Some("parentbased_traceidratio" | "traceidratio") => None,
+            Some("always_on" | "parentbased_always_on") => Some(1.0),
+            Some("always_off" | "parentbased_always_off") => Some(0.0),
+            Some(other) => {
+                return Err(bad_foreign(
+                    "otel.sampling_ratio",
+                    "OTEL_TRACES_SAMPLER",
+                    other,
+                    "expected parentbased_traceidratio, traceidratio, always_on, always_off or their parentbased_ forms".into(),
+                ));
+            }
+        };
+        let sampler_arg = match (&o.sampling_ratio, fixed_ratio) {
+            (None, Some(_)) => None,
+            _ => foreign("OTEL_TRACES_SAMPLER_ARG", &o.sampling_ratio),
+        };
+        let sampling_ratio = match sampler_arg {
+            None => fixed_ratio.unwrap_or(1.0),
             Some((v, var)) => match v.trim().parse::<f64>() {
                 Ok(r) if (0.0..=1.0).contains(&r) => r,
                 Ok(_) => {
@@ -836,6 +857,16 @@ impl Raw {
                 }
             },
         };
+        if let Some(protocol) = src.env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            && protocol.trim() != "grpc"
+        {
+            return Err(bad_foreign(
+                "otel.endpoint",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                protocol,
+                "only grpc (OTLP/gRPC) is supported".into(),
+            ));
+        }
         let otel = match foreign("OTEL_EXPORTER_OTLP_ENDPOINT", &o.endpoint) {
             None => None,
             Some((endpoint, _)) if endpoint.trim().is_empty() => None,
@@ -1211,6 +1242,19 @@ mod tests {
         let s = Settings::load(&src).unwrap();
         assert_eq!(s.otel.unwrap().sampling_ratio, 0.0);
         assert_eq!(s.log, "warn");
+        // The chart's variables: a named sampler with its argument.
+        let chart = |sampler: &str| {
+            let src = env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_TRACES_SAMPLER", sampler),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.01"),
+            ]);
+            Settings::load(&src).unwrap().otel.unwrap().sampling_ratio
+        };
+        assert_eq!(chart("parentbased_traceidratio"), 0.01);
+        assert_eq!(chart("always_off"), 0.0);
+        assert_eq!(chart("parentbased_always_on"), 1.0);
 
         for (pairs, want) in [
             (
@@ -1241,6 +1285,14 @@ mod tests {
                 "log_format=xml is not valid: expected text or json",
             ),
             (&[("RUST_LOG", "[[")][..], "(set by RUST_LOG)"),
+            (
+                &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")][..],
+                "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf is not valid: only grpc",
+            ),
+            (
+                &[("OTEL_TRACES_SAMPLER", "jaeger_remote")][..],
+                "OTEL_TRACES_SAMPLER=jaeger_remote is not valid",
+            ),
         ] {
             let err = Settings::load(&env(pairs)).unwrap_err().to_string();
             assert!(err.contains(want), "{pairs:?}: {err}");
