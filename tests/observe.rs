@@ -805,3 +805,23 @@ async fn a_line_logged_inside_a_traced_call_carries_its_trace_id() {
     assert_eq!(opened[0]["span"]["trace_id"], trace, "{}", opened[0]);
     assert_eq!(opened[0]["level"], "WARN");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_can_be_turned_off() {
+    let t = Tollgate::start(&[("shop.yaml", SHOP)], &[("metrics.enabled", "false")]).await;
+    let r = t.ask(req("shop", &[("user", "x")])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let (status, _) = http(t.http, "GET", "/metrics", "", "").await;
+    assert_eq!(status, 404);
+    // /json does not depend on metrics.
+    let (status, _) = http(
+        t.http,
+        "POST",
+        "/json",
+        "",
+        r#"{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}"#,
+    )
+    .await;
+    assert_eq!(status, 200);
+    t.stop().await;
+}
