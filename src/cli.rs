@@ -152,10 +152,16 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_SETTINGS);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&settings.log))
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    let logger = crate::observe::logger(
+        settings.log_format,
+        &settings.log,
+        std::io::stdout,
+        std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    );
+    // `try_init` also forwards the `log` crate's records (rustls, fred).
+    if tracing_subscriber::util::SubscriberInitExt::try_init(logger).is_err() {
+        eprintln!("tollgate: a logger was already installed");
+    }
     for warning in &settings.warnings {
         tracing::warn!("{warning}");
     }

@@ -114,6 +114,11 @@ pub struct EngineOptions {
     /// (one stored member per admitted hit); request overrides above it are
     /// refused.
     pub max_log_limit: u32,
+    /// Hits past this share of a limit count as near it, in rule stats.
+    pub near_limit_ratio: f64,
+    /// Distinct descriptor values a `detailed_metric` rule counts apart;
+    /// the rest share one overflow series.
+    pub detailed_metric_max_series: usize,
 }
 
 impl Default for EngineOptions {
@@ -123,6 +128,8 @@ impl Default for EngineOptions {
             on_store_error: FailurePolicy::Error,
             shadow_mode: false,
             max_log_limit: 10_000,
+            near_limit_ratio: 0.8,
+            detailed_metric_max_series: 100,
         }
     }
 }
@@ -222,6 +229,13 @@ impl Engine {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The same engine over another store (sharing rules, clock and
+    /// stats): how a wrapper such as a metrics layer is put in front.
+    pub fn with_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = store;
+        self
     }
 
     pub fn options(&self) -> &EngineOptions {
@@ -325,6 +339,15 @@ impl Engine {
                     let mut status = match outcome {
                         // A zero limit is a ban: no store needed.
                         None => {
+                            if let Some(rule) = rule {
+                                let hits = descriptor.hits.unwrap_or(request_hits);
+                                let refused = Decision {
+                                    admitted: false,
+                                    remaining: 0,
+                                    reset_micros: 0,
+                                };
+                                self.count(rule, descriptor, hits, &limit, &refused);
+                            }
                             let w = limit.unit.micros();
                             let now = self.clock.now_micros();
                             Status {
@@ -334,7 +357,15 @@ impl Engine {
                                 remaining: 0,
                             }
                         }
-                        Some(Ok(decision)) => limited_status(limit, decision, descriptor.negative),
+                        Some(Ok(decision)) => {
+                            if let Some(rule) = rule
+                                && !descriptor.negative
+                            {
+                                let hits = descriptor.hits.unwrap_or(request_hits);
+                                self.count(rule, descriptor, hits, &limit, &decision);
+                            }
+                            limited_status(limit, decision, descriptor.negative)
+                        }
                         Some(Err(failure)) => match policy {
                             FailurePolicy::Error => {
                                 return Err(match failure {
@@ -396,6 +427,30 @@ impl Engine {
             Code::Ok
         };
         Ok(Response { overall, statuses })
+    }
+
+    /// Adds one decided call to its rule's stats (and, for a
+    /// `detailed_metric` rule, to its descriptor value's).
+    fn count(
+        &self,
+        rule: &Rule,
+        descriptor: &Descriptor,
+        hits: u64,
+        limit: &AppliedLimit,
+        d: &Decision,
+    ) {
+        let max = u64::from(limit.requests_per_unit);
+        let threshold = (max as f64 * self.options.near_limit_ratio).floor() as u64;
+        let shadow = rule.shadow_mode;
+        rule.stats
+            .counts()
+            .record(hits, max, threshold, d.admitted, d.remaining, shadow);
+        if rule.detailed_metric {
+            let value = detailed_value(&descriptor.entries);
+            rule.stats
+                .detailed(&value, self.options.detailed_metric_max_series)
+                .record(hits, max, threshold, d.admitted, d.remaining, shadow);
+        }
     }
 
     fn count_failure(&self, failure: &Failure, by_policy: &AtomicU64) {
@@ -464,6 +519,22 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// A descriptor's runtime values as one label: `key_value.key2_value2`.
+fn detailed_value(entries: &[(String, String)]) -> String {
+    let mut out = String::new();
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        out.push_str(k);
+        if !v.is_empty() {
+            out.push('_');
+            out.push_str(v);
+        }
+    }
+    out
 }
 
 fn limited_status(limit: AppliedLimit, d: Decision, negative: bool) -> Status {

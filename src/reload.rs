@@ -78,7 +78,8 @@ pub async fn watch(
         }
         seen = now;
         match rules::load_dir(&dir, &options) {
-            Ok(set) => {
+            Ok(mut set) => {
+                set.keep_stats(&handle.current());
                 tracing::info!(dir = %dir.display(), domains = set.len(), "rules reloaded");
                 handle.replace(set);
                 counts.0[0].fetch_add(1, Ordering::Relaxed);

@@ -13,8 +13,14 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
+use axum::http::header::{ACCEPT, CONTENT_TYPE};
+use axum::http::{HeaderMap, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
 use crate::clock::{Clock, SystemClock};
 use crate::engine::{Engine, EngineOptions, RulesHandle};
+use crate::observe::{self, ObservedStore, Telemetry};
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitServiceServer};
 use crate::reload;
 use crate::rules::{self, RuleSet};
@@ -181,6 +187,8 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
             on_store_error: settings.on_store_error,
             shadow_mode: settings.shadow_mode,
             max_log_limit: settings.max_log_limit,
+            near_limit_ratio: settings.metrics.near_limit_ratio,
+            detailed_metric_max_series: settings.metrics.detailed_max_series,
         },
     ))
 }
@@ -238,15 +246,45 @@ pub async fn run(
         .build_v1()
         .context("building the reflection service")?;
     let max_message_bytes = settings.limits.max_message_bytes;
-    let service = RateLimitServiceServer::new(RateLimiter::new(
+    let reloads = reload::ReloadCounts::default();
+    let mut limiter = RateLimiter::new(
         engine.clone(),
         ServiceOptions {
             headers: settings.rate_limit_headers.clone(),
             limits: settings.limits,
             deadline_margin: settings.deadline_margin,
         },
-    ))
-    .max_decoding_message_size(max_message_bytes);
+    );
+    let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
+        let telemetry = Telemetry::start(
+            settings,
+            observe::Sources {
+                rules: engine.rules().clone(),
+                engine: engine.stats().clone(),
+                service: limiter.stats().clone(),
+                store: engine.store().clone(),
+                reloads: reloads.clone(),
+            },
+        )
+        .context("starting metrics and traces")?;
+        let instruments = telemetry.instruments().clone();
+        let observed = ObservedStore::new(engine.store().clone(), instruments.clone());
+        limiter = limiter
+            .with_engine(engine.clone().with_store(Arc::new(observed)))
+            .with_instruments(instruments);
+        if let Some(otel) = &settings.otel {
+            tracing::info!(
+                endpoint = %otel.endpoint,
+                sampling_ratio = otel.sampling_ratio,
+                "exporting traces and metrics over OTLP"
+            );
+        }
+        Some(Arc::new(telemetry))
+    } else {
+        None
+    };
+    let service =
+        RateLimitServiceServer::new(limiter.clone()).max_decoding_message_size(max_message_bytes);
     let service = limits::MessageSizeStatus::new(service, max_message_bytes);
 
     // Health follows the store: SERVING only while it can answer.
@@ -296,7 +334,6 @@ pub async fn run(
         }
     });
 
-    let reloads = reload::ReloadCounts::default();
     if let (Some(dir), Some(every)) = (settings.rules_dir.clone(), settings.rules_reload) {
         tokio::spawn(reload::watch(
             dir,
@@ -348,7 +385,7 @@ pub async fn run(
     let rules = engine.rules().clone();
     let router = router.route(
         "/rlconfig",
-        axum::routing::get(move || {
+        axum::routing::get(move |uri: Uri, headers: HeaderMap| {
             let rules = rules.clone();
             let reloads = reloads.clone();
             async move {
@@ -356,10 +393,42 @@ pub async fn run(
                     ("x-rules-reloaded", reloads.loaded().to_string()),
                     ("x-rules-refused", reloads.refused().to_string()),
                 ];
-                (counts, rules.current().describe())
+                if wants_json(&uri, &headers) {
+                    let body = rules_json(&rules.current(), &reloads);
+                    (counts, json_response(StatusCode::OK, &body)).into_response()
+                } else {
+                    (counts, rules.current().describe()).into_response()
+                }
             }
         }),
     );
+    // A JSON form of ShouldRateLimit, for trying rules with curl.
+    let json_limiter = limiter.clone();
+    let router = router.route(
+        "/json",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let limiter = json_limiter.clone();
+            async move { json_call(&limiter, headers, body, max_message_bytes).await }
+        }),
+    );
+    let router = match &telemetry {
+        Some(t) => {
+            let t = t.clone();
+            router.route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let t = t.clone();
+                    async move {
+                        (
+                            [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                            t.prometheus_text(),
+                        )
+                    }
+                }),
+            )
+        }
+        None => router,
+    };
     let http_server = axum::serve(http, router).with_graceful_shutdown(stopped());
 
     let grace = settings.shutdown_grace;
@@ -370,6 +439,32 @@ pub async fn run(
         h.context("HTTP server")?;
         anyhow::Ok(())
     };
+    let result = drain_and_stop(
+        servers,
+        shutdown,
+        drain_tx,
+        stop_tx,
+        health_task,
+        drain,
+        grace,
+    )
+    .await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    result
+}
+
+/// The two shutdown steps (see the module docs), once `shutdown` resolves.
+async fn drain_and_stop(
+    servers: impl Future<Output = anyhow::Result<()>>,
+    shutdown: impl Future<Output = ()>,
+    drain_tx: watch::Sender<bool>,
+    stop_tx: watch::Sender<bool>,
+    health_task: tokio::task::JoinHandle<()>,
+    drain: Duration,
+    grace: Duration,
+) -> anyhow::Result<()> {
     tokio::pin!(servers);
     tokio::select! {
         r = &mut servers => return r,
@@ -393,6 +488,122 @@ pub async fn run(
         Err(_) => {
             tracing::warn!("grace period over; dropping open calls");
             Ok(())
+        }
+    }
+}
+
+fn wants_json(uri: &Uri, headers: &HeaderMap) -> bool {
+    let by_query = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "format=json"));
+    let by_accept = headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/json"));
+    by_query || by_accept
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    let mut text = body.to_string();
+    text.push('\n');
+    (status, [(CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// The rules in force as JSON, sorted by domain and path.
+fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Value {
+    use crate::rules::LimitSpec;
+    let mut list = rules.rules();
+    list.sort_by(|a, b| (a.0, &a.1.path).cmp(&(b.0, &b.1.path)));
+    let rules: Vec<serde_json::Value> = list
+        .into_iter()
+        .map(|(domain, r)| {
+            let mut v = serde_json::json!({
+                "domain": domain,
+                "rule": r.path,
+                "name": r.name,
+                "algorithm": r.algorithm.map(|a| a.as_str()),
+                "onStoreError": r.on_store_error.map(|p| p.to_string()),
+                "replaces": r.replaces,
+                "shadowMode": r.shadow_mode,
+                "quotaMode": r.quota_mode,
+                "detailedMetric": r.detailed_metric,
+                "source": r.source,
+            });
+            match &r.limit {
+                LimitSpec::Unlimited => v["unlimited"] = true.into(),
+                LimitSpec::PerUnit {
+                    requests_per_unit,
+                    unit,
+                } => {
+                    v["requestsPerUnit"] = (*requests_per_unit).into();
+                    v["unit"] = unit.as_str().into();
+                }
+            }
+            v
+        })
+        .collect();
+    serde_json::json!({
+        "rules": rules,
+        "reloads": { "loaded": reloads.loaded(), "refused": reloads.refused() },
+    })
+}
+
+/// `POST /json`: 200 with the response when OK, 429 when OVER_LIMIT, 400
+/// with the reason for bad input; other failures by their gRPC status.
+async fn json_call(
+    limiter: &RateLimiter,
+    headers: HeaderMap,
+    body: Bytes,
+    max_bytes: usize,
+) -> Response {
+    let error = |status: StatusCode, grpc: &str, message: String| {
+        json_response(
+            status,
+            &serde_json::json!({ "error": message, "grpcStatus": grpc }),
+        )
+    };
+    if body.len() > max_bytes {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RESOURCE_EXHAUSTED",
+            format!(
+                "request of {} bytes, over max_message_bytes={max_bytes}",
+                body.len()
+            ),
+        );
+    }
+    let request = match crate::json::parse_request(&body) {
+        Ok(r) => r,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", reason),
+    };
+    // HTTP headers serve as metadata: `grpc-timeout`, `traceparent`, B3.
+    let metadata = tonic::metadata::MetadataMap::from_headers(headers);
+    match limiter.decide(&metadata, request).await {
+        Ok(response) => {
+            let status = if response.overall_code
+                == crate::proto::rate_limit_response::Code::OverLimit as i32
+            {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            json_response(status, &crate::json::response(&response))
+        }
+        Err(s) => {
+            let status = match s.code() {
+                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                tonic::Code::ResourceExhausted | tonic::Code::Unavailable => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(
+                status,
+                crate::service::code_name(s.code()),
+                s.message().to_string(),
+            )
         }
     }
 }

@@ -6,14 +6,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{
+    FutureExt as _, Span as _, SpanKind, TraceContextExt as _, Tracer as _,
+};
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::engine::{
     self, Code, Descriptor, Engine, EngineError, LimitOverride, Response as Decision,
 };
 use crate::limit::Unit;
+use crate::observe::Instruments;
 use crate::proto::rate_limit_response::{DescriptorStatus, RateLimit, rate_limit};
 use crate::proto::{
     HeaderValue, RateLimitRequest, RateLimitResponse, RateLimitService, RateLimitUnit,
@@ -47,6 +53,7 @@ pub struct RateLimiter {
     options: Arc<ServiceOptions>,
     in_flight: Arc<AtomicUsize>,
     stats: Arc<ServiceStats>,
+    instruments: Option<Arc<Instruments>>,
 }
 
 impl RateLimiter {
@@ -56,11 +63,18 @@ impl RateLimiter {
             options: Arc::new(options),
             in_flight: Arc::default(),
             stats: Arc::default(),
+            instruments: None,
         }
     }
 
     pub fn stats(&self) -> &Arc<ServiceStats> {
         &self.stats
+    }
+
+    /// The same service (stats, in-flight count) deciding with `engine`.
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
     }
 }
 
@@ -80,6 +94,94 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let (metadata, _, message) = request.into_parts();
+        self.decide(&metadata, message).await.map(Response::new)
+    }
+}
+
+impl RateLimiter {
+    /// Adds metrics (and traces, when the instruments carry a tracer).
+    pub fn with_instruments(mut self, instruments: Arc<Instruments>) -> Self {
+        self.instruments = Some(instruments);
+        self
+    }
+
+    /// One `ShouldRateLimit` call, from gRPC or from `POST /json`:
+    /// `metadata` gives the caller's deadline and trace context.
+    pub async fn decide(
+        &self,
+        metadata: &MetadataMap,
+        message: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        let Some(obs) = &self.instruments else {
+            return self.decide_unobserved(metadata, message).await;
+        };
+        let started = std::time::Instant::now();
+        let descriptors = message.descriptors.len() as u64;
+        let span_cx = obs.tracer.as_ref().and_then(|tracer| {
+            let parent = crate::observe::extract(metadata);
+            // What the sampler would decide, without building a span.
+            if !obs.sample_new && !parent.span().span_context().is_sampled() {
+                return None;
+            }
+            let mut span = tracer
+                .span_builder("ShouldRateLimit")
+                .with_kind(SpanKind::Server)
+                .start_with_context(tracer, &parent);
+            if span.is_recording() {
+                span.set_attribute(KeyValue::new("tollgate.domain", message.domain.clone()));
+                span.set_attribute(KeyValue::new("tollgate.descriptors", descriptors as i64));
+            }
+            Some(parent.with_span(span))
+        });
+        let result = match &span_cx {
+            Some(cx) if cx.span().span_context().is_sampled() => {
+                // Lines logged while deciding carry the trace id.
+                let trace_id = cx.span().span_context().trace_id();
+                let log_span = tracing::info_span!("rls", trace_id = %trace_id);
+                self.decide_unobserved(metadata, message)
+                    .with_context(cx.clone())
+                    .instrument(log_span)
+                    .await
+            }
+            _ => self.decide_unobserved(metadata, message).await,
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        let code = match &result {
+            Ok(r) if r.overall_code == rate_limit_response::Code::OverLimit as i32 => {
+                obs.request_over_limit.record(elapsed);
+                "over_limit"
+            }
+            Ok(_) => {
+                obs.request_ok.record(elapsed);
+                "ok"
+            }
+            Err(s) => {
+                let attrs = [
+                    KeyValue::new("code", "error"),
+                    KeyValue::new("grpc_status", code_name(s.code())),
+                ];
+                obs.request_duration.record(elapsed, &attrs);
+                "error"
+            }
+        };
+        obs.request_descriptors.record(descriptors);
+        if let Some(cx) = span_cx {
+            let span = cx.span();
+            span.set_attribute(KeyValue::new("tollgate.overall_code", code));
+            if let Err(s) = &result {
+                span.set_status(opentelemetry::trace::Status::error(s.message().to_string()));
+            }
+            span.end();
+        }
+        result
+    }
+
+    async fn decide_unobserved(
+        &self,
+        metadata: &MetadataMap,
+        message: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         let max = self.options.limits.max_in_flight;
         let now_in_flight = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         let _guard = InFlight(self.in_flight.clone());
@@ -91,11 +193,10 @@ impl RateLimitService for RateLimiter {
                 "over max_in_flight={max}: too many requests in flight"
             )));
         }
-        let deadline = deadline(request.metadata(), self.options.deadline_margin);
-        let req =
-            from_proto(request.into_inner(), &self.options.limits, deadline).inspect_err(|_| {
-                self.stats.invalid.fetch_add(1, Ordering::Relaxed);
-            })?;
+        let deadline = deadline(metadata, self.options.deadline_margin);
+        let req = from_proto(message, &self.options.limits, deadline).inspect_err(|_| {
+            self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+        })?;
         let decision = self.engine.should_rate_limit(&req).await.map_err(|e| {
             if matches!(
                 e,
@@ -107,10 +208,31 @@ impl RateLimitService for RateLimiter {
             }
             to_status(e)
         })?;
-        Ok(Response::new(to_proto(
-            &decision,
-            self.options.headers.as_ref(),
-        )))
+        Ok(to_proto(&decision, self.options.headers.as_ref()))
+    }
+}
+
+/// A gRPC status code's name, as a fixed label.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code as C;
+    match code {
+        C::Ok => "OK",
+        C::Cancelled => "CANCELLED",
+        C::Unknown => "UNKNOWN",
+        C::InvalidArgument => "INVALID_ARGUMENT",
+        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        C::NotFound => "NOT_FOUND",
+        C::AlreadyExists => "ALREADY_EXISTS",
+        C::PermissionDenied => "PERMISSION_DENIED",
+        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        C::FailedPrecondition => "FAILED_PRECONDITION",
+        C::Aborted => "ABORTED",
+        C::OutOfRange => "OUT_OF_RANGE",
+        C::Unimplemented => "UNIMPLEMENTED",
+        C::Internal => "INTERNAL",
+        C::Unavailable => "UNAVAILABLE",
+        C::DataLoss => "DATA_LOSS",
+        C::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

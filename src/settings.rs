@@ -18,7 +18,7 @@
 //! | `redis.tls_ca_file` / `tls_cert_file` / `tls_key_file` | `TOLLGATE_REDIS__TLS_CA_FILE` ... | none | TLS files |
 //! | `redis.pool_size` | `TOLLGATE_REDIS__POOL_SIZE` | `4` | connections per node |
 //! | `redis.connect_timeout_ms` | `TOLLGATE_REDIS__CONNECT_TIMEOUT_MS` | `1000` | connect timeout |
-//! | `redis.command_timeout_ms` | `TOLLGATE_REDIS__COMMAND_TIMEOUT_MS` | `250` | upper bound on one Redis call; the caller's own deadline (`grpc-timeout`) shortens it. 250 ms is above the slowest answer of a healthy Redis on a busy 2-core machine (47-205 ms measured; 10 ms failed a third of the calls): see `docs/benchmarks.md#overload` |
+//! | `redis.command_timeout_ms` | `TOLLGATE_REDIS__COMMAND_TIMEOUT_MS` | `500` | upper bound on one Redis call; the caller's own deadline (`grpc-timeout`) shortens it. 500 ms is about 2.5x the slowest answer of a healthy Redis on a busy 2-core machine (47-205 ms measured; 10 ms failed a third of the calls): see `docs/benchmarks.md#overload` |
 //! | `redis.key_prefix` | `TOLLGATE_REDIS__KEY_PREFIX` | `tg1` | prefix of every key |
 //! | `redis.breaker_failures` | `TOLLGATE_REDIS__BREAKER_FAILURES` | `5` | consecutive failures that open the circuit |
 //! | `redis.breaker_cooldown_ms` | `TOLLGATE_REDIS__BREAKER_COOLDOWN_MS` | `500` | how long it stays open before a probe |
@@ -36,7 +36,15 @@
 //! | `grpc_tls.reload_ms` | `TOLLGATE_GRPC_TLS__RELOAD_MS` | `5000` | how often the TLS files are checked for changes; 0 = never |
 //! | `shutdown_drain_ms` | `TOLLGATE_SHUTDOWN_DRAIN_MS` | `5000` | on SIGTERM: health says NOT_SERVING and calls are still answered this long |
 //! | `shutdown_grace_ms` | `TOLLGATE_SHUTDOWN_GRACE_MS` | `5000` | then: listeners closed, in-flight calls get this long to finish |
-//! | `log` | `TOLLGATE_LOG` | `info` | log filter (tracing `EnvFilter` syntax) |
+//! | `log` | `TOLLGATE_LOG` (or `RUST_LOG`) | `info` | log filter (tracing `EnvFilter` syntax) |
+//! | `log_format` | `TOLLGATE_LOG_FORMAT` | `text` | `text` or `json` (one object per line) |
+//! | `metrics.enabled` | `TOLLGATE_METRICS__ENABLED` | `true` | serve `GET /metrics` (Prometheus text) on the HTTP address |
+//! | `metrics.near_limit_ratio` | `TOLLGATE_METRICS__NEAR_LIMIT_RATIO` | `0.8` | share of a limit past which hits count as `near_limit` |
+//! | `metrics.detailed_max_series` | `TOLLGATE_METRICS__DETAILED_MAX_SERIES` | `100` | distinct descriptor values a `detailed_metric` rule exports; the rest share the `_overflow` series |
+//! | `otel.endpoint` | `TOLLGATE_OTEL__ENDPOINT` (or `OTEL_EXPORTER_OTLP_ENDPOINT`) | none | OTLP/gRPC collector (`http://host:4317`): traces and metrics are exported there; none = off |
+//! | `otel.service_name` | `TOLLGATE_OTEL__SERVICE_NAME` (or `OTEL_SERVICE_NAME`) | `tollgate` | `service.name` of spans and metrics |
+//! | `otel.sampling_ratio` | `TOLLGATE_OTEL__SAMPLING_RATIO` (or `OTEL_TRACES_SAMPLER_ARG`; `OTEL_TRACES_SAMPLER=always_on`/`always_off` mean 1/0) | `1.0` | share of new traces sampled (0 to 1); a caller's sampled flag is followed |
+//! | `otel.metrics_interval_ms` | `TOLLGATE_OTEL__METRICS_INTERVAL_MS` (or `OTEL_METRIC_EXPORT_INTERVAL`) | `60000` | how often metrics are pushed over OTLP |
 
 use std::collections::HashMap;
 use std::fmt;
@@ -109,6 +117,30 @@ pub struct GrpcTls {
     pub reload: Option<Duration>,
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// What the exported metrics count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricsSettings {
+    pub enabled: bool,
+    pub near_limit_ratio: f64,
+    pub detailed_max_series: usize,
+}
+
+/// OpenTelemetry export over OTLP/gRPC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtelSettings {
+    pub endpoint: String,
+    pub service_name: String,
+    pub sampling_ratio: f64,
+    pub metrics_interval: Duration,
+}
+
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -134,6 +166,10 @@ pub struct Settings {
     pub shutdown_drain: Duration,
     pub shutdown_grace: Duration,
     pub log: String,
+    pub log_format: LogFormat,
+    pub metrics: MetricsSettings,
+    /// `Some` when an OTLP endpoint is set.
+    pub otel: Option<OtelSettings>,
     /// Things worth a warning once logging is up (unknown `TOLLGATE_*`
     /// variables): settings are read before the logger exists.
     pub warnings: Vec<String>,
@@ -194,6 +230,28 @@ struct Raw {
     shutdown_drain_ms: Option<String>,
     shutdown_grace_ms: Option<String>,
     log: Option<String>,
+    log_format: Option<String>,
+    #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
+    otel: RawOtel,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    enabled: Option<String>,
+    near_limit_ratio: Option<String>,
+    detailed_max_series: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOtel {
+    endpoint: Option<String>,
+    service_name: Option<String>,
+    sampling_ratio: Option<String>,
+    metrics_interval_ms: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -253,6 +311,26 @@ pub const KEYS: &[&str] = &[
     "shutdown_drain_ms",
     "shutdown_grace_ms",
     "log",
+    "log_format",
+    "metrics.enabled",
+    "metrics.near_limit_ratio",
+    "metrics.detailed_max_series",
+    "otel.endpoint",
+    "otel.service_name",
+    "otel.sampling_ratio",
+    "otel.metrics_interval_ms",
+];
+
+/// The standard OpenTelemetry variables read as fallbacks of `otel.*`,
+/// and `RUST_LOG` of `log` (tollgate's own names win).
+const FOREIGN_ENV: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+    "RUST_LOG",
 ];
 
 #[derive(Debug, Default, Deserialize)]
@@ -285,7 +363,7 @@ impl Sources {
     /// The process environment's `TOLLGATE_*` variables.
     pub fn process_env() -> HashMap<String, String> {
         std::env::vars()
-            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) || FOREIGN_ENV.contains(&k.as_str()))
             .collect()
     }
 
@@ -311,7 +389,7 @@ const ENV_PREFIX: &str = "TOLLGATE_";
 /// Default bound on one Redis call when the caller states no deadline. See
 /// `docs/benchmarks.md` ("Overload"): on a busy 2-core machine the slowest
 /// answers of a healthy Redis took 47-205 ms; 10 ms failed a third of them.
-pub const DEFAULT_COMMAND_TIMEOUT_MS: u64 = 250;
+pub const DEFAULT_COMMAND_TIMEOUT_MS: u64 = 500;
 
 /// The variable that sets `name`: `redis.pool_size` -> `TOLLGATE_REDIS__POOL_SIZE`.
 pub fn env_name(name: &str) -> String {
@@ -394,6 +472,9 @@ impl Settings {
         let mut names: Vec<&String> = sources.env.keys().collect();
         names.sort();
         for var in names {
+            if FOREIGN_ENV.contains(&var.as_str()) {
+                continue;
+            }
             let value = &sources.env[var];
             match classify_env(var, value) {
                 EnvVar::Setting(_) => {
@@ -658,8 +739,155 @@ impl Raw {
                 reason,
             ));
         }
-        let log = self.log.unwrap_or_else(|| "info".into());
-        tracing_subscriber::EnvFilter::try_new(&log).map_err(|e| bad(src, "log", &log, e))?;
+        // A standard variable stands in for a setting left unset; its errors
+        // name the variable.
+        let foreign = |var: &str, value: &Option<String>| -> Option<(String, String)> {
+            match value {
+                Some(v) => Some((v.clone(), String::new())),
+                None => src.env.get(var).map(|v| (v.clone(), var.to_string())),
+            }
+        };
+        let bad_foreign = |name: &str, var: &str, value: &str, reason: String| {
+            if var.is_empty() {
+                bad(src, name, value, reason)
+            } else {
+                SettingsError {
+                    name: var.to_string(),
+                    value: value.to_string(),
+                    reason,
+                    origin: var.to_string(),
+                }
+            }
+        };
+        let (log, log_var) =
+            foreign("RUST_LOG", &self.log).unwrap_or(("info".into(), String::new()));
+        tracing_subscriber::EnvFilter::try_new(&log)
+            .map_err(|e| bad_foreign("log", &log_var, &log, e.to_string()))?;
+        let log_format = match self.log_format.as_deref().map(str::trim) {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => return Err(bad(src, "log_format", other, "expected text or json")),
+        };
+        let near_limit_ratio = parse(
+            src,
+            "metrics.near_limit_ratio",
+            &self.metrics.near_limit_ratio,
+            0.8f64,
+        )?;
+        if !(near_limit_ratio > 0.0 && near_limit_ratio <= 1.0) {
+            return Err(bad(
+                src,
+                "metrics.near_limit_ratio",
+                &near_limit_ratio.to_string(),
+                "must be above 0 and at most 1",
+            ));
+        }
+        let metrics = MetricsSettings {
+            enabled: parse(src, "metrics.enabled", &self.metrics.enabled, true)?,
+            near_limit_ratio,
+            detailed_max_series: bounded(
+                src,
+                "metrics.detailed_max_series",
+                &self.metrics.detailed_max_series,
+                100,
+                1..=10_000,
+            )?,
+        };
+        // Checked even without an endpoint: a bad value is an error, not
+        // ignored until the day an endpoint is set.
+        let o = self.otel;
+        let service_name = foreign("OTEL_SERVICE_NAME", &o.service_name)
+            .map(|(v, _)| v)
+            .unwrap_or_else(|| "tollgate".into());
+        // OTEL_TRACES_SAMPLER names a ratio when it fixes one; a caller's
+        // sampled flag is followed whichever it names.
+        let fixed_ratio = match src.env.get("OTEL_TRACES_SAMPLER").map(|v| v.trim()) {
+            None | Some("parentbased_traceidratio" | "traceidratio") => None,
+            Some("always_on" | "parentbased_always_on") => Some(1.0),
+            Some("always_off" | "parentbased_always_off") => Some(0.0),
+            Some(other) => {
+                return Err(bad_foreign(
+                    "otel.sampling_ratio",
+                    "OTEL_TRACES_SAMPLER",
+                    other,
+                    "expected parentbased_traceidratio, traceidratio, always_on, always_off or their parentbased_ forms".into(),
+                ));
+            }
+        };
+        let sampler_arg = match (&o.sampling_ratio, fixed_ratio) {
+            (None, Some(_)) => None,
+            _ => foreign("OTEL_TRACES_SAMPLER_ARG", &o.sampling_ratio),
+        };
+        let sampling_ratio = match sampler_arg {
+            None => fixed_ratio.unwrap_or(1.0),
+            Some((v, var)) => match v.trim().parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => r,
+                Ok(_) => {
+                    return Err(bad_foreign(
+                        "otel.sampling_ratio",
+                        &var,
+                        &v,
+                        "must be between 0 and 1".into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(bad_foreign("otel.sampling_ratio", &var, &v, e.to_string()));
+                }
+            },
+        };
+        let interval = match foreign("OTEL_METRIC_EXPORT_INTERVAL", &o.metrics_interval_ms) {
+            None => 60_000,
+            Some((v, var)) => match v.trim().parse::<u64>() {
+                Ok(ms) if ms >= 10 => ms,
+                Ok(_) => {
+                    return Err(bad_foreign(
+                        "otel.metrics_interval_ms",
+                        &var,
+                        &v,
+                        "must be at least 10".into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(bad_foreign(
+                        "otel.metrics_interval_ms",
+                        &var,
+                        &v,
+                        e.to_string(),
+                    ));
+                }
+            },
+        };
+        if let Some(protocol) = src.env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            && protocol.trim() != "grpc"
+        {
+            return Err(bad_foreign(
+                "otel.endpoint",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                protocol,
+                "only grpc (OTLP/gRPC) is supported".into(),
+            ));
+        }
+        let otel = match foreign("OTEL_EXPORTER_OTLP_ENDPOINT", &o.endpoint) {
+            None => None,
+            Some((endpoint, _)) if endpoint.trim().is_empty() => None,
+            Some((endpoint, var)) => {
+                let endpoint = endpoint.trim().to_string();
+                if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                    return Err(bad_foreign(
+                        "otel.endpoint",
+                        &var,
+                        &endpoint,
+                        "expected an http:// or https:// URL of an OTLP/gRPC collector".into(),
+                    ));
+                }
+                Some(OtelSettings {
+                    endpoint,
+                    service_name,
+                    sampling_ratio,
+                    metrics_interval: Duration::from_millis(interval),
+                })
+            }
+        };
         let d = RequestLimits::default();
         let limits = RequestLimits {
             max_descriptors: bounded(
@@ -777,6 +1005,9 @@ impl Raw {
             shutdown_drain: millis(src, "shutdown_drain_ms", &self.shutdown_drain_ms, 5000)?,
             shutdown_grace: millis(src, "shutdown_grace_ms", &self.shutdown_grace_ms, 5000)?,
             log,
+            log_format,
+            metrics,
+            otel,
             warnings: Vec::new(),
         })
     }
@@ -967,6 +1198,105 @@ mod tests {
                 "TOLLGATE_REDIS__POOLSIZE is not a tollgate setting; ignored",
             ]
         );
+    }
+
+    #[test]
+    fn observability_settings() {
+        let s = Settings::load(&Sources::default()).unwrap();
+        assert_eq!(s.log_format, LogFormat::Text);
+        assert_eq!(
+            s.metrics,
+            MetricsSettings {
+                enabled: true,
+                near_limit_ratio: 0.8,
+                detailed_max_series: 100,
+            }
+        );
+        assert_eq!(s.otel, None);
+
+        // The standard variables stand in for unset settings...
+        let mut src = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            ("OTEL_SERVICE_NAME", "edge-limits"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "15000"),
+            ("RUST_LOG", "debug"),
+            ("TOLLGATE_LOG_FORMAT", "json"),
+        ]);
+        let s = Settings::load(&src).unwrap();
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        assert_eq!(
+            s.otel,
+            Some(OtelSettings {
+                endpoint: "http://collector:4317".into(),
+                service_name: "edge-limits".into(),
+                sampling_ratio: 0.25,
+                metrics_interval: Duration::from_secs(15),
+            })
+        );
+        assert_eq!((s.log.as_str(), s.log_format), ("debug", LogFormat::Json));
+        // ...and tollgate's own names win.
+        src.env
+            .insert("TOLLGATE_OTEL__SAMPLING_RATIO".into(), "0".into());
+        src.env.insert("TOLLGATE_LOG".into(), "warn".into());
+        let s = Settings::load(&src).unwrap();
+        assert_eq!(s.otel.unwrap().sampling_ratio, 0.0);
+        assert_eq!(s.log, "warn");
+        // The chart's variables: a named sampler with its argument.
+        let chart = |sampler: &str| {
+            let src = env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                ("OTEL_TRACES_SAMPLER", sampler),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.01"),
+            ]);
+            Settings::load(&src).unwrap().otel.unwrap().sampling_ratio
+        };
+        assert_eq!(chart("parentbased_traceidratio"), 0.01);
+        assert_eq!(chart("always_off"), 0.0);
+        assert_eq!(chart("parentbased_always_on"), 1.0);
+
+        for (pairs, want) in [
+            (
+                &[
+                    ("OTEL_TRACES_SAMPLER_ARG", "2"),
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ][..],
+                "OTEL_TRACES_SAMPLER_ARG=2 is not valid: must be between 0 and 1 (set by OTEL_TRACES_SAMPLER_ARG)",
+            ),
+            (
+                &[("TOLLGATE_OTEL__SAMPLING_RATIO", "-1")][..],
+                "otel.sampling_ratio=-1 is not valid: must be between 0 and 1",
+            ),
+            (
+                &[("TOLLGATE_OTEL__ENDPOINT", "collector:4317")][..],
+                "otel.endpoint=collector:4317 is not valid",
+            ),
+            (
+                &[("TOLLGATE_METRICS__NEAR_LIMIT_RATIO", "0")][..],
+                "metrics.near_limit_ratio=0 is not valid: must be above 0 and at most 1",
+            ),
+            (
+                &[("TOLLGATE_METRICS__DETAILED_MAX_SERIES", "0")][..],
+                "metrics.detailed_max_series=0 is not valid",
+            ),
+            (
+                &[("TOLLGATE_LOG_FORMAT", "xml")][..],
+                "log_format=xml is not valid: expected text or json",
+            ),
+            (&[("RUST_LOG", "[[")][..], "(set by RUST_LOG)"),
+            (
+                &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")][..],
+                "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf is not valid: only grpc",
+            ),
+            (
+                &[("OTEL_TRACES_SAMPLER", "jaeger_remote")][..],
+                "OTEL_TRACES_SAMPLER=jaeger_remote is not valid",
+            ),
+        ] {
+            let err = Settings::load(&env(pairs)).unwrap_err().to_string();
+            assert!(err.contains(want), "{pairs:?}: {err}");
+        }
     }
 
     #[test]

@@ -117,6 +117,8 @@ fn limits_and_flags_are_parsed() {
             quota_mode: true,
             detailed_metric: true,
             source: "matching.yaml:81".into(),
+            path: "user".into(),
+            stats: Default::default(),
         }
     );
 

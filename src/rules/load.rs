@@ -190,7 +190,8 @@ fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usiz
         );
         return Err(RuleErrors(w.errors));
     }
-    let (domain, domain_line, root_level) = w.root(map);
+    let (domain, domain_line, mut root_level) = w.root(map);
+    super::name_rules("", &mut root_level);
     // A parent's "missing" error is found after its children's: read top down.
     w.errors.sort_by_key(|e| e.line);
     match domain {
@@ -450,6 +451,8 @@ impl<'f> Walker<'f> {
                 quota_mode,
                 detailed_metric,
                 source: format!("{}:{line}", self.short),
+                path: String::new(),
+                stats: Default::default(),
             })
         });
         let children = match fields.get("descriptors") {

@@ -5,6 +5,7 @@
 
 mod load;
 mod matcher;
+mod stats;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
 pub use load::{LoadOptions, load_dir, parse_file};
+pub use stats::{Counts, CountsSnapshot, OVERFLOW, RuleStats};
 
 /// The limit a rule gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +45,11 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Where the rule was written, for logs: `file.yaml:12`.
     pub source: String,
+    /// The rule's place in its tree, `key_value.key2` (a value only where
+    /// the node has one): its metric label, bounded by the rule files.
+    pub path: String,
+    /// What the rule met; kept across reloads for the same domain and path.
+    pub stats: RuleStats,
 }
 
 /// One descriptor node of a rule tree.
@@ -139,6 +146,81 @@ impl RuleSet {
 
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
+    }
+
+    /// Every rule with its domain.
+    pub fn rules(&self) -> Vec<(&str, &Rule)> {
+        fn walk<'a>(domain: &'a str, level: &'a Level, out: &mut Vec<(&'a str, &'a Rule)>) {
+            let nodes = level
+                .exact
+                .values()
+                .chain(&level.wildcard)
+                .chain(level.default.values());
+            for node in nodes {
+                if let Some(rule) = &node.rule {
+                    out.push((domain, rule));
+                }
+                walk(domain, &node.children, out);
+            }
+        }
+        let mut out = Vec::new();
+        for (name, domain) in &self.domains {
+            walk(name, &domain.root, &mut out);
+        }
+        out
+    }
+
+    /// Gives each rule the counters of the rule at the same domain and
+    /// path in `old`, so counts survive a reload that keeps the rule.
+    pub fn keep_stats(&mut self, old: &RuleSet) {
+        let old: HashMap<(&str, &str), &RuleStats> = old
+            .rules()
+            .into_iter()
+            .map(|(d, r)| ((d, r.path.as_str()), &r.stats))
+            .collect();
+        fn walk(domain: &str, level: &mut Level, old: &HashMap<(&str, &str), &RuleStats>) {
+            let nodes = level
+                .exact
+                .values_mut()
+                .chain(level.wildcard.iter_mut())
+                .chain(level.default.values_mut());
+            for node in nodes {
+                if let Some(rule) = &mut node.rule
+                    && let Some(stats) = old.get(&(domain, rule.path.as_str()))
+                {
+                    rule.stats = (*stats).clone();
+                }
+                walk(domain, &mut node.children, old);
+            }
+        }
+        for (name, domain) in &mut self.domains {
+            walk(name, &mut domain.root, &old);
+        }
+    }
+}
+
+/// Names every rule under `level` by its path from the root.
+fn name_rules(prefix: &str, level: &mut Level) {
+    let nodes = level
+        .exact
+        .values_mut()
+        .chain(level.wildcard.iter_mut())
+        .chain(level.default.values_mut());
+    for node in nodes {
+        let step = if node.value.is_empty() {
+            node.key.clone()
+        } else {
+            format!("{}_{}", node.key, node.value)
+        };
+        let path = if prefix.is_empty() {
+            step
+        } else {
+            format!("{prefix}.{step}")
+        };
+        if let Some(rule) = &mut node.rule {
+            rule.path = path.clone();
+        }
+        name_rules(&path, &mut node.children);
     }
 }
 

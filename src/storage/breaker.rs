@@ -34,6 +34,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::storage::{
     BoxFuture, Decision, FailureCounters, FailureCounts, Hit, NodeId, Store, StoreError,
+    StoreGauges,
 };
 
 /// A server's entry unused for this long is forgotten.
@@ -319,6 +320,20 @@ impl<S: Store> Store for Breaker<S> {
 
     fn failures(&self) -> FailureCounts {
         self.failures.snapshot()
+    }
+
+    fn gauges(&self) -> StoreGauges {
+        let circuits = {
+            let nodes = self.lock();
+            nodes
+                .iter()
+                .map(|(node, e)| (node.clone(), self.refuses(e.state)))
+                .collect()
+        };
+        StoreGauges {
+            circuits,
+            ..self.inner.gauges()
+        }
     }
 }
 

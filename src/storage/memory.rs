@@ -26,7 +26,7 @@ use hashlink::linked_hash_map::Entry;
 use crate::clock::{Clock, SystemClock};
 use crate::limit::Algorithm;
 use crate::storage::keys::{KeyBuilder, Role};
-use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
+use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError, StoreGauges};
 
 const SHARDS: usize = 32;
 const SWEEP_EVERY: u64 = 1024;
@@ -216,6 +216,14 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn gauges(&self) -> StoreGauges {
+        StoreGauges {
+            limiters: Some(self.len() as u64),
+            evictions: Some(self.evictions()),
+            ..StoreGauges::default()
+        }
     }
 }
 

@@ -95,6 +95,11 @@ impl NodeId {
     pub fn name(&self) -> Option<&str> {
         self.0.as_deref()
     }
+
+    /// The name as a shared string: labels take it without a copy.
+    pub fn shared_name(&self) -> Option<Arc<str>> {
+        self.0.clone()
+    }
 }
 
 impl fmt::Display for NodeId {
@@ -144,6 +149,21 @@ impl FailureCounters {
     }
 }
 
+/// What a metrics exporter reads from a store besides its failures; each
+/// store fills what it has.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StoreGauges {
+    /// Limiters held (embedded store).
+    pub limiters: Option<u64>,
+    /// Limiters forgotten to stay within the cap (embedded store).
+    pub evictions: Option<u64>,
+    /// Every server a circuit knows of, and whether calls to it are refused.
+    pub circuits: Vec<(NodeId, bool)>,
+    /// Times the scripts were loaded into a server (Redis: at connect and
+    /// after every reconnect).
+    pub script_loads: Option<u64>,
+}
+
 /// A counting backend. Implementations must be safe under concurrent calls:
 /// no lost updates and no over-admission for one limiter.
 pub trait Store: Send + Sync + 'static {
@@ -172,5 +192,10 @@ pub trait Store: Send + Sync + 'static {
     /// Failed calls so far, for stores that count them.
     fn failures(&self) -> FailureCounts {
         FailureCounts::default()
+    }
+
+    /// Sizes and states for metrics. Called at scrape time, never per hit.
+    fn gauges(&self) -> StoreGauges {
+        StoreGauges::default()
     }
 }

@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ use tokio::task::AbortHandle;
 
 use crate::limit::Algorithm;
 use crate::storage::keys::{self, KeyBuilder, Role};
-use crate::storage::{BoxFuture, Decision, Hit, NodeId, Store, StoreError};
+use crate::storage::{BoxFuture, Decision, Hit, NodeId, Store, StoreError, StoreGauges};
 
 const FIXED_WINDOW_LUA: &str = include_str!("../../lua/fixed_window.lua");
 const SLIDING_COUNTER_LUA: &str = include_str!("../../lua/sliding_window_counter.lua");
@@ -127,7 +127,7 @@ impl Default for RedisConfig {
             tls_key_file: None,
             pool_size: 4,
             connect_timeout: Duration::from_secs(1),
-            command_timeout: Duration::from_millis(250),
+            command_timeout: Duration::from_millis(500),
             key_prefix: keys::DEFAULT_PREFIX.to_owned(),
         }
     }
@@ -190,6 +190,8 @@ struct Inner {
     routing: RwLock<Arc<Routing>>,
     /// A call met a slot that moved: look at the cluster again now.
     stale: AtomicBool,
+    /// Script sets loaded into a server, for metrics.
+    script_loads: AtomicU64,
     /// The supervisor; aborted on drop so a dropped store stops
     /// reconnecting.
     supervisor: Mutex<Option<AbortHandle>>,
@@ -409,6 +411,7 @@ impl RedisStore {
             command_timeout: config.command_timeout,
             routing: RwLock::new(Arc::new(Routing::default())),
             stale: AtomicBool::new(true),
+            script_loads: AtomicU64::new(0),
             supervisor: Mutex::new(None),
         });
         let task = tokio::spawn(supervise(Arc::downgrade(&inner)));
@@ -653,6 +656,13 @@ impl Store for RedisStore {
         self.inner.kind
     }
 
+    fn gauges(&self) -> StoreGauges {
+        StoreGauges {
+            script_loads: Some(self.inner.script_loads.load(Ordering::Relaxed)),
+            ..StoreGauges::default()
+        }
+    }
+
     fn node(&self, hit: &Hit<'_>) -> NodeId {
         let routing = self.inner.routing();
         match &self.inner.deployment {
@@ -857,6 +867,7 @@ async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), FredError> {
         // On a cluster, loads on every primary.
         script.load(client).await?;
     }
+    inner.script_loads.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 

@@ -1,0 +1,446 @@
+//! What tollgate shows of itself: metrics, traces and logs.
+//!
+//! OpenTelemetry instruments are the single source of metrics. Two readers
+//! read them: a Prometheus exporter behind `GET /metrics`, and, when an
+//! OTLP endpoint is set, a periodic reader pushing the same instruments to
+//! the collector. Counts that already exist elsewhere (rule stats, engine,
+//! service and store counters, reload counts) are read by observable
+//! instruments at collection time, never copied on the request path; only
+//! latencies are recorded per request, with label sets fixed in advance.
+//!
+//! Traces: a span per `ShouldRateLimit`, parented on the caller's W3C
+//! `traceparent` or B3 headers, with a child span per store call
+//! ([`ObservedStore`]). Spans go to the OTLP endpoint in batches.
+
+mod log;
+mod propagation;
+mod store;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use opentelemetry::metrics::{BoundHistogram, Histogram, Meter, MeterProvider as _};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+
+use crate::engine::{EngineStats, RulesHandle};
+use crate::reload::ReloadCounts;
+use crate::rules::{CountsSnapshot, OVERFLOW};
+use crate::service::ServiceStats;
+use crate::settings::Settings;
+use crate::storage::{NodeId, Store};
+
+pub use log::logger;
+pub use propagation::extract;
+pub use store::ObservedStore;
+
+/// Latency buckets in seconds: from a fast in-memory decision to a store
+/// call timing out.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0,
+];
+
+/// Where the observable instruments read their counts.
+#[derive(Clone)]
+pub struct Sources {
+    pub rules: RulesHandle,
+    pub engine: Arc<EngineStats>,
+    pub service: Arc<ServiceStats>,
+    /// The store as the engine sees it, before any metrics wrapper.
+    pub store: Arc<dyn Store>,
+    pub reloads: ReloadCounts,
+}
+
+/// Instruments recorded on the request path. The common label sets are
+/// bound once, so recording them skips the SDK's attribute lookup.
+pub struct Instruments {
+    pub request_duration: Histogram<f64>,
+    pub request_ok: BoundHistogram<f64>,
+    pub request_over_limit: BoundHistogram<f64>,
+    pub request_descriptors: BoundHistogram<u64>,
+    pub store_duration: Histogram<f64>,
+    /// `outcome="ok"` per node, bound on a node's first call (a store has
+    /// a handful of nodes).
+    store_ok: RwLock<HashMap<NodeId, BoundHistogram<f64>>>,
+    pub store_errors: opentelemetry::metrics::Counter<u64>,
+    /// `Some` when traces are exported.
+    pub tracer: Option<SdkTracer>,
+    /// Whether a call without a sampled caller context can be sampled: at
+    /// ratio 0 such calls skip the tracer altogether.
+    pub sample_new: bool,
+}
+
+impl Instruments {
+    /// The bound `outcome="ok"` series of `node`.
+    pub fn store_ok(&self, backend: &'static str, node: &NodeId) -> BoundHistogram<f64> {
+        if let Some(b) = self
+            .store_ok
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+        {
+            return b.clone();
+        }
+        let mut map = self.store_ok.write().unwrap_or_else(|e| e.into_inner());
+        map.entry(node.clone())
+            .or_insert_with(|| {
+                self.store_duration.bind(&[
+                    KeyValue::new("backend", backend),
+                    KeyValue::new("node", node_label(node)),
+                    KeyValue::new("outcome", "ok"),
+                ])
+            })
+            .clone()
+    }
+}
+
+/// A node's label; the name is shared, so this clones a pointer.
+pub fn node_label(node: &NodeId) -> opentelemetry::StringValue {
+    match node.shared_name() {
+        Some(name) => opentelemetry::StringValue::from(name),
+        None => opentelemetry::StringValue::from("sole"),
+    }
+}
+
+/// The metrics and trace pipelines of one server. Shut down at the end of
+/// the server's life so that buffered spans and metrics are sent.
+pub struct Telemetry {
+    meters: SdkMeterProvider,
+    tracers: Option<SdkTracerProvider>,
+    registry: prometheus::Registry,
+    instruments: Arc<Instruments>,
+}
+
+impl Telemetry {
+    /// Builds the pipelines. Must run inside a tokio runtime: the OTLP
+    /// exporters open their gRPC channels on it.
+    pub fn start(settings: &Settings, sources: Sources) -> anyhow::Result<Telemetry> {
+        let registry = prometheus::Registry::new();
+        // Process CPU, memory and open files, read from /proc at scrape.
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let prometheus = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_target_info()
+            .scope_info_enabled(false)
+            .build()?;
+        let service_name = settings
+            .otel
+            .as_ref()
+            .map_or("tollgate".to_string(), |o| o.service_name.clone());
+        let resource = Resource::builder().with_service_name(service_name).build();
+        let mut meters = SdkMeterProvider::builder()
+            .with_resource(resource.clone())
+            .with_reader(prometheus);
+        let mut tracers = None;
+        if let Some(otel) = &settings.otel {
+            // An https endpoint is verified against the system's roots.
+            let https = otel.endpoint.starts_with("https://");
+            let tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
+            let mut metrics = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_endpoint(otel.endpoint.clone())
+                .with_timeout(Duration::from_secs(5));
+            if https {
+                metrics = metrics.with_tls_config(tls.clone());
+            }
+            let metrics = metrics.build()?;
+            meters = meters.with_reader(
+                PeriodicReader::builder(metrics)
+                    .with_interval(otel.metrics_interval)
+                    .build(),
+            );
+            let mut spans = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(otel.endpoint.clone())
+                .with_timeout(Duration::from_secs(5));
+            if https {
+                spans = spans.with_tls_config(tls);
+            }
+            let spans = spans.build()?;
+            // A caller's decision is followed; new traces are sampled at
+            // the configured ratio.
+            let sampler =
+                Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(otel.sampling_ratio)));
+            tracers = Some(
+                SdkTracerProvider::builder()
+                    .with_resource(resource)
+                    .with_sampler(sampler)
+                    .with_batch_exporter(spans)
+                    .build(),
+            );
+        }
+        let meters = meters.build();
+        let scope = InstrumentationScope::builder("tollgate")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        let meter = meters.meter_with_scope(scope.clone());
+        register_observers(&meter, sources);
+        let request_duration = meter
+            .f64_histogram("tollgate.request.duration")
+            .with_unit("s")
+            .with_description("ShouldRateLimit calls by overall code and gRPC status")
+            .with_boundaries(LATENCY_BUCKETS.to_vec())
+            .build();
+        let answered = |code: &'static str| {
+            request_duration.bind(&[
+                KeyValue::new("code", code),
+                KeyValue::new("grpc_status", "OK"),
+            ])
+        };
+        let instruments = Arc::new(Instruments {
+            request_ok: answered("ok"),
+            request_over_limit: answered("over_limit"),
+            request_duration,
+            request_descriptors: meter
+                .u64_histogram("tollgate.request.descriptors")
+                .with_description("Descriptors per ShouldRateLimit call")
+                .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0])
+                .build()
+                .bind(&[]),
+            store_ok: RwLock::default(),
+            sample_new: settings.otel.as_ref().is_some_and(|o| o.sampling_ratio > 0.0),
+            store_duration: meter
+                .f64_histogram("tollgate.store.duration")
+                .with_unit("s")
+                .with_description("Store calls by backend, node and outcome")
+                .with_boundaries(LATENCY_BUCKETS.to_vec())
+                .build(),
+            store_errors: meter
+                .u64_counter("tollgate.store.errors")
+                .with_description(
+                    "Failed store calls by backend, node and kind (timeout, unavailable, protocol, circuit_open)",
+                )
+                .build(),
+            tracer: tracers.as_ref().map(|t| t.tracer_with_scope(scope)),
+        });
+        Ok(Telemetry {
+            meters,
+            tracers,
+            registry,
+            instruments,
+        })
+    }
+
+    pub fn instruments(&self) -> &Arc<Instruments> {
+        &self.instruments
+    }
+
+    /// Every metric in the Prometheus text format.
+    pub fn prometheus_text(&self) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        let families = self.registry.gather();
+        if let Err(e) = prometheus::TextEncoder::new().encode(&families, &mut out) {
+            return format!("# encoding failed: {e}\n");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Sends what is buffered and stops the exporters. Blocks: the SDK's
+    /// exporters run on their own threads, so it runs off the runtime.
+    pub async fn shutdown(&self) {
+        let tracers = self.tracers.clone();
+        let meters = self.meters.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            if let Some(t) = &tracers
+                && let Err(e) = t.shutdown()
+            {
+                tracing::warn!("trace export at shutdown: {e}");
+            }
+            if let Err(e) = meters.shutdown() {
+                tracing::warn!("metrics export at shutdown: {e}");
+            }
+        });
+        if tokio::time::timeout(Duration::from_secs(10), done)
+            .await
+            .is_err()
+        {
+            tracing::warn!("telemetry export at shutdown did not finish within 10 s");
+        }
+    }
+}
+
+/// The instruments read at collection time.
+fn register_observers(meter: &Meter, s: Sources) {
+    type Pick = fn(&CountsSnapshot) -> u64;
+    let per_rule: [(&'static str, &'static str, Pick); 5] = [
+        ("hits", "Hits counted against the rule", |c| c.total_hits),
+        ("within_limit", "Hits admitted by the rule", |c| {
+            c.within_limit
+        }),
+        (
+            "near_limit",
+            "Hits past the near-limit share of the rule's limit, up to the limit",
+            |c| c.near_limit,
+        ),
+        ("over_limit", "Hits over the rule's limit", |c| c.over_limit),
+        (
+            "shadow_over_limit",
+            "Hits over the limit of a shadow-mode rule (answered OK)",
+            |c| c.shadow_mode,
+        ),
+    ];
+    for (name, help, pick) in per_rule {
+        let rules = s.rules.clone();
+        meter
+            .u64_observable_counter(format!("tollgate.rule.{name}"))
+            .with_description(help)
+            .with_callback(move |o| {
+                for (domain, rule) in rules.current().rules() {
+                    let attrs = [
+                        KeyValue::new("domain", domain.to_string()),
+                        KeyValue::new("rule", rule.path.clone()),
+                    ];
+                    o.observe(pick(&rule.stats.counts().snapshot()), &attrs);
+                }
+            })
+            .build();
+        let rules = s.rules.clone();
+        meter
+            .u64_observable_counter(format!("tollgate.rule.detailed.{name}"))
+            .with_description(format!(
+                "{help}, per descriptor value of detailed_metric rules ({OVERFLOW} past the cap)"
+            ))
+            .with_callback(move |o| {
+                for (domain, rule) in rules.current().rules() {
+                    if !rule.detailed_metric || !rule.stats.has_detailed() {
+                        continue;
+                    }
+                    let overflow = (Arc::from(OVERFLOW), rule.stats.overflow().snapshot());
+                    for (value, counts) in rule
+                        .stats
+                        .detailed_snapshot()
+                        .into_iter()
+                        .chain(std::iter::once(overflow))
+                    {
+                        let attrs = [
+                            KeyValue::new("domain", domain.to_string()),
+                            KeyValue::new("rule", rule.path.clone()),
+                            KeyValue::new("descriptor", value.to_string()),
+                        ];
+                        o.observe(pick(&counts), &attrs);
+                    }
+                }
+            })
+            .build();
+    }
+
+    let rules = s.rules.clone();
+    meter
+        .u64_observable_gauge("tollgate.rules.loaded")
+        .with_description("Rules in force")
+        .with_callback(move |o| o.observe(rules.current().rules().len() as u64, &[]))
+        .build();
+    let reloads = s.reloads.clone();
+    meter
+        .u64_observable_counter("tollgate.rules.reloads")
+        .with_description("Changed rule directories loaded (success) or refused (failure)")
+        .with_callback(move |o| {
+            o.observe(reloads.loaded(), &[KeyValue::new("result", "success")]);
+            o.observe(reloads.refused(), &[KeyValue::new("result", "failure")]);
+        })
+        .build();
+
+    let service = s.service.clone();
+    meter
+        .u64_observable_counter("tollgate.requests.refused")
+        .with_description("Calls refused before the engine: invalid input, or over max_in_flight")
+        .with_callback(move |o| {
+            use std::sync::atomic::Ordering::Relaxed;
+            o.observe(
+                service.invalid.load(Relaxed),
+                &[KeyValue::new("reason", "invalid")],
+            );
+            o.observe(
+                service.overloaded.load(Relaxed),
+                &[KeyValue::new("reason", "overloaded")],
+            );
+        })
+        .build();
+
+    let engine = s.engine.clone();
+    meter
+        .u64_observable_counter("tollgate.store.failures_answered")
+        .with_description(
+            "Store failures by the answer given: the policy failed the call, allowed or denied",
+        )
+        .with_callback(move |o| {
+            use std::sync::atomic::Ordering::Relaxed;
+            for (policy, n) in [
+                ("error", &engine.store_errors_failed),
+                ("allow", &engine.store_errors_allowed),
+                ("deny", &engine.store_errors_denied),
+            ] {
+                o.observe(n.load(Relaxed), &[KeyValue::new("policy", policy)]);
+            }
+        })
+        .build();
+    let engine = s.engine.clone();
+    meter
+        .u64_observable_counter("tollgate.deadline_exceeded")
+        .with_description("Store calls cut off, or not made, because the caller's deadline passed")
+        .with_callback(move |o| {
+            o.observe(
+                engine
+                    .deadline_exceeded
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                &[],
+            )
+        })
+        .build();
+
+    let store = s.store.clone();
+    meter
+        .u64_observable_gauge("tollgate.store.circuit_open")
+        .with_description("1 while calls to this node are refused by its open circuit")
+        .with_callback(move |o| {
+            let backend = store.kind();
+            for (node, open) in store.gauges().circuits {
+                let attrs = [
+                    KeyValue::new("backend", backend),
+                    KeyValue::new("node", node.to_string()),
+                ];
+                o.observe(u64::from(open), &attrs);
+            }
+        })
+        .build();
+    let store = s.store.clone();
+    meter
+        .u64_observable_counter("tollgate.store.script_loads")
+        .with_description("Times the Lua scripts were loaded into Redis (connects and reconnects)")
+        .with_callback(move |o| {
+            if let Some(n) = store.gauges().script_loads {
+                o.observe(n, &[KeyValue::new("backend", store.kind())]);
+            }
+        })
+        .build();
+    let store = s.store.clone();
+    meter
+        .u64_observable_gauge("tollgate.store.limiters")
+        .with_description("Limiters held by the embedded store")
+        .with_callback(move |o| {
+            if let Some(n) = store.gauges().limiters {
+                o.observe(n, &[]);
+            }
+        })
+        .build();
+    let store = s.store;
+    meter
+        .u64_observable_counter("tollgate.store.evictions")
+        .with_description("Limiters the embedded store forgot to stay within memory.max_limiters")
+        .with_callback(move |o| {
+            if let Some(n) = store.gauges().evictions {
+                o.observe(n, &[]);
+            }
+        })
+        .build();
+}
