@@ -13,8 +13,11 @@
 #     Column "redis calls/s" and its p50/p99. This is the ceiling: tollgate
 #     cannot decide faster than Redis runs the script.
 # "ratio" is tollgate dec/s / redis calls/s: 1.00 would mean tollgate costs
-# nothing on top of Redis. Everything (generator, tollgate, Redis) shares
-# this machine's cores, so read the ratio as "where the time goes here",
+# nothing on top of Redis. The CPU columns read user+system time of the
+# tollgate and redis-server processes from /proc/<pid>/stat around each run
+# (and the load generator's from bash's `time`) and divide it by the
+# decisions (or calls) made in it. Everything (generator, tollgate, Redis)
+# shares this machine's cores, so read the ratio as "where the time goes here",
 # not as a capacity figure for a real deployment. Every limit is huge, so
 # nothing is refused: the "refused/errors" column must read 0/0, or the
 # numbers measure something else.
@@ -29,7 +32,15 @@
 #                (it draws each key placeholder independently, so the log's
 #                two keys come from different pairs: same cost per call)
 #   RB_N=200000  calls per redis-benchmark run
+#   ALGOS="fixed_window ..."  measure only these algorithms
 #   BENCH_BIN=path  use this binary and skip the build
+#   COMPARE="label=path[@VAR=value,...] ..."  also serve from these binaries
+#                (e.g. a build of an older commit), each with the given
+#                environment, and measure each right before BENCH_BIN for
+#                every algorithm, against the same Redis: one row per label,
+#                then "new". Only ratios from one run compare.
+#   SERVE_ENV="VAR=value ..."  environment of the "new" server only (e.g.
+#                TOKIO_WORKER_THREADS=1 TOLLGATE_REDIS__POOL_SIZE=1)
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -45,6 +56,8 @@ CONNS=${CONNS:-4}
 KEYS=${KEYS:-1}
 RB_N=${RB_N:-200000}
 ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log)
+# shellcheck disable=SC2206
+MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 LIMIT=1000000000     # requests per second: never reached
 WINDOW_MICROS=1000000
 
@@ -109,6 +122,7 @@ REDIS_PORT=$(free_port)
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
     --protected-mode yes --logfile "$WORK/redis.log" &
 PIDS+=($!)
+REDIS_PID=$!
 wait_for 10 redis-cli -p "$REDIS_PORT" ping || {
     echo "bench.sh: redis-server did not start:" >&2
     cat "$WORK/redis.log" >&2
@@ -131,44 +145,63 @@ mkdir "$WORK/rules"
     done
 } >"$WORK/rules/bench.yaml"
 
-GRPC_PORT=$(free_port)
-HTTP_PORT=$(free_port)
 STORE=${BENCH_STORE:-redis://127.0.0.1:$REDIS_PORT}
-RUST_LOG=${RUST_LOG:-warn} "$BIN" serve --rules "$WORK/rules" --store "$STORE" \
-    --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" \
-    >"$WORK/tollgate.log" 2>&1 &
-PIDS+=($!)
-TOLLGATE_PID=$!
-# tollgate reads TOLLGATE_* from its environment; this script sets none.
-answers() {
-    "$BIN" check --addr "127.0.0.1:$GRPC_PORT" --domain bench \
-        --descriptor algo=fixed_window,user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'
+# Starts one `tollgate serve` from binary $1, with the environment
+# variables in the remaining arguments, and waits until it answers; sets
+# GRPC_PORT and TOLLGATE_PID.
+start_tollgate() {
+    local bin=$1 log
+    shift
+    GRPC_PORT=$(free_port)
+    local http_port
+    http_port=$(free_port)
+    log="$WORK/tollgate-$GRPC_PORT.log"
+        # The log rule's huge limit needs max_log_limit raised to it.
+    env RUST_LOG="${RUST_LOG:-warn}" TOLLGATE_MAX_LOG_LIMIT=$LIMIT "$@" "$bin" serve --rules "$WORK/rules" --store "$STORE" \
+        --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$http_port" \
+        >"$log" 2>&1 &
+    PIDS+=($!)
+    TOLLGATE_PID=$!
+    local deadline=$((SECONDS + 20))
+    until "$bin" check --addr "127.0.0.1:$GRPC_PORT" --domain bench \
+        --descriptor algo=fixed_window,user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'; do
+        if ! kill -0 "$TOLLGATE_PID" 2>/dev/null || ((SECONDS >= deadline)); then
+            echo "bench.sh: tollgate ($bin) did not start answering:" >&2
+            cat "$log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
 }
-deadline=$((SECONDS + 20))
-until answers; do
-    if ! kill -0 "$TOLLGATE_PID" 2>/dev/null || ((SECONDS >= deadline)); then
-        echo "bench.sh: tollgate did not start answering:" >&2
-        cat "$WORK/tollgate.log" >&2
-        exit 1
+
+# The servers compared, by label: those of COMPARE, then "new" ($BIN).
+LABELS=()
+BINS=()
+PORTS=()
+TG_PIDS=()
+for spec in ${COMPARE:-}; do
+    label=${spec%%=*}
+    rest=${spec#*=}
+    path=${rest%%@*}
+    vars=()
+    if [[ $rest == *@* ]]; then
+        IFS=, read -r -a vars <<<"${rest#*@}"
     fi
-    sleep 0.1
+    start_tollgate "$path" "${vars[@]}"
+    LABELS+=("$label") BINS+=("$path") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
 done
+# shellcheck disable=SC2086
+start_tollgate "$BIN" ${SERVE_ENV:-}
+LABELS+=(new) BINS+=("$BIN") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
 
 # --- measure -----------------------------------------------------------------
 json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+# User + system CPU of a process so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 ROWS=()
-for a in "${ALGORITHMS[@]}"; do
-    echo "measuring $a..." >&2
-    tg=$(timeout $((SECS + WARMUP + 30)) "$BIN" bench --addr "127.0.0.1:$GRPC_PORT" \
-        --domain bench --descriptor "algo=$a,user=u" --keys "$KEYS" \
-        --concurrency "$C" --connections "$CONNS" --duration "$SECS" --warmup "$WARMUP" --json)
-    tg_rate=$(json_num decisions_per_s <<<"$tg")
-    tg_p50=$(json_num p50 <<<"$tg")
-    tg_p99=$(json_num p99 <<<"$tg")
-    tg_over=$(json_num over_limit <<<"$tg")
-    tg_err=$(sed -n 's/.*"errors":\([0-9]*\),.*/\1/p' <<<"$tg")
-
+for a in "${MEASURED[@]}"; do
     sha=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "lua/$a.lua")")
     if ((KEYS > 1)); then
         rand=(-r "$KEYS")
@@ -182,20 +215,54 @@ for a in "${ALGORITHMS[@]}"; do
     else
         keys=(1 "rb:$a:$k")
     fi
+    echo "measuring $a with redis-benchmark..." >&2
+    rd0=$(cpu_ticks "$REDIS_PID")
     rb=$(timeout 120 redis-benchmark -p "$REDIS_PORT" -c "$C" -n "$RB_N" "${rand[@]}" --csv \
         EVALSHA "$sha" "${keys[@]}" "$LIMIT" "$WINDOW_MICROS" 1 0 | tail -n 1)
+    rd1=$(cpu_ticks "$REDIS_PID")
+    rb_cpu=$(awk -v t=$((rd1 - rd0)) -v tick="$TICK_US" -v n="$RB_N" 'BEGIN { printf "%.1f", t * tick / n }')
     # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95...","p99_latency_ms","max..."
     IFS=, read -r _ rb_rate _ _ rb_p50 _ rb_p99 _ <<<"${rb//\"/}"
 
-    ROWS+=("$(awk -v a="$a" -v t="$tg_rate" -v r="$rb_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
-        -v rp50="$rb_p50" -v rp99="$rb_p99" -v over="$tg_over" -v err="$tg_err" 'BEGIN {
-            printf "%-24s %14.0f %14.0f %6.2f %9d %9d %9d %9d %14s\n",
-                a, t, r, (r > 0 ? t / r : 0), tp50, tp99, rp50 * 1000, rp99 * 1000, over "/" err
-        }')")
+    for i in "${!LABELS[@]}"; do
+        echo "measuring $a with tollgate (${LABELS[$i]})..." >&2
+        tg0=$(cpu_ticks "${TG_PIDS[$i]}")
+        rd0=$(cpu_ticks "$REDIS_PID")
+        # bash's `time` gives the load generator's own CPU (user, system).
+        tg=$({ TIMEFORMAT='%U %S'; time timeout $((SECS + WARMUP + 30)) "${BINS[$i]}" bench \
+            --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "algo=$a,user=u" \
+            --keys "$KEYS" --concurrency "$C" --connections "$CONNS" --duration "$SECS" \
+            --warmup "$WARMUP" --json; } 2>"$WORK/gen-time")
+        gen_cpu=$(awk 'END { print $1 + $2 }' "$WORK/gen-time")
+        tg1=$(cpu_ticks "${TG_PIDS[$i]}")
+        rd1=$(cpu_ticks "$REDIS_PID")
+        tg_rate=$(json_num decisions_per_s <<<"$tg")
+        tg_p50=$(json_num p50 <<<"$tg")
+        tg_p99=$(json_num p99 <<<"$tg")
+        tg_over=$(json_num over_limit <<<"$tg")
+        tg_err=$(sed -n 's/.*"errors":\([0-9]*\),.*/\1/p' <<<"$tg")
+        # CPU is read around the whole run, warm-up included, so the
+        # decisions are estimated over the same span from the measured rate.
+        ROWS+=("$(awk -v a="$a" -v l="${LABELS[$i]}" -v t="$tg_rate" -v r="$rb_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
+            -v rp50="$rb_p50" -v rp99="$rb_p99" -v over="$tg_over" -v err="$tg_err" \
+            -v tgt=$((tg1 - tg0)) -v rdt=$((rd1 - rd0)) -v tick="$TICK_US" -v span=$((SECS + WARMUP)) \
+            -v rbcpu="$rb_cpu" -v gen="$gen_cpu" 'BEGIN {
+                n = t * span
+                tgc = (n > 0 ? tgt * tick / n : 0)
+                rdc = (n > 0 ? rdt * tick / n : 0)
+                genc = (n > 0 ? gen * 1000000 / n : 0)
+                printf "%-23s %-6s %10.0f %10.0f %6.2f %8d %8d %8d %8d %8.1f %8.1f %6.2f %8.1f %8.1f %9s\n",
+                    a, l, t, r, (r > 0 ? t / r : 0), tp50, tp99, rp50 * 1000, rp99 * 1000,
+                    tgc, rdc, (rdc > 0 ? tgc / rdc : 0), rbcpu, genc, over "/" err
+            }')")
+    done
 done
 
 echo
-echo "C=$C KEYS=$KEYS CONNS=$CONNS SECS=$SECS RB_N=$RB_N ($(nproc 2>/dev/null || echo '?') cores, all shared)"
-printf "%-24s %14s %14s %6s %9s %9s %9s %9s %14s\n" algorithm "tollgate dec/s" "redis calls/s" ratio \
-    "tg p50us" "tg p99us" "rb p50us" "rb p99us" "refused/errors"
+echo "C=$C KEYS=$KEYS CONNS=$CONNS SECS=$SECS RB_N=$RB_N STORE=${BENCH_STORE:-redis} ($(nproc 2>/dev/null || echo '?') cores, all shared)"
+printf "%-23s %-6s %10s %10s %6s %8s %8s %8s %8s %8s %8s %6s %8s %8s %9s\n" algorithm bin "tg dec/s" "rb call/s" ratio \
+    "tg p50" "tg p99" "rb p50" "rb p99" "tg cpu" "rd cpu" "cpu x" "rb cpu" "gen cpu" "ref/err"
 printf '%s\n' "${ROWS[@]}"
+echo "latencies in µs; cpu: µs of CPU per decision (tg: tollgate, rd: the Redis server during tollgate's run),"
+echo "cpu x = tg cpu / rd cpu; rb cpu: the Redis server's µs per call under redis-benchmark;"
+echo "gen cpu: the load generator (tollgate bench) per decision, on the same cores"

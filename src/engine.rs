@@ -275,7 +275,7 @@ impl Engine {
         let plans = self.plan(&rules, req);
         let request_hits = if req.hits == 0 { 1 } else { req.hits };
 
-        let calls = req
+        let mut calls = req
             .descriptors
             .iter()
             .zip(&plans)
@@ -314,8 +314,16 @@ impl Engine {
                 )
             });
         // Descriptors of one request go to the store concurrently: on a
-        // cluster they usually live on different nodes.
-        let outcomes = join_all(calls).await;
+        // cluster they usually live on different nodes. Most requests have
+        // one, which needs no joining.
+        let outcomes = if req.descriptors.len() == 1 {
+            match calls.next() {
+                Some(call) => vec![call.await],
+                None => Vec::new(),
+            }
+        } else {
+            join_all(calls).await
+        };
 
         let mut statuses = Vec::with_capacity(plans.len());
         let mut any_over = false;

@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use futures_util::FutureExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
@@ -351,14 +352,24 @@ pub async fn run(
         "gRPC listening"
     );
     tracing::info!(addr = %http.local_addr()?, "HTTP listening");
+    // Answers are small and each is awaited by a caller: send them at once
+    // instead of waiting to fill a segment (Nagle).
     let routes = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
         .add_service(service);
     let grpc_server = match &settings.grpc_tls {
-        None => routes
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stopped())
-            .boxed(),
+        None => {
+            let incoming = TcpListenerStream::new(grpc).map(|accepted| {
+                if let Ok(tcp) = &accepted {
+                    let _ = tcp.set_nodelay(true);
+                }
+                accepted
+            });
+            routes
+                .serve_with_incoming_shutdown(incoming, stopped())
+                .boxed()
+        }
         Some(tls) => routes
             .serve_with_incoming_shutdown(crate::tls::listen(grpc, tls, stopped())?, stopped())
             .boxed(),

@@ -19,7 +19,7 @@
 //! | `redis.pool_size` | `TOLLGATE_REDIS__POOL_SIZE` | `4` | connections per node |
 //! | `redis.connect_timeout_ms` | `TOLLGATE_REDIS__CONNECT_TIMEOUT_MS` | `1000` | connect timeout |
 //! | `redis.command_timeout_ms` | `TOLLGATE_REDIS__COMMAND_TIMEOUT_MS` | `500` | upper bound on one Redis call; the caller's own deadline (`grpc-timeout`) shortens it. 500 ms is about 2.5x the slowest answer of a healthy Redis on a busy 2-core machine (47-205 ms measured; 10 ms failed a third of the calls): see `docs/benchmarks.md#overload` |
-//! | `redis.key_prefix` | `TOLLGATE_REDIS__KEY_PREFIX` | `tg1` | prefix of every key |
+//! | `redis.key_prefix` | `TOLLGATE_REDIS__KEY_PREFIX` | `tg2` | prefix of every key |
 //! | `redis.breaker_failures` | `TOLLGATE_REDIS__BREAKER_FAILURES` | `5` | consecutive failures that open the circuit |
 //! | `redis.breaker_cooldown_ms` | `TOLLGATE_REDIS__BREAKER_COOLDOWN_MS` | `500` | how long it stays open before a probe |
 //! | `deadline_margin_ms` | `TOLLGATE_DEADLINE_MARGIN_MS` | `2` | kept back from the caller's `grpc-timeout` for the answer's way back |

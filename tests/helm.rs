@@ -376,7 +376,7 @@ fn variants() -> Vec<Variant> {
                 );
                 assert_eq!(
                     r.env_value("TOLLGATE_REDIS__KEY_PREFIX").as_deref(),
-                    Some("tg1")
+                    Some("tg2")
                 );
             },
         },

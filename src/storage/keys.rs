@@ -4,17 +4,21 @@
 //!
 //! ```text
 //! <prefix>:{<tag>}:<algo><window seconds>:<role>:<identity>
-//! tg1:{3f9a0c4e1b7d2a65}:l60:z:api:user=alice:path=%2Fv1
+//! tg2:{3f9a0c4e1b7d2a65}:l60:z:api:user=alice:path=%2Fv1
 //! ```
 //!
-//! * `prefix` is a setting (default `tg1`; the trailing digit versions the
-//!   layout) so several deployments can share one Redis.
-//! * `tag` is the first 64 bits of SHA-256 of the identity, in hex. Redis
-//!   Cluster hashes only the text inside the first `{...}`, so every key of one
+//! * `prefix` is a setting (default `tg2`; the trailing digit versions the
+//!   layout: `tg1` keys had a SHA-256 tag) so several deployments can share
+//!   one Redis.
+//! * `tag` is the 64-bit FNV-1a hash of the identity, in hex. Redis Cluster
+//!   hashes only the text inside the first `{...}`, so every key of one
 //!   limiter lands in one slot (no `CROSSSLOT` in a script) while different
-//!   limiters spread over all slots. Sharding a hot limiter over several slots
-//!   adds a suffix inside the braces (`{<tag>.<n>}`), which no identity-derived
-//!   tag can contain.
+//!   limiters spread over all slots. The tag only spreads limiters: the
+//!   identity after it tells them apart, so two identities sharing a tag
+//!   share a slot and nothing else, and a fast hash is enough. FNV-1a is
+//!   fixed by its definition, so every replica and version computes the same
+//!   tag. Sharding a hot limiter over several slots adds a suffix inside the
+//!   braces (`{<tag>.<n>}`), which no identity-derived tag can contain.
 //! * `algo` is `f`, `c` or `l` (fixed window, counter, log) followed by the
 //!   window length, so changing a rule's algorithm or unit starts a fresh
 //!   counter instead of misreading an old one.
@@ -28,7 +32,12 @@
 //! * An identity longer than [`MAX_IDENTITY`] bytes is replaced by `%H`
 //!   followed by the full SHA-256 of it in hex, which keeps keys bounded; `%H`
 //!   cannot occur in an escaped identity, so a hashed identity never equals a
-//!   plain one.
+//!   plain one. Here the hash stands for the identity, so it must resist
+//!   collisions.
+//!
+//! A key is built in one buffer, its tag written in place once the identity
+//! after it is known: one allocation per key, since every decision builds
+//! one.
 
 use std::fmt::Write;
 
@@ -41,7 +50,7 @@ use crate::storage::Hit;
 pub const MAX_IDENTITY: usize = 256;
 
 /// Default key prefix.
-pub const DEFAULT_PREFIX: &str = "tg1";
+pub const DEFAULT_PREFIX: &str = "tg2";
 
 /// Role of a key within one limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,25 +88,33 @@ impl Default for KeyBuilder {
 /// The keys of one limiter: they share a hash tag.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimiterKeys {
-    /// Everything up to the role, e.g. `tg1:{3f9a...}:l60`.
-    head: String,
-    identity: String,
+    /// The state key (role `h`); the other roles differ in one byte.
+    text: String,
+    /// Byte offset of the role code in `text`.
+    role_at: usize,
+    /// Byte range of the tag in `text`, braces included.
+    tag: std::ops::Range<usize>,
 }
+
+/// Hex digits of a tag.
+const TAG_LEN: usize = 16;
+const TAG_PLACEHOLDER: &str = "0000000000000000";
 
 impl LimiterKeys {
     pub fn key(&self, role: Role) -> String {
-        format!("{}:{}:{}", self.head, role.code(), self.identity)
+        self.clone().into_key(role)
+    }
+
+    /// The key of `role`, reusing this buffer.
+    pub fn into_key(mut self, role: Role) -> String {
+        self.text
+            .replace_range(self.role_at..self.role_at + 1, role.code());
+        self.text
     }
 
     /// The hash tag, braces included.
     pub fn tag(&self) -> &str {
-        let start = self.head.find('{').unwrap_or(0);
-        let end = self
-            .head
-            .find('}')
-            .map(|e| e + 1)
-            .unwrap_or(self.head.len());
-        &self.head[start..end]
+        &self.text[self.tag.clone()]
     }
 }
 
@@ -114,48 +131,115 @@ impl KeyBuilder {
     }
 
     pub fn limiter(&self, hit: &Hit<'_>) -> LimiterKeys {
-        let mut identity = String::with_capacity(64);
-        escape_into(&mut identity, hit.domain);
-        for (k, v) in hit.entries {
-            identity.push(':');
-            escape_into(&mut identity, k);
-            identity.push('=');
-            escape_into(&mut identity, v);
+        let mut text = String::with_capacity(self.prefix.len() + TAG_LEN + 16 + identity_len(hit));
+        text.push_str(&self.prefix);
+        text.push_str(":{");
+        let tag_at = text.len();
+        text.push_str(TAG_PLACEHOLDER);
+        text.push_str("}:");
+        let tag = tag_at - 1..text.len() - 1;
+        text.push(algo_code(hit.algorithm));
+        let _ = write!(text, "{}", hit.unit.seconds());
+        text.push(':');
+        let role_at = text.len();
+        text.push_str(Role::State.code());
+        text.push(':');
+        let identity_at = text.len();
+        push_identity(&mut text, hit);
+        let hash = fnv1a(&text.as_bytes()[identity_at..]);
+        let mut hex = [0u8; TAG_LEN];
+        for (i, digit) in hex.iter_mut().enumerate() {
+            *digit = HEX[((hash >> (60 - 4 * i)) & 0xf) as usize];
         }
-        let digest = Sha256::digest(identity.as_bytes());
-        let mut tag = String::with_capacity(16);
-        for b in &digest[..8] {
-            let _ = write!(tag, "{b:02x}");
-        }
-        if identity.len() > MAX_IDENTITY {
-            let mut hashed = String::with_capacity(66);
-            hashed.push_str("%H");
+        // Hex digits are ASCII: the replacement keeps the string valid.
+        text.replace_range(
+            tag_at..tag_at + TAG_LEN,
+            std::str::from_utf8(&hex).unwrap_or_default(),
+        );
+        if text.len() - identity_at > MAX_IDENTITY {
+            let digest = Sha256::digest(&text.as_bytes()[identity_at..]);
+            text.truncate(identity_at);
+            text.push_str("%H");
             for b in digest.iter() {
-                let _ = write!(hashed, "{b:02x}");
+                let _ = write!(text, "{b:02x}");
             }
-            identity = hashed;
         }
-        let algo = match hit.algorithm {
-            Algorithm::FixedWindow => 'f',
-            Algorithm::SlidingWindowCounter => 'c',
-            Algorithm::SlidingWindowLog => 'l',
-        };
-        let head = format!("{}:{{{}}}:{}{}", self.prefix, tag, algo, hit.unit.seconds());
-        LimiterKeys { head, identity }
+        LimiterKeys { text, role_at, tag }
+    }
+
+    /// The key of a limiter held in this process (the embedded store): the
+    /// algorithm, window and identity, without prefix or tag, which only
+    /// matter to a shared server.
+    pub fn local(&self, hit: &Hit<'_>) -> String {
+        let mut text = String::with_capacity(8 + identity_len(hit));
+        text.push(algo_code(hit.algorithm));
+        let _ = write!(text, "{}", hit.unit.seconds());
+        text.push(':');
+        push_identity(&mut text, hit);
+        text
     }
 }
 
-/// Appends `s` with every byte that is special in a key escaped as `%XX`.
-fn escape_into(out: &mut String, s: &str) {
-    for ch in s.chars() {
-        match ch {
-            '%' | ':' | '=' | '{' | '}' | ' ' | '\u{0}'..='\u{1f}' | '\u{7f}' => {
-                let _ = write!(out, "%{:02X}", ch as u32);
-            }
-            _ => out.push(ch),
-        }
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn algo_code(algorithm: Algorithm) -> char {
+    match algorithm {
+        Algorithm::FixedWindow => 'f',
+        Algorithm::SlidingWindowCounter => 'c',
+        Algorithm::SlidingWindowLog => 'l',
     }
 }
+
+/// The identity's length before escaping: a good first guess.
+fn identity_len(hit: &Hit<'_>) -> usize {
+    hit.domain.len()
+        + hit
+            .entries
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2)
+            .sum::<usize>()
+}
+
+fn push_identity(out: &mut String, hit: &Hit<'_>) {
+    escape_into(out, hit.domain);
+    for (k, v) in hit.entries {
+        out.push(':');
+        escape_into(out, k);
+        out.push('=');
+        escape_into(out, v);
+    }
+}
+
+/// 64-bit FNV-1a, as specified (offset basis and prime of the 64-bit
+/// variant).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// Appends `s` with every byte that is special in a key escaped as `%XX`.
+/// Special bytes are ASCII, which never occurs inside a multi-byte UTF-8
+/// sequence, so scanning bytes is exact; runs of plain bytes are copied
+/// whole.
+fn escape_into(out: &mut String, s: &str) {
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if matches!(b, b'%' | b':' | b'=' | b'{' | b'}' | b' ' | 0..=0x1f | 0x7f) {
+            out.push_str(&s[plain..i]);
+            out.push('%');
+            out.push(char::from(HEX_UPPER[usize::from(b >> 4)]));
+            out.push(char::from(HEX_UPPER[usize::from(b & 0xf)]));
+            plain = i + 1;
+        }
+    }
+    out.push_str(&s[plain..]);
+}
+
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
 
 #[cfg(test)]
 mod tests {
@@ -214,9 +298,65 @@ mod tests {
     }
 
     #[test]
+    fn fnv1a_matches_its_definition() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    /// Replicas of every version must build the same key for the same
+    /// limiter: a change here is a new layout and needs a new prefix.
+    #[test]
+    fn layout_is_pinned() {
+        let k = keys("api", &[("user", "alice smith"), ("path", "/v1:x")]);
+        let tag = format!("{{{:016x}}}", fnv1a(b"api:user=alice%20smith:path=/v1%3Ax"));
+        assert_eq!(k.tag(), tag);
+        assert_eq!(
+            k.key(Role::LogSet),
+            format!("tg2:{tag}:l60:z:api:user=alice%20smith:path=/v1%3Ax")
+        );
+        assert_eq!(
+            k.clone().into_key(Role::LogMeta),
+            format!("tg2:{tag}:l60:m:api:user=alice%20smith:path=/v1%3Ax")
+        );
+        assert_eq!(
+            k.key(Role::State),
+            format!("tg2:{tag}:l60:h:api:user=alice%20smith:path=/v1%3Ax")
+        );
+    }
+
+    #[test]
+    fn escaping_keeps_multibyte_text() {
+        let k = keys("d", &[("k", "é:ü%\u{1}")]).key(Role::State);
+        assert!(k.ends_with(":d:k=é%3Aü%25%01"), "{k}");
+    }
+
+    #[test]
+    fn local_keys_tell_limiters_apart() {
+        let entries = vec![("k".to_owned(), "v".to_owned())];
+        let hit = |algorithm, unit| Hit {
+            domain: "d",
+            entries: &entries,
+            algorithm,
+            limit: 1,
+            unit,
+            hits: 1,
+            negative: false,
+        };
+        let b = KeyBuilder::default();
+        let fixed = b.local(&hit(Algorithm::FixedWindow, Unit::Second));
+        assert_eq!(fixed, "f1:d:k=v");
+        assert_ne!(fixed, b.local(&hit(Algorithm::FixedWindow, Unit::Minute)));
+        assert_ne!(
+            fixed,
+            b.local(&hit(Algorithm::SlidingWindowCounter, Unit::Second))
+        );
+    }
+
+    #[test]
     fn layout_is_readable() {
         let k = keys("api", &[("user", "alice smith")]).key(Role::LogSet);
-        assert!(k.starts_with("tg1:{"), "{k}");
+        assert!(k.starts_with("tg2:{"), "{k}");
         assert!(k.ends_with("}:l60:z:api:user=alice%20smith"), "{k}");
     }
 }

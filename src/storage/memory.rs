@@ -25,7 +25,7 @@ use hashlink::linked_hash_map::Entry;
 
 use crate::clock::{Clock, SystemClock};
 use crate::limit::Algorithm;
-use crate::storage::keys::{KeyBuilder, Role};
+use crate::storage::keys::KeyBuilder;
 use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError, StoreGauges};
 
 const SHARDS: usize = 32;
@@ -137,7 +137,7 @@ impl MemoryStore {
     }
 
     fn decide(&self, hit: &Hit<'_>) -> Decision {
-        let key = self.keys.limiter(hit).key(Role::State);
+        let key = self.keys.local(hit);
         let now = self.clock.now_micros();
         let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
         let mut shard = lock(&self.shards[index]);

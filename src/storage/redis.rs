@@ -438,7 +438,7 @@ impl RedisStore {
         slot: u16,
         script: &Script,
         keys: Vec<String>,
-        args: [String; 4],
+        args: Vec<i64>,
     ) -> Result<Decision, StoreError> {
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
@@ -471,7 +471,7 @@ impl RedisStore {
         slot: u16,
         script: &Script,
         keys: Vec<String>,
-        args: [String; 4],
+        args: Vec<i64>,
     ) -> Result<Vec<i64>, StoreError> {
         let timeout = self.inner.command_timeout;
         let routing = self.inner.routing();
@@ -492,10 +492,10 @@ impl RedisStore {
             },
         };
         let client = connected_client(node)?;
-        let retry =
-            matches!(self.inner.deployment, Deployment::Cluster { .. }).then(|| keys.clone());
+        let retry = matches!(self.inner.deployment, Deployment::Cluster { .. })
+            .then(|| (keys.clone(), args.clone()));
         let first = script
-            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec())
+            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args)
             .await;
         let e = match first {
             Ok(reply) => return Ok(reply),
@@ -515,10 +515,10 @@ impl RedisStore {
             .and_then(|rest| rest.split_whitespace().nth(1));
         let owner = target.and_then(|t| routing.nodes.iter().find(|n| n.id.name() == Some(t)));
         match (owner, retry) {
-            (Some(owner), Some(keys)) => {
+            (Some(owner), Some((keys, args))) => {
                 let client = connected_client(owner)?;
                 script
-                    .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args.to_vec())
+                    .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args)
                     .await
                     .map_err(|e| store_error(e, timeout))
             }
@@ -615,20 +615,26 @@ impl Store for RedisStore {
         let limiter = self.inner.keys.limiter(&hit);
         let slot = ClusterRouting::hash_key(limiter.tag().as_bytes());
         let (script, keys) = match hit.algorithm {
-            Algorithm::FixedWindow => (&self.inner.fixed_window, vec![limiter.key(Role::State)]),
-            Algorithm::SlidingWindowCounter => {
-                (&self.inner.sliding_counter, vec![limiter.key(Role::State)])
-            }
+            Algorithm::FixedWindow => (
+                &self.inner.fixed_window,
+                vec![limiter.into_key(Role::State)],
+            ),
+            Algorithm::SlidingWindowCounter => (
+                &self.inner.sliding_counter,
+                vec![limiter.into_key(Role::State)],
+            ),
             Algorithm::SlidingWindowLog => (
                 &self.inner.sliding_log,
-                vec![limiter.key(Role::LogSet), limiter.key(Role::LogMeta)],
+                vec![limiter.key(Role::LogSet), limiter.into_key(Role::LogMeta)],
             ),
         };
-        let args = [
-            hit.limit.min(MAX_EXACT).to_string(),
-            hit.unit.micros().to_string(),
-            hit.hits.min(MAX_EXACT).to_string(),
-            if hit.negative { "1" } else { "0" }.to_owned(),
+        // Integers go out as their decimal text, as the scripts read ARGV;
+        // all are below 2^53, so they fit an i64.
+        let args = vec![
+            hit.limit.min(MAX_EXACT) as i64,
+            hit.unit.micros().min(MAX_EXACT) as i64,
+            hit.hits.min(MAX_EXACT) as i64,
+            i64::from(hit.negative),
         ];
         Box::pin(self.run(slot, script, keys, args))
     }

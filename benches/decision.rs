@@ -1,0 +1,127 @@
+//! Microbenchmarks of one decision's own cost: time and allocations per
+//! decision on the embedded store, and per key built for Redis.
+//!
+//! `cargo bench --bench decision` measures; `cargo bench --bench decision --
+//! --test` runs every benchmark once (what CI does). Allocations are counted
+//! by divan's counting global allocator, so the "alloc" rows are exact
+//! per-iteration counts, not samples.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::engine::{Descriptor, Engine, EngineOptions, Request, RulesHandle};
+use tollgate::limit::{Algorithm, Unit};
+use tollgate::rules::{LoadOptions, RuleSet, parse_file};
+use tollgate::storage::keys::{KeyBuilder, Role};
+use tollgate::storage::{Hit, MemoryStore};
+
+#[global_allocator]
+static ALLOC: divan::AllocProfiler = divan::AllocProfiler::system();
+
+fn main() {
+    divan::main();
+}
+
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
+];
+
+/// The rules `scripts/bench.sh` serves: one rule per algorithm under
+/// `algo=<name>`, keyed by `user`, with a limit never reached.
+fn rules() -> RuleSet {
+    let mut text = String::from("domain: bench\ndescriptors:\n");
+    for a in ALGORITHMS {
+        text.push_str(&format!(
+            "  - key: algo\n    value: {}\n    descriptors:\n      - key: user\n        rate_limit: {{unit: second, requests_per_unit: 1000000000, algorithm: {}}}\n",
+            a.as_str(),
+            a.as_str()
+        ));
+    }
+    let options = LoadOptions {
+        max_log_limit: u32::MAX,
+        ..LoadOptions::default()
+    };
+    let domain =
+        parse_file(Path::new("bench.yaml"), &text, &options).expect("the bench rules are valid");
+    let mut set = RuleSet::default();
+    set.domains.insert(domain.name.clone(), domain);
+    set
+}
+
+fn request(algorithm: Algorithm, user: &str) -> Request {
+    Request {
+        domain: "bench".to_owned(),
+        descriptors: vec![Descriptor {
+            entries: vec![
+                ("algo".to_owned(), algorithm.as_str().to_owned()),
+                ("user".to_owned(), user.to_owned()),
+            ],
+            ..Descriptor::default()
+        }],
+        hits: 1,
+        deadline: None,
+    }
+}
+
+/// One decision through the engine on the embedded store, as the gRPC
+/// handler makes it (the request already decoded), with and without a
+/// caller's deadline (a deadline arms a timer).
+#[divan::bench(args = ALGORITHMS, consts = [false, true])]
+fn engine_memory<const DEADLINE: bool>(bencher: divan::Bencher, algorithm: Algorithm) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    // A clock that moves: the log's entries expire instead of piling up.
+    let clock = Arc::new(ManualClock::at_secs(1_000));
+    let store = Arc::new(MemoryStore::new(clock.clone() as Arc<dyn Clock>));
+    let engine = Engine::new(
+        RulesHandle::new(rules()),
+        store,
+        clock.clone(),
+        EngineOptions::default(),
+    );
+    let mut req = request(algorithm, "u-1");
+    bencher.bench_local(|| {
+        clock.advance_micros(10);
+        if DEADLINE {
+            req.deadline = Some(tokio::time::Instant::now() + Duration::from_millis(20));
+        }
+        let response = rt.block_on(engine.should_rate_limit(&req));
+        divan::black_box(response.expect("a decision"));
+    });
+}
+
+/// Building the Redis keys of one limiter (what every Redis call does
+/// before it sends anything).
+#[divan::bench(args = ALGORITHMS)]
+fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
+    let builder = KeyBuilder::default();
+    let entries = vec![
+        ("algo".to_owned(), algorithm.as_str().to_owned()),
+        ("user".to_owned(), "u-1234".to_owned()),
+    ];
+    let hit = Hit {
+        domain: "bench",
+        entries: &entries,
+        algorithm,
+        limit: 1_000_000_000,
+        unit: Unit::Second,
+        hits: 1,
+        negative: false,
+    };
+    bencher.bench_local(|| {
+        let limiter = builder.limiter(divan::black_box(&hit));
+        let keys = match algorithm {
+            Algorithm::SlidingWindowLog => {
+                vec![limiter.key(Role::LogSet), limiter.key(Role::LogMeta)]
+            }
+            _ => vec![limiter.key(Role::State)],
+        };
+        divan::black_box((limiter.tag().len(), keys));
+    });
+}
