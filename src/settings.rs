@@ -31,7 +31,7 @@
 //! | `max_message_bytes` | `TOLLGATE_MAX_MESSAGE_BYTES` | `65536` | bytes of one decoded request (`RESOURCE_EXHAUSTED` past it) |
 //! | `max_log_limit` | `TOLLGATE_MAX_LOG_LIMIT` | `10000` | largest `requests_per_unit` a `sliding_window_log` limit may have |
 //! | `memory.max_limiters` | `TOLLGATE_MEMORY__MAX_LIMITERS` | `1000000` | limiters the embedded store holds; least recently used evicted past it |
-//! | `over_limit_cache.enabled` | `TOLLGATE_OVER_LIMIT_CACHE__ENABLED` | `true` | answer a limiter the store refused until a reset locally, without the store, until then |
+//! | `over_limit_cache.enabled` | `TOLLGATE_OVER_LIMIT_CACHE__ENABLED` | `true` | once the store refuses a limiter until a reset, answer it locally until then, without the store |
 //! | `over_limit_cache.max_entries` | `TOLLGATE_OVER_LIMIT_CACHE__MAX_ENTRIES` | `100000` | limiters the over-limit cache holds; least recently used evicted past it |
 //! | `grpc_tls.cert_file` / `key_file` | `TOLLGATE_GRPC_TLS__CERT_FILE` ... | none | PEM certificate chain and key: serve gRPC over TLS |
 //! | `grpc_tls.client_ca_file` | `TOLLGATE_GRPC_TLS__CLIENT_CA_FILE` | none | PEM CAs: require and verify client certificates (mTLS) |
