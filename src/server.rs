@@ -27,7 +27,8 @@ use crate::reload;
 use crate::rules::{self, RuleSet};
 use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
-use crate::storage::{Breaker, MemoryStore, RedisStore, Store};
+use crate::storage::hotkeys::{self, HotKeyStore, HotKeys};
+use crate::storage::{Breaker, MemoryStore, OverLimitCache, RedisStore, Store};
 
 /// The health service names answered besides the overall "".
 pub const HEALTH_SERVICES: [&str; 3] = [
@@ -202,23 +203,29 @@ pub fn rule_options(settings: &Settings) -> rules::LoadOptions {
     }
 }
 
+/// The backend, then the layers that hold for every store: the over-limit
+/// cache, and the hot-key tracker above it (so it sees the calls the cache
+/// answers too).
 async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<dyn Store>> {
-    match &settings.store {
-        StoreSetting::Memory => Ok(Arc::new(MemoryStore::with_max_limiters(
-            clock,
+    let backend: Arc<dyn Store> = match &settings.store {
+        StoreSetting::Memory => Arc::new(MemoryStore::with_max_limiters(
+            clock.clone(),
             settings.memory_max_limiters,
-        ))),
+        )),
         StoreSetting::Redis(url) => {
             let store = RedisStore::connect(settings.redis.connection.clone())
                 .await
                 .map_err(|e| anyhow::anyhow!("store={url} is not usable: {e}"))?;
-            Ok(Arc::new(Breaker::with_clock(
+            Arc::new(Breaker::with_clock(
                 store,
                 settings.redis.breaker,
-                clock,
-            )))
+                clock.clone(),
+            ))
         }
-    }
+    };
+    let cached = OverLimitCache::wrap(backend, clock.clone(), settings.over_limit_cache);
+    let tracker = HotKeys::new(hotkeys::DEFAULT_CAPACITY, hotkeys::DEFAULT_WINDOW_MICROS);
+    Ok(Arc::new(HotKeyStore::new(cached, clock, tracker)))
 }
 
 /// Serves until `shutdown` resolves, then drains for up to
@@ -422,6 +429,23 @@ pub async fn run(
             async move { json_call(&limiter, headers, body, max_message_bytes).await }
         }),
     );
+    // The heaviest limiters of this replica, to tell which rule to shard.
+    let hot_store = engine.store().clone();
+    let router = router.route(
+        "/debug/hotkeys",
+        axum::routing::get(move || {
+            let store = hot_store.clone();
+            async move {
+                match store.hot_keys() {
+                    Some(report) => json_response(StatusCode::OK, &hot_keys_json(&report)),
+                    None => json_response(
+                        StatusCode::NOT_FOUND,
+                        &serde_json::json!({"error": "no hot-key tracker"}),
+                    ),
+                }
+            }
+        }),
+    );
     let router = match &telemetry {
         Some(t) => {
             let t = t.clone();
@@ -519,6 +543,41 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
     let mut text = body.to_string();
     text.push('\n');
     (status, [(CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// `/debug/hotkeys`: rates per second over the trailing window, shares
+/// between 0 and 1.
+fn hot_keys_json(report: &hotkeys::Report) -> serde_json::Value {
+    let keys: Vec<serde_json::Value> = report
+        .hot_keys
+        .iter()
+        .map(|k| {
+            let entries: Vec<serde_json::Value> = k
+                .limiter
+                .entries
+                .iter()
+                .map(|(key, value)| serde_json::json!({"key": key, "value": value}))
+                .collect();
+            serde_json::json!({
+                "limiter": {
+                    "domain": &*k.limiter.domain,
+                    "entries": entries,
+                    "algorithm": k.limiter.algorithm.as_str(),
+                    "limit": k.limiter.limit,
+                    "unit": k.limiter.unit.as_str(),
+                },
+                "rate": k.rate,
+                "rateError": k.rate_error,
+                "share": k.share,
+                "overLimitShare": k.over_limit_share,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "windowSeconds": report.window_seconds,
+        "totalRate": report.total_rate,
+        "hotKeys": keys,
+    })
 }
 
 /// The rules in force as JSON, sorted by domain and path.

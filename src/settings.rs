@@ -31,6 +31,8 @@
 //! | `max_message_bytes` | `TOLLGATE_MAX_MESSAGE_BYTES` | `65536` | bytes of one decoded request (`RESOURCE_EXHAUSTED` past it) |
 //! | `max_log_limit` | `TOLLGATE_MAX_LOG_LIMIT` | `10000` | largest `requests_per_unit` a `sliding_window_log` limit may have |
 //! | `memory.max_limiters` | `TOLLGATE_MEMORY__MAX_LIMITERS` | `1000000` | limiters the embedded store holds; least recently used evicted past it |
+//! | `over_limit_cache.enabled` | `TOLLGATE_OVER_LIMIT_CACHE__ENABLED` | `true` | once the store refuses a limiter until a reset, answer it locally until then, without the store |
+//! | `over_limit_cache.max_entries` | `TOLLGATE_OVER_LIMIT_CACHE__MAX_ENTRIES` | `100000` | limiters the over-limit cache holds; least recently used evicted past it |
 //! | `grpc_tls.cert_file` / `key_file` | `TOLLGATE_GRPC_TLS__CERT_FILE` ... | none | PEM certificate chain and key: serve gRPC over TLS |
 //! | `grpc_tls.client_ca_file` | `TOLLGATE_GRPC_TLS__CLIENT_CA_FILE` | none | PEM CAs: require and verify client certificates (mTLS) |
 //! | `grpc_tls.reload_ms` | `TOLLGATE_GRPC_TLS__RELOAD_MS` | `5000` | how often the TLS files are checked for changes; 0 = never |
@@ -57,7 +59,7 @@ use config::{Config, Environment, File, FileFormat};
 use serde::Deserialize;
 
 use crate::limit::{Algorithm, FailurePolicy};
-use crate::storage::{BreakerConfig, RedisConfig};
+use crate::storage::{BreakerConfig, CacheConfig, RedisConfig};
 
 /// Where a store's counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +164,8 @@ pub struct Settings {
     pub max_log_limit: u32,
     /// Limiters the embedded store holds before evicting the least recently used.
     pub memory_max_limiters: usize,
+    /// The local over-limit cache in front of the store.
+    pub over_limit_cache: CacheConfig,
     pub grpc_tls: Option<GrpcTls>,
     pub shutdown_drain: Duration,
     pub shutdown_grace: Duration,
@@ -226,6 +230,8 @@ struct Raw {
     #[serde(default)]
     memory: RawMemory,
     #[serde(default)]
+    over_limit_cache: RawOverLimitCache,
+    #[serde(default)]
     grpc_tls: RawGrpcTls,
     shutdown_drain_ms: Option<String>,
     shutdown_grace_ms: Option<String>,
@@ -252,6 +258,13 @@ struct RawOtel {
     service_name: Option<String>,
     sampling_ratio: Option<String>,
     metrics_interval_ms: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverLimitCache {
+    enabled: Option<String>,
+    max_entries: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -304,6 +317,8 @@ pub const KEYS: &[&str] = &[
     "max_message_bytes",
     "max_log_limit",
     "memory.max_limiters",
+    "over_limit_cache.enabled",
+    "over_limit_cache.max_entries",
     "grpc_tls.cert_file",
     "grpc_tls.key_file",
     "grpc_tls.client_ca_file",
@@ -944,6 +959,21 @@ impl Raw {
             1_000_000,
             1..=usize::MAX,
         )?;
+        let over_limit_cache = CacheConfig {
+            enabled: parse(
+                src,
+                "over_limit_cache.enabled",
+                &self.over_limit_cache.enabled,
+                true,
+            )?,
+            max_entries: bounded(
+                src,
+                "over_limit_cache.max_entries",
+                &self.over_limit_cache.max_entries,
+                CacheConfig::default().max_entries,
+                1..=100_000_000,
+            )?,
+        };
         let t = self.grpc_tls;
         let cert_file = file("grpc_tls.cert_file", t.cert_file)?;
         let key_file = file("grpc_tls.key_file", t.key_file)?;
@@ -1001,6 +1031,7 @@ impl Raw {
             limits,
             max_log_limit,
             memory_max_limiters,
+            over_limit_cache,
             grpc_tls,
             shutdown_drain: millis(src, "shutdown_drain_ms", &self.shutdown_drain_ms, 5000)?,
             shutdown_grace: millis(src, "shutdown_grace_ms", &self.shutdown_grace_ms, 5000)?,
@@ -1336,6 +1367,37 @@ mod tests {
         assert_eq!(s.limits.max_in_flight, 7);
         assert_eq!(s.memory_max_limiters, 100);
         assert_eq!(s.max_log_limit, 50);
+        assert_eq!(s.over_limit_cache, CacheConfig::default());
+        assert!(s.over_limit_cache.enabled);
+        let s = Settings::load(&env(&[
+            ("TOLLGATE_OVER_LIMIT_CACHE__ENABLED", "false"),
+            ("TOLLGATE_OVER_LIMIT_CACHE__MAX_ENTRIES", "10"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.over_limit_cache,
+            CacheConfig {
+                enabled: false,
+                max_entries: 10
+            }
+        );
+        for (pair, want) in [
+            (
+                ("TOLLGATE_OVER_LIMIT_CACHE__MAX_ENTRIES", "0"),
+                "over_limit_cache.max_entries=0 is not valid: must be between 1",
+            ),
+            (
+                ("TOLLGATE_OVER_LIMIT_CACHE__MAX_ENTRIES", "lots"),
+                "over_limit_cache.max_entries=lots is not valid",
+            ),
+            (
+                ("TOLLGATE_OVER_LIMIT_CACHE__ENABLED", "maybe"),
+                "over_limit_cache.enabled=maybe is not valid",
+            ),
+        ] {
+            let err = Settings::load(&env(&[pair])).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{err}");
+        }
         let err = Settings::load(&env(&[("TOLLGATE_GRPC_TLS__CERT_FILE", "/etc/hostname")]))
             .unwrap_err()
             .to_string();

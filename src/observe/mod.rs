@@ -433,6 +433,44 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
+    for (name, description, read) in [
+        (
+            "tollgate.over_limit_cache.hits",
+            "Calls answered OVER_LIMIT by the local over-limit cache, without the store",
+            (|c: &crate::storage::CacheCounts| c.hits) as fn(&crate::storage::CacheCounts) -> u64,
+        ),
+        (
+            "tollgate.over_limit_cache.misses",
+            "Calls the over-limit cache passed to the store",
+            |c| c.misses,
+        ),
+        (
+            "tollgate.over_limit_cache.evictions",
+            "Limiters the over-limit cache forgot to stay within over_limit_cache.max_entries",
+            |c| c.evictions,
+        ),
+    ] {
+        let store = s.store.clone();
+        meter
+            .u64_observable_counter(name)
+            .with_description(description)
+            .with_callback(move |o| {
+                if let Some(c) = store.gauges().over_limit_cache {
+                    o.observe(read(&c), &[]);
+                }
+            })
+            .build();
+    }
+    let store = s.store.clone();
+    meter
+        .u64_observable_gauge("tollgate.over_limit_cache.entries")
+        .with_description("Limiters held by the over-limit cache")
+        .with_callback(move |o| {
+            if let Some(c) = store.gauges().over_limit_cache {
+                o.observe(c.entries, &[]);
+            }
+        })
+        .build();
     let store = s.store;
     meter
         .u64_observable_counter("tollgate.store.evictions")

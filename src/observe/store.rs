@@ -110,4 +110,8 @@ impl Store for ObservedStore {
     fn gauges(&self) -> StoreGauges {
         self.inner.gauges()
     }
+
+    fn hot_keys(&self) -> Option<crate::storage::hotkeys::Report> {
+        self.inner.hot_keys()
+    }
 }

@@ -6,6 +6,8 @@
 //! so the embedded store and Redis behave the same.
 
 pub mod breaker;
+pub mod cache;
+pub mod hotkeys;
 pub mod keys;
 pub mod memory;
 pub mod redis;
@@ -19,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::limit::{Algorithm, Unit};
 
 pub use breaker::{Breaker, BreakerConfig};
+pub use cache::{CacheConfig, CacheCounts, LimiterId, OverLimitCache};
+pub use hotkeys::{HotKeyStore, HotKeys};
 pub use memory::MemoryStore;
 pub use redis::{RedisConfig, RedisStore};
 
@@ -162,6 +166,8 @@ pub struct StoreGauges {
     /// Times the scripts were loaded into a server (Redis: at connect and
     /// after every reconnect).
     pub script_loads: Option<u64>,
+    /// The local over-limit cache in front of the store, when enabled.
+    pub over_limit_cache: Option<CacheCounts>,
 }
 
 /// A counting backend. Implementations must be safe under concurrent calls:
@@ -197,5 +203,11 @@ pub trait Store: Send + Sync + 'static {
     /// Sizes and states for metrics. Called at scrape time, never per hit.
     fn gauges(&self) -> StoreGauges {
         StoreGauges::default()
+    }
+
+    /// The heaviest limiters of this replica, from the hot-key layer;
+    /// layers pass it through. Called per `/debug/hotkeys` request.
+    fn hot_keys(&self) -> Option<hotkeys::Report> {
+        None
     }
 }

@@ -1,0 +1,499 @@
+//! The local over-limit cache: once the store refuses a limiter until some
+//! reset time, this replica refuses the same limiter itself until then,
+//! without a store call. An abusive client hammering an exhausted limiter
+//! then costs one store call per reset instead of one per request.
+//!
+//! It is a layer in front of any [`Store`] (the embedded store runs it too)
+//! and only uses the trait.
+//!
+//! # When an answer may be cached, and for what
+//!
+//! The cache must give the answer the store would have given, so it only
+//! keeps refusals whose answer cannot change before the reset, except
+//! through this replica's own give-backs, which it sees:
+//!
+//! * `fixed_window`: a refused hit of cost at most the limit leaves the
+//!   window's count above the limit (refused hits are counted), so every
+//!   later hit of the window, whatever its cost, and every check (cost 0) is
+//!   refused with 0 remaining until the window ends. The cache answers those,
+//!   and keeps the costs it refused (the store would have counted them): a
+//!   give-back first takes from that sum, answered locally as the store would
+//!   (the count is still above the limit); only the rest goes to the store,
+//!   and the entry is dropped.
+//! * `sliding_window_log`: only refusals of cost 1 are kept. Such a refusal
+//!   means the log holds exactly the limit, and nothing leaves it before the
+//!   reset (the moment its oldest hit stops counting), so cost-1 hits are
+//!   refused with 0 remaining until then. A weighted refusal is not kept:
+//!   before its reset, older hits leave, the remaining count grows and a
+//!   smaller cost fits, which only the store can see. Checks (cost 0) are
+//!   always admitted by the log and go to the store; a give-back goes to the
+//!   store and drops the entry.
+//! * `sliding_window_counter`: refusals are kept per cost (a few costs per
+//!   limiter). A hit of the same cost is refused until the reset, as the
+//!   store would; but the answer's `remaining` is the one of the refusal,
+//!   while the store's estimate falls as the previous bucket's weight does,
+//!   so the store may report more remaining meanwhile. Checks and other costs
+//!   go to the store; a give-back goes to the store and drops the entry.
+//!
+//! A hit costing more than the limit is never cached (the store does not
+//! record it, so its refusal says nothing about the count).
+//!
+//! The entry's end is this replica's clock when the call was sent plus the
+//! reset the store answered: never later than the store's own reset, at most
+//! one round trip earlier (the reset answered locally is that much shorter).
+//!
+//! The cache is per replica: hits given back through another replica are
+//! not seen, and the entries of this one stay until their reset. A refusal
+//! that arrives after a give-back was sent is not cached, since the store
+//! may have decided it before the give-back.
+//!
+//! Memory is bounded by `max_entries` limiters, least recently used evicted
+//! first. An evicted `fixed_window` entry forgets the costs it refused, so a
+//! later give-back in that window finds a lower count than without the cache.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashlink::LruCache;
+
+use crate::clock::Clock;
+use crate::limit::{Algorithm, Unit};
+use crate::storage::{
+    BoxFuture, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges,
+};
+
+/// Costs remembered per `sliding_window_counter` limiter.
+const COSTS_PER_LIMITER: usize = 4;
+
+/// Everything that defines a limiter, owned: the cache's key, and the hot-key
+/// report's. Two hits with equal ids count against the same state with the
+/// same limit.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LimiterId {
+    pub domain: Box<str>,
+    pub entries: Box<[(String, String)]>,
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub unit: Unit,
+}
+
+impl LimiterId {
+    pub fn of(hit: &Hit<'_>) -> Self {
+        Self {
+            domain: hit.domain.into(),
+            entries: hit.entries.into(),
+            algorithm: hit.algorithm,
+            limit: hit.limit,
+            unit: hit.unit,
+        }
+    }
+}
+
+/// Settings of the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub enabled: bool,
+    /// Limiters held at most; the least recently used is evicted past it.
+    pub max_entries: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_entries: 100_000,
+        }
+    }
+}
+
+/// What the cache did since start, for metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// Hits answered without the store.
+    pub hits: u64,
+    /// Hits passed to the store.
+    pub misses: u64,
+    /// Limiters forgotten to stay within `max_entries` (expired ones are not
+    /// counted).
+    pub evictions: u64,
+    /// Limiters held now.
+    pub entries: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    /// The refused cost (`fixed_window`: any cost; stored as 0).
+    cost: u64,
+    remaining: u64,
+    /// Until this instant (this replica's clock, microseconds).
+    until: u64,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    refusals: Vec<Refusal>,
+    /// `fixed_window`: costs refused here that the store would have counted.
+    swallowed: u64,
+}
+
+enum Plan {
+    Answer(Decision),
+    /// Send this cost to the store (a give-back may be smaller than asked).
+    Forward(u64),
+}
+
+/// A [`Store`] that answers exhausted limiters locally. Cheap to share.
+pub struct OverLimitCache {
+    inner: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    /// A std mutex: held for a map lookup or insert, never across an
+    /// `.await`.
+    entries: Mutex<LruCache<LimiterId, Entry>>,
+    max_entries: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    /// Give-backs sent so far: a refusal decided while one was in flight may
+    /// predate it, and is not cached.
+    give_backs: AtomicU64,
+}
+
+impl OverLimitCache {
+    pub fn new(inner: Arc<dyn Store>, clock: Arc<dyn Clock>, max_entries: usize) -> Self {
+        let max_entries = max_entries.max(1);
+        Self {
+            inner,
+            clock,
+            entries: Mutex::new(LruCache::new(max_entries)),
+            max_entries,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            give_backs: AtomicU64::new(0),
+        }
+    }
+
+    /// `inner` behind a cache when `config` enables one, else `inner` alone.
+    pub fn wrap(
+        inner: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: CacheConfig,
+    ) -> Arc<dyn Store> {
+        if config.enabled {
+            Arc::new(Self::new(inner, clock, config.max_entries))
+        } else {
+            inner
+        }
+    }
+
+    pub fn counts(&self) -> CacheCounts {
+        CacheCounts {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            entries: self.lock().len() as u64,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LruCache<LimiterId, Entry>> {
+        // A poisoned map only means a panic mid-update of plain numbers; the
+        // worst left behind is a stale refusal that expires at its reset.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn plan(&self, id: &LimiterId, hit: &Hit<'_>, now: u64) -> Plan {
+        let mut map = self.lock();
+        let Some(entry) = map.get_mut(id) else {
+            return Plan::Forward(hit.hits);
+        };
+        entry.refusals.retain(|r| r.until > now);
+        if entry.refusals.is_empty() {
+            map.remove(id);
+            return Plan::Forward(hit.hits);
+        }
+        let refused = |r: &Refusal| Decision {
+            admitted: false,
+            remaining: r.remaining,
+            reset_micros: r.until - now,
+        };
+        match hit.algorithm {
+            Algorithm::FixedWindow => {
+                let r = entry.refusals[0];
+                if hit.negative {
+                    if hit.hits <= entry.swallowed {
+                        entry.swallowed -= hit.hits;
+                        return Plan::Answer(Decision {
+                            admitted: true,
+                            ..refused(&r)
+                        });
+                    }
+                    let rest = hit.hits - entry.swallowed;
+                    map.remove(id);
+                    return Plan::Forward(rest);
+                }
+                if hit.hits <= hit.limit {
+                    entry.swallowed += hit.hits;
+                }
+                Plan::Answer(refused(&r))
+            }
+            Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => {
+                if hit.negative {
+                    map.remove(id);
+                    return Plan::Forward(hit.hits);
+                }
+                match entry.refusals.iter().find(|r| r.cost == hit.hits) {
+                    Some(r) if hit.hits > 0 => Plan::Answer(refused(r)),
+                    _ => Plan::Forward(hit.hits),
+                }
+            }
+        }
+    }
+
+    /// Keeps a refusal the store just gave, when the cache may answer it
+    /// (see the module docs).
+    fn fill(&self, id: LimiterId, hit: &Hit<'_>, d: &Decision, sent_at: u64) {
+        if d.admitted || hit.negative || hit.hits == 0 || hit.hits > hit.limit {
+            return;
+        }
+        if d.reset_micros == 0 {
+            return;
+        }
+        let cost = match hit.algorithm {
+            Algorithm::FixedWindow if d.remaining == 0 => 0,
+            Algorithm::SlidingWindowLog if hit.hits == 1 && d.remaining == 0 => 1,
+            Algorithm::SlidingWindowCounter => hit.hits,
+            _ => return,
+        };
+        let refusal = Refusal {
+            cost,
+            remaining: d.remaining,
+            until: sent_at.saturating_add(d.reset_micros),
+        };
+        let mut map = self.lock();
+        if let Some(entry) = map.get_mut(&id) {
+            match entry.refusals.iter_mut().find(|r| r.cost == cost) {
+                // Concurrent refusals: the later end is as true as the first.
+                Some(r) => *r = refusal,
+                None => {
+                    if entry.refusals.len() >= COSTS_PER_LIMITER {
+                        entry.refusals.remove(0);
+                    }
+                    entry.refusals.push(refusal);
+                }
+            }
+            return;
+        }
+        if map.len() >= self.max_entries {
+            map.remove_lru();
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        map.insert(
+            id,
+            Entry {
+                refusals: vec![refusal],
+                swallowed: 0,
+            },
+        );
+    }
+
+    /// Drops the entries whose refusals have all expired.
+    pub fn sweep(&self) {
+        let now = self.clock.now_micros();
+        self.lock().retain(|_, e| {
+            e.refusals.retain(|r| r.until > now);
+            !e.refusals.is_empty()
+        });
+    }
+}
+
+impl Store for OverLimitCache {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let id = LimiterId::of(&hit);
+            let now = self.clock.now_micros();
+            let give_backs = self.give_backs.load(Ordering::SeqCst);
+            let cost = match self.plan(&id, &hit, now) {
+                Plan::Answer(d) => {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(d);
+                }
+                Plan::Forward(cost) => cost,
+            };
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            if hit.negative {
+                self.give_backs.fetch_add(1, Ordering::SeqCst);
+            }
+            let sent = Hit { hits: cost, ..hit };
+            let d = self.inner.hit(sent).await?;
+            if self.give_backs.load(Ordering::SeqCst) == give_backs {
+                self.fill(id, &sent, &d, now);
+            }
+            Ok(d)
+        })
+    }
+
+    fn is_ready(&self) -> bool {
+        self.inner.is_ready()
+    }
+
+    fn maintain(&self) {
+        self.sweep();
+        self.inner.maintain()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn node(&self, hit: &Hit<'_>) -> NodeId {
+        self.inner.node(hit)
+    }
+
+    fn failures(&self) -> FailureCounts {
+        self.inner.failures()
+    }
+
+    fn gauges(&self) -> StoreGauges {
+        StoreGauges {
+            over_limit_cache: Some(self.counts()),
+            ..self.inner.gauges()
+        }
+    }
+
+    fn hot_keys(&self) -> Option<crate::storage::hotkeys::Report> {
+        self.inner.hot_keys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::storage::MemoryStore;
+
+    fn entries() -> Vec<(String, String)> {
+        vec![("user".to_string(), "mallory".to_string())]
+    }
+
+    fn hit(
+        entries: &[(String, String)],
+        algorithm: Algorithm,
+        hits: u64,
+        negative: bool,
+    ) -> Hit<'_> {
+        Hit {
+            domain: "api",
+            entries,
+            algorithm,
+            limit: 5,
+            unit: Unit::Second,
+            hits,
+            negative,
+        }
+    }
+
+    /// Runs the same script of hits through a bare store and a cached one
+    /// on the same manual clock, and checks every answer matches.
+    async fn same_answers(algorithm: Algorithm, script: &[(u64, bool, u64)]) -> CacheCounts {
+        let clock = ManualClock::at_micros(1_000_000_000_000 + 300_000);
+        let bare = MemoryStore::new(Arc::new(clock.clone()));
+        let cached = OverLimitCache::new(
+            Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+            Arc::new(clock.clone()),
+            16,
+        );
+        let e = entries();
+        for (i, &(hits, negative, advance)) in script.iter().enumerate() {
+            let h = hit(&e, algorithm, hits, negative);
+            let want = bare.hit(h).await.unwrap();
+            let got = cached.hit(h).await.unwrap();
+            assert_eq!(got, want, "{algorithm} step {i}: {h:?}");
+            clock.advance_micros(advance);
+        }
+        cached.counts()
+    }
+
+    #[tokio::test]
+    async fn fixed_window_answers_match_the_store_through_give_backs() {
+        let mut script = vec![(1, false, 1000); 12];
+        script.extend([
+            (0, false, 10),
+            (9, false, 10),
+            (2, true, 10),
+            (1, false, 10),
+            (7, true, 10),
+            (1, false, 10),
+            (1, false, 10),
+            (1, false, 800_000),
+            (1, false, 10),
+        ]);
+        let counts = same_answers(Algorithm::FixedWindow, &script).await;
+        assert!(counts.hits >= 8, "{counts:?}");
+    }
+
+    #[tokio::test]
+    async fn log_answers_match_the_store() {
+        let mut script = vec![(1, false, 100_000); 12];
+        script.extend([
+            (0, false, 10),
+            (2, false, 10),
+            (1, false, 10),
+            (1, true, 10),
+            (1, false, 10),
+            (1, false, 10),
+            (1, false, 500_000),
+            (1, false, 10),
+            (3, false, 300_000),
+            (1, false, 10),
+        ]);
+        let counts = same_answers(Algorithm::SlidingWindowLog, &script).await;
+        assert_eq!(counts.hits, 5, "{counts:?}");
+    }
+
+    #[tokio::test]
+    async fn counter_admits_and_refuses_as_the_store() {
+        let clock = ManualClock::at_micros(1_000_000_000_000);
+        let bare = MemoryStore::new(Arc::new(clock.clone()));
+        let cached = OverLimitCache::new(
+            Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+            Arc::new(clock.clone()),
+            16,
+        );
+        let e = entries();
+        for step in 0..400 {
+            let h = hit(&e, Algorithm::SlidingWindowCounter, 1 + step % 2, false);
+            let want = bare.hit(h).await.unwrap();
+            let got = cached.hit(h).await.unwrap();
+            assert_eq!(got.admitted, want.admitted, "step {step}");
+            clock.advance_micros(7_919);
+        }
+        assert!(cached.counts().hits > 100, "{:?}", cached.counts());
+    }
+
+    #[tokio::test]
+    async fn bounded_with_least_recently_used_evicted() {
+        let clock = ManualClock::at_secs(1_000_000);
+        let cached = OverLimitCache::new(
+            Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+            Arc::new(clock.clone()),
+            3,
+        );
+        for user in 0..10 {
+            let e = vec![("user".to_string(), user.to_string())];
+            for _ in 0..7 {
+                cached
+                    .hit(hit(&e, Algorithm::FixedWindow, 1, false))
+                    .await
+                    .unwrap();
+            }
+        }
+        let c = cached.counts();
+        assert_eq!(c.entries, 3);
+        assert_eq!(c.evictions, 7);
+        // 5 admitted and 1 refused by the store, then 1 answered here, per user.
+        assert_eq!((c.hits, c.misses), (10, 60));
+        clock.advance_secs(1);
+        cached.sweep();
+        assert_eq!(cached.counts().entries, 0);
+    }
+}
