@@ -43,6 +43,7 @@ impl Fixture {
                 unit: Unit::Minute,
                 hits,
                 negative,
+                buckets: 2,
             })
             .await
             .expect("the embedded store always answers")
@@ -264,6 +265,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             unit: Unit::Hour,
             hits,
             negative: false,
+            buckets: 2,
         })
         .await
         .expect("the embedded store always answers")
@@ -348,6 +350,7 @@ async fn expired_limiters_are_reclaimed() {
                     unit: Unit::Second,
                     hits: 1,
                     negative: false,
+                    buckets: 2,
                 })
                 .await
                 .unwrap();

@@ -64,6 +64,7 @@ impl Limiter {
                 unit: self.unit,
                 hits,
                 negative,
+                buckets: 2,
             })
             .await
     }
@@ -595,6 +596,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         unit: l.unit,
         hits: 1,
         negative: false,
+        buckets: 2,
     };
     let limiter = KeyBuilder::default().limiter(&hit);
     let (meta, log) = (limiter.key(Role::LogMeta), limiter.key(Role::LogSet));

@@ -17,7 +17,9 @@
 //!   tag can contain.
 //! * `algo` is `f`, `c` or `l` (fixed window, counter, log) followed by the
 //!   window length, so changing a rule's algorithm or unit starts a fresh
-//!   counter instead of misreading an old one.
+//!   counter instead of misreading an old one. A counter with other than
+//!   the default 2 buckets adds `b` and its bucket count (`c60b10`), so a
+//!   changed bucket count never reads another layout's state.
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
 //!   log metadata).
 //! * `identity` is the domain then `:key=value` per entry, each part escaped:
@@ -34,7 +36,7 @@ use std::fmt::Write;
 
 use sha2::{Digest, Sha256};
 
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, DEFAULT_BUCKETS};
 use crate::storage::Hit;
 
 /// Longest identity kept verbatim in a key.
@@ -140,7 +142,10 @@ impl KeyBuilder {
             Algorithm::SlidingWindowCounter => 'c',
             Algorithm::SlidingWindowLog => 'l',
         };
-        let head = format!("{}:{{{}}}:{}{}", self.prefix, tag, algo, hit.unit.seconds());
+        let mut head = format!("{}:{{{}}}:{}{}", self.prefix, tag, algo, hit.unit.seconds());
+        if hit.algorithm == Algorithm::SlidingWindowCounter && hit.buckets != DEFAULT_BUCKETS {
+            let _ = write!(head, "b{}", hit.buckets);
+        }
         LimiterKeys { head, identity }
     }
 }
@@ -175,6 +180,7 @@ mod tests {
             unit: Unit::Minute,
             hits: 1,
             negative: false,
+            buckets: 2,
         })
     }
 
@@ -211,6 +217,36 @@ mod tests {
         let b = keys("d", &[("k", &long_b)]).key(Role::State);
         assert!(a.len() < 120, "{a}");
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn bucket_count_is_part_of_a_counter_identity() {
+        let entries = vec![("k".to_string(), "v".to_string())];
+        let key = |algorithm, buckets| {
+            KeyBuilder::default()
+                .limiter(&Hit {
+                    domain: "d",
+                    entries: &entries,
+                    algorithm,
+                    limit: 1,
+                    unit: Unit::Minute,
+                    hits: 1,
+                    negative: false,
+                    buckets,
+                })
+                .key(Role::State)
+        };
+        let counter = Algorithm::SlidingWindowCounter;
+        assert!(key(counter, 2).contains("}:c60:h:"), "{}", key(counter, 2));
+        assert!(
+            key(counter, 10).contains("}:c60b10:h:"),
+            "{}",
+            key(counter, 10)
+        );
+        assert_ne!(key(counter, 10), key(counter, 60));
+        // Other algorithms ignore the count: one limiter whatever it says.
+        let fixed = Algorithm::FixedWindow;
+        assert_eq!(key(fixed, 2), key(fixed, 10));
     }
 
     #[test]

@@ -438,7 +438,7 @@ impl RedisStore {
         slot: u16,
         script: &Script,
         keys: Vec<String>,
-        args: [String; 4],
+        args: [String; 5],
     ) -> Result<Decision, StoreError> {
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
@@ -471,7 +471,7 @@ impl RedisStore {
         slot: u16,
         script: &Script,
         keys: Vec<String>,
-        args: [String; 4],
+        args: [String; 5],
     ) -> Result<Vec<i64>, StoreError> {
         let timeout = self.inner.command_timeout;
         let routing = self.inner.routing();
@@ -629,6 +629,7 @@ impl Store for RedisStore {
             hit.unit.micros().to_string(),
             hit.hits.min(MAX_EXACT).to_string(),
             if hit.negative { "1" } else { "0" }.to_owned(),
+            hit.buckets.to_string(),
         ];
         Box::pin(self.run(slot, script, keys, args))
     }
@@ -1025,6 +1026,7 @@ mod tests {
                     unit: crate::limit::Unit::Second,
                     hits: 1,
                     negative: false,
+                    buckets: 2,
                 })
                 .await;
             assert!(result.is_err(), "{url}");
