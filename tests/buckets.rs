@@ -162,3 +162,46 @@ async fn simulation_overshoot_falls_with_more_buckets() {
         }
     }
 }
+
+/// `tollgate simulate` prints the table: a header and one row per bucket
+/// count, each figure at least the limit.
+#[test]
+fn simulate_subcommand_prints_the_table() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "simulate",
+            "--limit",
+            "50",
+            "--windows",
+            "10",
+            "--seed",
+            "5",
+        ])
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("limit 50/s, 10 windows per load, seed 5"),
+        "{stdout}"
+    );
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| buckets"))
+        .collect();
+    let buckets: Vec<String> = rows
+        .iter()
+        .map(|r| r.split('|').nth(1).unwrap().trim().to_owned())
+        .collect();
+    assert_eq!(buckets, ["2", "4", "10", "30", "60"], "{stdout}");
+    for row in rows {
+        for cell in row.split('|').skip(2).filter(|c| !c.trim().is_empty()) {
+            let n: u64 = cell.split_whitespace().next().unwrap().parse().unwrap();
+            assert!((50..100).contains(&n), "{row}");
+        }
+    }
+}
