@@ -113,6 +113,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         unit: Unit::Second,
         hits: 1,
         negative: false,
+        buckets: tollgate::limit::DEFAULT_BUCKETS,
     };
     bencher.bench_local(|| {
         let limiter = builder.limiter(divan::black_box(&hit));

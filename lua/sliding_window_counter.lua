@@ -1,13 +1,20 @@
--- Sliding window counter: two epoch-aligned buckets; the previous one weighs
--- what is left of it in the trailing window. Same semantics, and the same
--- floating-point steps, as sliding_counter() in src/storage/memory.rs.
+-- Sliding window counter: N epoch-aligned buckets of window / (N - 1) each;
+-- the current one and N - 2 full ones count whole, the oldest weighs what is
+-- left of it in the trailing window. N = 2 is the classic previous-and-current
+-- pair. Same semantics, and the same floating-point steps, as
+-- sliding_counter() in src/storage/memory.rs.
 --
--- KEYS[1]  limiter state (hash): w = current bucket index,
---          p = previous bucket's count, c = current bucket's count
+-- Time is counted in units of 1 / (N - 1) microsecond ("scaled"), so a bucket
+-- is exactly w scaled units long and no boundary is rounded; real durations
+-- are scaled ones divided by N - 1, rounded up.
+--
+-- KEYS[1]  limiter state (hash): w = current bucket index, c = current
+--          bucket's count, p = the one before, b2 .. b<N-1> older ones
 -- ARGV[1]  limit (requests per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+-- ARGV[5]  N, the number of buckets (2..60; absent means 2)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers.
 -- Only admitted hits are recorded. The clock is the server's (TIME).
@@ -18,57 +25,99 @@ local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local hits = tonumber(ARGV[3])
 local negative = ARGV[4] == '1'
+local n = tonumber(ARGV[5]) or 2
+if n < 2 then n = 2 end
+if n > 60 then n = 60 end
+local spans = n - 1
 
 -- Integer division on doubles (exact below 2^53), corrected for rounding.
-local idx = math.floor(now / w)
-if idx * w > now then idx = idx - 1 end
-if (idx + 1) * w <= now then idx = idx + 1 end
-local start = idx * w
-local elapsed = now - start
-
-local st = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
-local window = tonumber(st[1])
-local prev = tonumber(st[2]) or 0
-local cur = tonumber(st[3]) or 0
-if window == idx - 1 then
-  prev = cur
-  cur = 0
-elseif window ~= idx then
-  prev = 0
-  cur = 0
+local function div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+-- now x spans can pass 2^53, so split it: now = q x w + r, and only
+-- r x spans (below 60 x w) is scaled.
+local q = div(now, w)
+local rs = (now - q * w) * spans
+local j = div(rs, w)
+local idx = q * spans + j
+local elapsed = rs - j * w
+local function real(scaled)
+  return math.ceil(scaled / spans)
 end
 
--- Multiplying before dividing keeps the estimate exact while prev * w stays
--- below 2^53.
+-- Field of the bucket of a given age (0 = current).
+local function field(age)
+  if age == 0 then return 'c' end
+  if age == 1 then return 'p' end
+  return 'b' .. age
+end
+local names = {'w'}
+for age = 0, n - 1 do names[#names + 1] = field(age) end
+local st = redis.call('HMGET', KEYS[1], unpack(names))
+local window = tonumber(st[1])
+-- counts[age + 1], as Lua counts from 1.
+local counts = {}
+local shift = n
+if window ~= nil and window <= idx and idx - window < n then shift = idx - window end
+for age = 0, n - 1 do
+  local from = age - shift
+  if from >= 0 then
+    counts[age + 1] = tonumber(st[from + 2]) or 0
+  else
+    counts[age + 1] = 0
+  end
+end
+
+local function sum_full(upto)
+  -- Ages 0 .. upto - 1.
+  local s = 0
+  for age = 0, upto - 1 do s = s + counts[age + 1] end
+  return s
+end
+-- Multiplying before dividing keeps the estimate exact while oldest * w
+-- stays below 2^53.
 local left = w - elapsed
 local function estimate()
-  return prev * left / w + cur
+  return counts[n] * left / w + sum_full(n - 1)
 end
 local function remaining(est)
   local r = math.floor(limit - est)
   if r > 0 then return r end
   return 0
 end
+-- Until the oldest bucket holding hits has left the trailing window.
 local function ok_reset()
-  if prev > 0 then return start + w - now end
-  if cur > 0 then return start + 2 * w - now end
+  for age = n - 1, 0, -1 do
+    if counts[age + 1] > 0 then return real((n - age) * w - elapsed) end
+  end
   return 0
 end
 local function save()
-  if prev == 0 and cur == 0 then
+  local args = {'w', string.format('%d', idx)}
+  local any = false
+  for age = 0, n - 1 do
+    if counts[age + 1] > 0 then any = true end
+    args[#args + 1] = field(age)
+    args[#args + 1] = string.format('%d', counts[age + 1])
+  end
+  if not any then
     redis.call('DEL', KEYS[1])
     return
   end
-  redis.call('HSET', KEYS[1], 'w', string.format('%d', idx),
-    'p', string.format('%d', prev), 'c', string.format('%d', cur))
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((start + 2 * w - now) / 1000)))
+  redis.call('HSET', KEYS[1], unpack(args))
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(real(n * w - elapsed) / 1000)))
 end
 
 if negative then
-  local back = math.min(hits, cur)
-  cur = cur - back
-  prev = prev - (hits - back)
-  if prev < 0 then prev = 0 end
+  local back = hits
+  for age = 0, n - 1 do
+    local take = math.min(back, counts[age + 1])
+    counts[age + 1] = counts[age + 1] - take
+    back = back - take
+  end
   save()
   return {1, remaining(estimate()), ok_reset()}
 end
@@ -79,24 +128,32 @@ if hits > limit then
 end
 if est + hits <= limit then
   if hits > 0 then
-    cur = cur + hits
+    counts[1] = counts[1] + hits
     save()
   end
   return {1, remaining(estimate()), ok_reset()}
 end
 
--- Refused: when does prev * weight(t) + cur + hits fit under the limit?
+-- Refused: the first bucket (k buckets on) where the full ones fit, then the
+-- moment in it when the oldest has lost enough weight:
+-- oldest * (w - e) / w <= room  holds from  e = w - floor(w * room / oldest).
 local need = limit - hits
-local wait
--- prev * (w - e) / w <= room  holds from  e = w - floor(w * room / prev).
-if cur <= need then
-  -- Later in this bucket, as the previous bucket's weight falls.
-  local at = w - math.min(math.floor(w * (need - cur) / prev), w)
-  wait = at - elapsed
-  if wait < 1 then wait = 1 end
-else
-  -- In the next bucket, where this bucket becomes the previous one.
-  local at = w - math.min(math.floor(w * need / cur), w)
-  wait = start + w - now + at
+local wait = w
+for k = 0, n - 1 do
+  local full = sum_full(n - 1 - k)
+  if full <= need then
+    local oldest = counts[n - k]
+    local at = 0
+    if oldest > 0 then at = w - math.min(math.floor(w * (need - full) / oldest), w) end
+    if k == 0 then
+      wait = at - elapsed
+      if wait < 0 then wait = 0 end
+      wait = real(wait)
+      if wait < 1 then wait = 1 end
+    else
+      wait = real(k * w + at - elapsed)
+    end
+    break
+  end
 end
 return {0, remaining(est), wait}

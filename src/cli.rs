@@ -30,6 +30,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Load-test an RLS address (tollgate or any Envoy rate-limit service).
     Bench(crate::bench::BenchArgs),
+    /// Measure how far sliding_window_counter admits over its limit, per
+    /// bucket count, on a virtual clock; prints a table.
+    Simulate(crate::simulate::SimulateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -110,6 +113,7 @@ pub fn main() -> ExitCode {
         Command::Validate(args) => validate(&args),
         Command::Check(args) => check(args),
         Command::Bench(args) => crate::bench::main(args),
+        Command::Simulate(args) => crate::simulate::main(args),
     }
 }
 

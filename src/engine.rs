@@ -10,7 +10,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::limit::{Algorithm, FailurePolicy, Unit};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, Unit};
 use crate::rules::{LimitSpec, Rule, RuleSet};
 use crate::storage::{Decision, Hit, Store, StoreError};
 
@@ -57,6 +57,8 @@ pub struct AppliedLimit {
     pub unit: Unit,
     pub name: Option<String>,
     pub algorithm: Algorithm,
+    /// Buckets of a `sliding_window_counter` (the rule's, or the default).
+    pub buckets: u8,
 }
 
 /// The answer for one descriptor.
@@ -294,6 +296,7 @@ impl Engine {
                     unit: limit.unit,
                     hits: d.hits.unwrap_or(request_hits),
                     negative: d.negative,
+                    buckets: limit.buckets,
                 };
                 let Some(deadline) = req.deadline else {
                     return Some(self.store.hit(hit).await.map_err(Failure::Store));
@@ -498,6 +501,7 @@ impl Engine {
                             unit: o.unit,
                             name: None,
                             algorithm: self.options.default_algorithm,
+                            buckets: DEFAULT_BUCKETS,
                         },
                         policy: self.options.on_store_error,
                     };
@@ -520,6 +524,7 @@ impl Engine {
                             unit,
                             name: rule.name.clone(),
                             algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
+                            buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
                         },
                         policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
                     },

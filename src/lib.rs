@@ -21,5 +21,6 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod simulate;
 pub mod storage;
 pub mod tls;

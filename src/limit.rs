@@ -86,8 +86,9 @@ pub enum Algorithm {
     /// Epoch-aligned windows; every hit counts. Admits up to 2x the limit
     /// across a boundary.
     FixedWindow,
-    /// Two fixed buckets, the previous one weighted by how much of it still
-    /// overlaps the trailing window. Constant memory, approximate.
+    /// N epoch-aligned buckets (2 by default), the oldest weighted by how much
+    /// of it still overlaps the trailing window. Constant memory, approximate;
+    /// more buckets, closer to the exact count.
     SlidingWindowCounter,
     /// Every admitted hit with its timestamp. Exact; memory per hit.
     SlidingWindowLog,
@@ -129,6 +130,14 @@ impl FromStr for Algorithm {
             })
     }
 }
+
+/// Buckets of a `sliding_window_counter` when the rule names none: the
+/// previous window and the current one.
+pub const DEFAULT_BUCKETS: u8 = 2;
+
+/// The most buckets a counter may have: its state is one hash field per
+/// bucket, and past 60 the estimate gains little (see the README table).
+pub const MAX_BUCKETS: u8 = 60;
 
 /// What a descriptor's answer is when its store cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

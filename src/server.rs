@@ -593,6 +593,7 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 "rule": r.path,
                 "name": r.name,
                 "algorithm": r.algorithm.map(|a| a.as_str()),
+                "buckets": r.buckets,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
                 "replaces": r.replaces,
                 "shadowMode": r.shadow_mode,

@@ -43,6 +43,7 @@ impl Fixture {
                 unit: Unit::Minute,
                 hits,
                 negative,
+                buckets: 2,
             })
             .await
             .expect("the embedded store always answers")
@@ -264,6 +265,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             unit: Unit::Hour,
             hits,
             negative: false,
+            buckets: 2,
         })
         .await
         .expect("the embedded store always answers")
@@ -348,6 +350,7 @@ async fn expired_limiters_are_reclaimed() {
                     unit: Unit::Second,
                     hits: 1,
                     negative: false,
+                    buckets: 2,
                 })
                 .await
                 .unwrap();
@@ -358,4 +361,79 @@ async fn expired_limiters_are_reclaimed() {
     f.clock.advance_micros(2 * SECOND + 1);
     f.store.sweep();
     assert!(f.store.is_empty(), "{} left", f.store.len());
+}
+
+/// A counter with 4 buckets of 20 s in a one-minute window: three full
+/// buckets and the oldest, weighted by the part of it still in the window.
+#[tokio::test]
+async fn four_buckets_weigh_only_the_oldest() {
+    let f = Fixture::new();
+    let call = |hits: u64| {
+        let entries = &f.entries;
+        let store = &f.store;
+        async move {
+            store
+                .hit(Hit {
+                    domain: "test",
+                    entries,
+                    algorithm: Algorithm::SlidingWindowCounter,
+                    limit: 100,
+                    unit: Unit::Minute,
+                    hits,
+                    negative: false,
+                    buckets: 4,
+                })
+                .await
+                .expect("the embedded store always answers")
+        }
+    };
+    f.clock.set_micros(T0 + 5 * SECOND);
+    let d = call(30).await;
+    // Counted until its bucket (ends at 20 s) has left the window: 80 s.
+    assert_eq!(
+        (d.admitted, d.remaining, d.reset_micros),
+        (true, 70, 75 * SECOND)
+    );
+    f.clock.set_micros(T0 + 25 * SECOND);
+    let d = call(20).await;
+    // The oldest counted hits (bucket 0) leave at 80 s.
+    assert_eq!(
+        (d.admitted, d.remaining, d.reset_micros),
+        (true, 50, 55 * SECOND)
+    );
+    f.clock.set_micros(T0 + 45 * SECOND);
+    assert_eq!(call(10).await.remaining, 40);
+    // Bucket 0 is now the oldest, 5 s into bucket 3: 30 x 15/20 + 20 + 10.
+    f.clock.set_micros(T0 + 65 * SECOND);
+    assert_eq!(call(0).await.remaining, 47);
+    // 30 x 5/20 + 30 = 37.5.
+    f.clock.set_micros(T0 + 75 * SECOND);
+    assert_eq!(call(0).await.remaining, 62);
+    // Bucket 0 is gone; bucket 1 is the oldest: 20 x 15/20 + 10 = 25.
+    f.clock.set_micros(T0 + 85 * SECOND);
+    assert_eq!(call(0).await.remaining, 75);
+    // 80 more fit once 20 x (20 - e)/20 + 10 <= 20, at e = 10 s: 5 s on.
+    let d = call(80).await;
+    assert_eq!(
+        (d.admitted, d.remaining, d.reset_micros),
+        (false, 75, 5 * SECOND)
+    );
+    f.clock.set_micros(T0 + 90 * SECOND - 1);
+    assert!(!call(80).await.admitted);
+    f.clock.set_micros(T0 + 90 * SECOND);
+    let d = call(80).await;
+    assert_eq!((d.admitted, d.remaining), (true, 0));
+}
+
+/// The same hits with 2 buckets answer as the classic counter: the whole
+/// previous window weighs in.
+#[tokio::test]
+async fn two_buckets_are_the_classic_counter() {
+    let f = Fixture::new();
+    let counter = Algorithm::SlidingWindowCounter;
+    f.clock.set_micros(T0 + 5 * SECOND);
+    assert!(f.hit(counter, 100, 30).await.admitted);
+    // 45 s into the next minute: 30 x 15/60 = 7.5.
+    f.clock.set_micros(T0 + 105 * SECOND);
+    assert_eq!(f.hit(counter, 100, 0).await.remaining, 92);
 }

@@ -26,6 +26,7 @@ struct Limiter {
     algorithm: Algorithm,
     limit: u64,
     unit: Unit,
+    buckets: u8,
 }
 
 impl Limiter {
@@ -36,6 +37,15 @@ impl Limiter {
             algorithm,
             limit,
             unit,
+            buckets: 2,
+        }
+    }
+
+    /// A sliding window counter with `buckets` buckets.
+    fn counter(case: &str, limit: u64, unit: Unit, buckets: u8) -> Limiter {
+        Limiter {
+            buckets,
+            ..Limiter::new(case, Algorithm::SlidingWindowCounter, limit, unit)
         }
     }
 
@@ -64,6 +74,7 @@ impl Limiter {
                 unit: self.unit,
                 hits,
                 negative,
+                buckets: self.buckets,
             })
             .await
     }
@@ -93,10 +104,13 @@ impl Limiter {
     }
 
     /// The longest reset an answer may carry: the counter's current bucket
-    /// keeps counting (weighted) through the next one.
+    /// (a window over buckets - 1 long) keeps counting through a window.
     fn max_reset(&self) -> u64 {
         match self.algorithm {
-            Algorithm::SlidingWindowCounter => 2 * self.window(),
+            Algorithm::SlidingWindowCounter => {
+                let spans = u64::from(self.buckets) - 1;
+                self.window() + self.window().div_ceil(spans)
+            }
             _ => self.window(),
         }
     }
@@ -400,9 +414,11 @@ enum Reset {
     WindowEndPlus(u64),
     /// One window after the oldest counted hit, made during this run.
     AfterOldest,
+    /// The end of the current bucket of a counter with 4 buckets, plus this.
+    BucketEndPlus(u64),
 }
 
-use Reset::{AfterOldest, Window, WindowEndPlus, Zero};
+use Reset::{AfterOldest, BucketEndPlus, Window, WindowEndPlus, Zero};
 
 /// (admitted, remaining, reset) expected of one algorithm.
 type Expect = (bool, u64, Reset);
@@ -577,9 +593,93 @@ async fn answers_the_expected_table(store: &dyn Store, algorithm: Algorithm) {
                 r + slack >= lo && r <= hi + slack
             }
             AfterOldest => r <= DAY && r + (after - started) + slack >= DAY,
+            BucketEndPlus(_) => panic!("{what}: bucket ends are for the 4-bucket table"),
         };
         assert!(ok, "{what}: reset {r} is not {reset:?}");
     }
+}
+
+/// Bucket length of the N = 4 counter below: a day over 3.
+const BUCKET4: u64 = DAY / 3;
+
+/// A scripted run of a counter with 4 buckets of 8 hours (limit 10 in a
+/// one-day window), worked out from its definition: within one bucket the
+/// estimate is the current bucket; an admitted answer resets when the
+/// current bucket has left the window (its end plus a day); a refusal waits
+/// until this bucket is the oldest (its end plus two buckets) and weighs
+/// `cur x (b - e) / b + hits <= limit`, i.e. `e = b - floor(b x (limit -
+/// hits) / cur)` into that bucket.
+const SCRIPT4: &[(u64, bool, (bool, u64, Reset))] = &[
+    (0, false, (true, 10, Zero)),
+    (4, false, (true, 6, BucketEndPlus(DAY))),
+    (5, false, (true, 1, BucketEndPlus(DAY))),
+    // 2 buckets, then b - floor(b x 7 / 9) = 6,400,000,000.
+    (
+        3,
+        false,
+        (false, 1, BucketEndPlus(2 * BUCKET4 + 6_400_000_000)),
+    ),
+    (2, true, (true, 3, BucketEndPlus(DAY))),
+    (1, false, (true, 2, BucketEndPlus(DAY))),
+    (100, true, (true, 10, Zero)),
+    (10, false, (true, 0, BucketEndPlus(DAY))),
+    // 2 buckets, then b - floor(b x 9 / 10) = 2,880,000,000.
+    (
+        1,
+        false,
+        (false, 0, BucketEndPlus(2 * BUCKET4 + 2_880_000_000)),
+    ),
+    (11, false, (false, 0, Window)),
+];
+
+/// The N-bucket counter answers its table on every store, and its state is
+/// its own: the same descriptor with the default 2 buckets starts afresh.
+async fn bucketed_counter_answers_the_expected_table(store: &dyn Store) {
+    let c = format!("{} counter/4", store.kind());
+    let left = BUCKET4 - wall_micros() % BUCKET4;
+    if left < 60_000_000 {
+        tokio::time::sleep(Duration::from_micros(left + 1_000_000)).await;
+    }
+    let l = Limiter::counter("table4", 10, Unit::Day, 4);
+    let slack = 1_000_000;
+    for (step, &(hits, negative, (admitted, remaining, reset))) in SCRIPT4.iter().enumerate() {
+        let before = wall_micros();
+        let got = l
+            .call(store, hits, negative)
+            .await
+            .unwrap_or_else(|e| panic!("{c}: step {step} failed: {e}"));
+        let after = wall_micros();
+        let what = format!("{c}: step {step} (hits {hits}, give back {negative})");
+        assert_eq!(
+            (got.admitted, got.remaining),
+            (admitted, remaining),
+            "{what}"
+        );
+        let r = got.reset_micros;
+        let ok = match reset {
+            Zero => r == 0,
+            Window => r == DAY,
+            BucketEndPlus(extra) => {
+                let lo = BUCKET4 - after % BUCKET4 + extra;
+                let hi = BUCKET4 - before % BUCKET4 + extra;
+                r + slack >= lo && r <= hi + slack
+            }
+            other => panic!("{what}: {other:?} is not used here"),
+        };
+        assert!(ok, "{what}: reset {r} is not {reset:?}");
+    }
+    // The limiter is full (10 of 10); with 2 buckets it is another limiter.
+    let two = Limiter {
+        buckets: 2,
+        ..l.clone()
+    };
+    assert_eq!(two.hit(store, 1).await.remaining, 9, "{c}: 2 buckets");
+    let sixty = Limiter {
+        buckets: 60,
+        ..l.clone()
+    };
+    assert_eq!(sixty.hit(store, 3).await.remaining, 7, "{c}: 60 buckets");
+    assert!(!l.hit(store, 1).await.admitted, "{c}: still full");
 }
 
 /// Losing the log's metadata hash (evicted, deleted) between hits changes
@@ -595,6 +695,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         unit: l.unit,
         hits: 1,
         negative: false,
+        buckets: 2,
     };
     let limiter = KeyBuilder::default().limiter(&hit);
     let (meta, log) = (limiter.key(Role::LogMeta), limiter.key(Role::LogSet));
@@ -638,8 +739,12 @@ async fn early_in_a_second() {
 /// With a 1-second window: the refused answer's reset is when a retry
 /// succeeds (not much earlier, not later).
 async fn retry_after_reset_succeeds(store: &dyn Store, algorithm: Algorithm) {
-    let l = Limiter::new("retry", algorithm, 3, Unit::Second);
-    let c = ctx(store, algorithm);
+    retry_after_reset_succeeds_on(store, Limiter::new("retry", algorithm, 3, Unit::Second)).await;
+}
+
+async fn retry_after_reset_succeeds_on(store: &dyn Store, l: Limiter) {
+    let algorithm = l.algorithm;
+    let c = format!("{} ({} buckets)", ctx(store, algorithm), l.buckets);
     early_in_a_second().await;
     let before_first = Instant::now();
     for _ in 0..3 {
@@ -705,6 +810,7 @@ async fn run_suite(store: DynStore) {
         concurrent_hits_never_over_admit(store.clone(), algorithm).await;
         answers_the_expected_table(s, algorithm).await;
     }
+    bucketed_counter_answers_the_expected_table(&*store).await;
     log_reset_is_when_the_oldest_hit_leaves(&*store).await;
     // The cases that wait for time to pass run side by side.
     let mut timed: Vec<BoxFuture<'_, ()>> = Vec::new();
@@ -712,6 +818,12 @@ async fn run_suite(store: DynStore) {
         timed.push(Box::pin(retry_after_reset_succeeds(&*store, algorithm)));
         timed.push(Box::pin(admits_again_after_the_window(&*store, algorithm)));
     }
+    // A counter with 10 buckets of 111 ms: the wait for a refused hit runs
+    // through the bucket shifts until the full bucket is the oldest.
+    timed.push(Box::pin(retry_after_reset_succeeds_on(
+        &*store,
+        Limiter::counter("retry10", 3, Unit::Second, 10),
+    )));
     join_all(timed).await;
     eprintln!("{} suite passed in {:?}", store.kind(), started.elapsed());
 }

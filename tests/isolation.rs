@@ -78,6 +78,7 @@ impl Placement<'_> {
                 unit: Unit::Hour,
                 hits: 1,
                 negative: false,
+                buckets: 2,
             })
             .key(Role::LogSet)
     }

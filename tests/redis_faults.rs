@@ -50,6 +50,7 @@ impl Limiter {
             unit: Unit::Minute,
             hits: 1,
             negative: false,
+            buckets: 2,
         }
     }
 

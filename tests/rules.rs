@@ -112,6 +112,7 @@ fn limits_and_flags_are_parsed() {
             name: Some("per_user".into()),
             replaces: vec!["per_ip".into(), "path_default".into()],
             algorithm: Some(Algorithm::SlidingWindowLog),
+            buckets: None,
             on_store_error: Some(FailurePolicy::Allow),
             shadow_mode: true,
             quota_mode: true,
@@ -287,7 +288,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, on_store_error)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, buckets, on_store_error)",
     );
 }
 
@@ -442,6 +443,65 @@ fn log_limit_above_max() {
     );
     // With the defaults only the rule naming the log is refused.
     assert_eq!(errors_of("log_limit_above_max.yaml").0.len(), 1);
+}
+
+#[test]
+fn buckets_out_of_range() {
+    assert_error(
+        "buckets_out_of_range.yaml",
+        9,
+        "descriptors[0].rate_limit.buckets: ",
+        "buckets must be from 2 to 60, found 1",
+    );
+    assert_error(
+        "buckets_out_of_range.yaml",
+        15,
+        "descriptors[1].rate_limit.buckets: ",
+        "buckets must be from 2 to 60, found 61",
+    );
+    // 60 is allowed: only the two rules above are refused.
+    assert_eq!(errors_of("buckets_out_of_range.yaml").0.len(), 2);
+}
+
+/// `buckets` on another algorithm is refused, whether the rule names it or
+/// inherits it from `default_algorithm`.
+#[test]
+fn buckets_without_counter() {
+    assert_error(
+        "buckets_without_counter.yaml",
+        10,
+        "descriptors[0].rate_limit.buckets: ",
+        "buckets applies only to sliding_window_counter, not fixed_window",
+    );
+    // With the default (counter) the inherited rule is fine.
+    assert_eq!(errors_of("buckets_without_counter.yaml").0.len(), 1);
+    let file = invalid("buckets_without_counter.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let log_default = LoadOptions {
+        default_algorithm: Algorithm::SlidingWindowLog,
+        ..LoadOptions::default()
+    };
+    let errors = parse_file(&file, &text, &log_default).unwrap_err();
+    assert_eq!(errors.0.len(), 2, "{errors}");
+    assert_eq!(errors.0[1].line, Some(15));
+    assert!(
+        errors.0[1].to_string().ends_with(
+            "buckets applies only to sliding_window_counter, not sliding_window_log \
+             (the default_algorithm, as the rule names none)"
+        ),
+        "{errors}"
+    );
+}
+
+/// A valid `buckets` reaches the rule; without it the rule says `None` (2).
+#[test]
+fn buckets_reach_the_rule() {
+    let text = "domain: b\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      buckets: 30\n  - key: plain\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("b.yaml"), text).unwrap();
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(find(&set, "b", &[("k", "x")]).unwrap().buckets, Some(30));
+    assert_eq!(find(&set, "b", &[("plain", "x")]).unwrap().buckets, None);
 }
 
 /// A rule without `algorithm` inherits `default_algorithm`, and the cap is

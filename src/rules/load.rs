@@ -19,7 +19,7 @@ use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoadError, LoaderOptions, Node as Yaml};
 
 use super::{Domain, Level, LimitSpec, Node, Rule, RuleError, RuleErrors, RuleSet};
-use crate::limit::{Algorithm, FailurePolicy, Unit};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, Unit};
 
 const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -38,6 +38,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "name",
     "replaces",
     "algorithm",
+    "buckets",
     "on_store_error",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
@@ -446,6 +447,7 @@ impl<'f> Walker<'f> {
                 name: limit.name,
                 replaces: limit.replaces,
                 algorithm: limit.algorithm,
+                buckets: limit.buckets,
                 on_store_error: limit.on_store_error,
                 shadow_mode,
                 quota_mode,
@@ -554,6 +556,9 @@ impl<'f> Walker<'f> {
         {
             self.log_limit(*requests_per_unit, algorithm, rpu_node, path);
         }
+        let buckets = fields
+            .get("buckets")
+            .and_then(|(k, v)| self.buckets(k, v, algorithm, path));
 
         if self.errors.len() > errors_before {
             return None;
@@ -563,8 +568,49 @@ impl<'f> Walker<'f> {
             name,
             replaces,
             algorithm,
+            buckets,
             on_store_error,
         })
+    }
+
+    /// `buckets`: a whole number in 2..=60, on a counter only (named by the
+    /// rule or inherited from `default_algorithm`).
+    fn buckets(
+        &mut self,
+        key: &MarkedScalarNode,
+        node: &Yaml,
+        algorithm: Option<Algorithm>,
+        path: &str,
+    ) -> Option<u8> {
+        let path = join(path, "buckets");
+        let n = self.number(node, &path)?;
+        let effective = algorithm.unwrap_or(self.options.default_algorithm);
+        if effective != Algorithm::SlidingWindowCounter {
+            let inherited = if algorithm.is_none() {
+                " (the default_algorithm, as the rule names none)"
+            } else {
+                ""
+            };
+            self.error(
+                key_line(key),
+                &path,
+                format!(
+                    "buckets applies only to sliding_window_counter, not {effective}{inherited}"
+                ),
+            );
+            return None;
+        }
+        match u8::try_from(n) {
+            Ok(b) if (DEFAULT_BUCKETS..=MAX_BUCKETS).contains(&b) => Some(b),
+            _ => {
+                self.error(
+                    line_of(node),
+                    &path,
+                    format!("buckets must be from {DEFAULT_BUCKETS} to {MAX_BUCKETS}, found {n}"),
+                );
+                None
+            }
+        }
     }
 
     /// Refuses a log limit above `max_log_limit`, whether the rule names the
@@ -700,6 +746,7 @@ struct RateLimit {
     name: Option<String>,
     replaces: Vec<String>,
     algorithm: Option<Algorithm>,
+    buckets: Option<u8>,
     on_store_error: Option<FailurePolicy>,
 }
 

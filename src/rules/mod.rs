@@ -35,6 +35,8 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// `rate_limit.algorithm`; `None` means the configured default.
     pub algorithm: Option<Algorithm>,
+    /// `rate_limit.buckets` (counter only, 2..=60); `None` means 2.
+    pub buckets: Option<u8>,
     /// `rate_limit.on_store_error`; `None` means the configured default.
     pub on_store_error: Option<FailurePolicy>,
     /// `shadow_mode`: counted, but the descriptor always answers OK.
@@ -235,6 +237,9 @@ fn describe_rule(rule: &Rule) -> String {
             rule.algorithm.map(|a| a.as_str()).unwrap_or("default")
         ),
     };
+    if let Some(buckets) = rule.buckets {
+        text.push_str(&format!(" buckets={buckets}"));
+    }
     if let Some(name) = &rule.name {
         text.push_str(&format!(" name={name}"));
     }

@@ -453,6 +453,7 @@ mod tests {
             unit: Unit::Second,
             hits: 1,
             negative: false,
+            buckets: 2,
         }
     }
 

@@ -75,6 +75,8 @@ pub struct LimiterId {
     pub algorithm: Algorithm,
     pub limit: u64,
     pub unit: Unit,
+    /// A counter's bucket count: a different count is a different limiter.
+    pub buckets: u8,
 }
 
 impl LimiterId {
@@ -85,6 +87,7 @@ impl LimiterId {
             algorithm: hit.algorithm,
             limit: hit.limit,
             unit: hit.unit,
+            buckets: hit.buckets,
         }
     }
 }
@@ -389,6 +392,7 @@ mod tests {
             unit: Unit::Second,
             hits,
             negative,
+            buckets: crate::limit::DEFAULT_BUCKETS,
         }
     }
 

@@ -271,6 +271,7 @@ mod tests {
             algorithm: Algorithm::FixedWindow,
             limit: 10,
             unit: Unit::Second,
+            buckets: crate::limit::DEFAULT_BUCKETS,
         }
     }
 

@@ -21,7 +21,9 @@
 //!   braces (`{<tag>.<n>}`), which no identity-derived tag can contain.
 //! * `algo` is `f`, `c` or `l` (fixed window, counter, log) followed by the
 //!   window length, so changing a rule's algorithm or unit starts a fresh
-//!   counter instead of misreading an old one.
+//!   counter instead of misreading an old one. A counter with other than
+//!   the default 2 buckets adds `b` and its bucket count (`c60b10`), so a
+//!   changed bucket count never reads another layout's state.
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
 //!   log metadata).
 //! * `identity` is the domain then `:key=value` per entry, each part escaped:
@@ -43,7 +45,7 @@ use std::fmt::Write;
 
 use sha2::{Digest, Sha256};
 
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, DEFAULT_BUCKETS};
 use crate::storage::Hit;
 
 /// Longest identity kept verbatim in a key.
@@ -138,8 +140,7 @@ impl KeyBuilder {
         text.push_str(TAG_PLACEHOLDER);
         text.push_str("}:");
         let tag = tag_at - 1..text.len() - 1;
-        text.push(algo_code(hit.algorithm));
-        let _ = write!(text, "{}", hit.unit.seconds());
+        push_algo(&mut text, hit);
         text.push(':');
         let role_at = text.len();
         text.push_str(Role::State.code());
@@ -172,8 +173,7 @@ impl KeyBuilder {
     /// matter to a shared server.
     pub fn local(&self, hit: &Hit<'_>) -> String {
         let mut text = String::with_capacity(8 + identity_len(hit));
-        text.push(algo_code(hit.algorithm));
-        let _ = write!(text, "{}", hit.unit.seconds());
+        push_algo(&mut text, hit);
         text.push(':');
         push_identity(&mut text, hit);
         text
@@ -181,6 +181,16 @@ impl KeyBuilder {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// The algorithm, window and (for a counter with other than the default
+/// buckets) the bucket count: what must change the key when it changes.
+fn push_algo(text: &mut String, hit: &Hit<'_>) {
+    text.push(algo_code(hit.algorithm));
+    let _ = write!(text, "{}", hit.unit.seconds());
+    if hit.algorithm == Algorithm::SlidingWindowCounter && hit.buckets != DEFAULT_BUCKETS {
+        let _ = write!(text, "b{}", hit.buckets);
+    }
+}
 
 fn algo_code(algorithm: Algorithm) -> char {
     match algorithm {
@@ -259,6 +269,7 @@ mod tests {
             unit: Unit::Minute,
             hits: 1,
             negative: false,
+            buckets: 2,
         })
     }
 
@@ -342,10 +353,19 @@ mod tests {
             unit,
             hits: 1,
             negative: false,
+            buckets: DEFAULT_BUCKETS,
         };
         let b = KeyBuilder::default();
         let fixed = b.local(&hit(Algorithm::FixedWindow, Unit::Second));
         assert_eq!(fixed, "f1:d:k=v");
+        let counter = |buckets| {
+            b.local(&Hit {
+                buckets,
+                ..hit(Algorithm::SlidingWindowCounter, Unit::Second)
+            })
+        };
+        assert_eq!(counter(DEFAULT_BUCKETS), "c1:d:k=v");
+        assert_eq!(counter(10), "c1b10:d:k=v");
         assert_ne!(fixed, b.local(&hit(Algorithm::FixedWindow, Unit::Minute)));
         assert_ne!(
             fixed,

@@ -24,7 +24,7 @@ use hashlink::LinkedHashMap;
 use hashlink::linked_hash_map::Entry;
 
 use crate::clock::{Clock, SystemClock};
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::storage::keys::KeyBuilder;
 use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError, StoreGauges};
 
@@ -38,9 +38,10 @@ enum State {
         count: u64,
     },
     Counter {
+        /// Index of the current bucket.
         window: u64,
-        prev: u64,
-        cur: u64,
+        /// Bucket counts by age: `[0]` is the current bucket.
+        counts: Vec<u64>,
     },
     Log {
         /// (timestamp in microseconds, cost), oldest first.
@@ -163,8 +164,8 @@ impl MemoryStore {
                 slot.expires_at = slot.expires_at.max(exp);
                 d
             }
-            State::Counter { window, prev, cur } => {
-                let (d, exp) = sliding_counter(now, w, hit, window, prev, cur);
+            State::Counter { window, counts } => {
+                let (d, exp) = sliding_counter(now, w, hit, window, counts);
                 slot.expires_at = slot.expires_at.max(exp);
                 d
             }
@@ -186,8 +187,7 @@ fn new_slot(algorithm: Algorithm) -> Slot {
             },
             Algorithm::SlidingWindowCounter => State::Counter {
                 window: 0,
-                prev: 0,
-                cur: 0,
+                counts: Vec::new(),
             },
             Algorithm::SlidingWindowLog => State::Log {
                 entries: VecDeque::new(),
@@ -257,83 +257,101 @@ fn fixed_window(
     (decision(admitted, limit.saturating_sub(*count), reset), end)
 }
 
-/// Two epoch-aligned buckets; the previous one weighs what is left of it in
-/// the trailing window. Only admitted hits are recorded.
+/// `n` epoch-aligned buckets of `w / (n - 1)` each: the current one, `n - 2`
+/// full ones, and the oldest, which weighs what is left of it in the
+/// trailing window. With `n = 2` that is the classic previous-and-current
+/// pair. Only admitted hits are recorded.
+///
+/// Time is counted in units of `1 / (n - 1)` microsecond ("scaled"), so a
+/// bucket is exactly `w` scaled units long whatever `n` is and no bucket
+/// boundary is rounded; real durations are the scaled ones divided by
+/// `n - 1`, rounded up.
 fn sliding_counter(
     now: u64,
     w: u64,
     hit: &Hit<'_>,
     window: &mut u64,
-    prev: &mut u64,
-    cur: &mut u64,
+    counts: &mut Vec<u64>,
 ) -> (Decision, u64) {
-    let idx = now / w;
-    let start = idx * w;
-    let elapsed = now - start;
-    if *window + 1 == idx {
-        *prev = *cur;
-        *cur = 0;
-    } else if *window != idx {
-        *prev = 0;
-        *cur = 0;
+    let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
+    let spans = n as u64 - 1;
+    let scaled = u128::from(now) * u128::from(spans);
+    let idx = (scaled / u128::from(w)) as u64;
+    let elapsed = (scaled - u128::from(idx) * u128::from(w)) as u64;
+    let real = |scaled: u64| scaled.div_ceil(spans);
+    if counts.len() != n {
+        counts.clear();
+        counts.resize(n, 0);
+    } else if idx >= *window && idx - *window < n as u64 {
+        let shift = (idx - *window) as usize;
+        counts.rotate_right(shift);
+        counts[..shift].fill(0);
+    } else if idx != *window {
+        counts.fill(0);
     }
     *window = idx;
-    let expires = start + 2 * w;
+    let expires = now + real(n as u64 * w - elapsed);
     let limit = hit.limit;
     // The same floating-point steps as lua/sliding_window_counter.lua.
     // Multiplying before dividing keeps the estimate exact while
-    // prev x window stays below 2^53.
+    // oldest x window stays below 2^53.
     let wf = w as f64;
     let left = (w - elapsed) as f64;
-    let estimate = |prev: u64, cur: u64| prev as f64 * left / wf + cur as f64;
+    let estimate = |counts: &[u64]| {
+        let full: u64 = counts[..n - 1].iter().sum();
+        counts[n - 1] as f64 * left / wf + full as f64
+    };
     let remaining = |est: f64| {
         let r = (limit as f64 - est).floor();
         if r > 0.0 { r as u64 } else { 0 }
     };
-    let ok_reset = |prev: u64, cur: u64| {
-        if prev > 0 {
-            start + w - now
-        } else if cur > 0 {
-            start + 2 * w - now
-        } else {
-            0
-        }
+    // Until the oldest bucket holding hits has left the trailing window.
+    let ok_reset = |counts: &[u64]| match counts.iter().rposition(|&c| c > 0) {
+        Some(age) => real((n - age) as u64 * w - elapsed),
+        None => 0,
     };
     if hit.negative {
-        let back = hit.hits.min(*cur);
-        *cur -= back;
-        *prev = prev.saturating_sub(hit.hits - back);
-        let est = estimate(*prev, *cur);
-        return (
-            decision(true, remaining(est), ok_reset(*prev, *cur)),
-            expires,
-        );
+        let mut back = hit.hits;
+        for c in counts.iter_mut() {
+            let take = back.min(*c);
+            *c -= take;
+            back -= take;
+        }
+        let est = estimate(counts);
+        return (decision(true, remaining(est), ok_reset(counts)), expires);
     }
-    let est = estimate(*prev, *cur);
+    let est = estimate(counts);
     if hit.hits > limit {
         return (decision(false, remaining(est), w), expires);
     }
     if est + hit.hits as f64 <= limit as f64 {
-        *cur += hit.hits;
-        let est = estimate(*prev, *cur);
-        return (
-            decision(true, remaining(est), ok_reset(*prev, *cur)),
-            expires,
-        );
+        counts[0] += hit.hits;
+        let est = estimate(counts);
+        return (decision(true, remaining(est), ok_reset(counts)), expires);
     }
-    // Refused: when does prev * weight(t) + cur + hits fit under the limit?
-    // prev x (w - e) / w <= room  holds from  e = w - floor(w x room / prev).
+    // Refused: the first bucket (j buckets on) where the full ones fit, then
+    // the moment in it when the oldest has lost enough weight:
+    // oldest x (w - e) / w <= room  holds from  e = w - floor(w x room / oldest).
     let need = (limit - hit.hits) as f64;
-    let wait = if (*cur as f64) <= need {
-        // Later in this bucket, as the previous bucket's weight falls.
-        let room = need - *cur as f64;
-        let at = w - ((wf * room / *prev as f64).floor() as u64).min(w);
-        at.saturating_sub(elapsed).max(1)
-    } else {
-        // In the next bucket, where this bucket becomes the previous one.
-        let at = w - ((wf * need / *cur as f64).floor() as u64).min(w);
-        start + w - now + at
-    };
+    let mut wait = w;
+    for j in 0..n {
+        let full: u64 = counts[..n - 1 - j].iter().sum();
+        if full as f64 > need {
+            continue;
+        }
+        let oldest = counts[n - 1 - j];
+        let at = if oldest == 0 {
+            0
+        } else {
+            w - ((wf * (need - full as f64) / oldest as f64).floor() as u64).min(w)
+        };
+        wait = if j == 0 {
+            real(at.saturating_sub(elapsed)).max(1)
+        } else {
+            real(j as u64 * w + at - elapsed)
+        };
+        break;
+    }
     (decision(false, remaining(est), wait), expires)
 }
 

@@ -44,6 +44,9 @@ pub struct Hit<'a> {
     pub hits: u64,
     /// Give `hits` back instead of taking them (never below zero).
     pub negative: bool,
+    /// Buckets of a `sliding_window_counter` (2..=60; part of the limiter's
+    /// identity). Other algorithms ignore it.
+    pub buckets: u8,
 }
 
 /// What a store decided for one [`Hit`].

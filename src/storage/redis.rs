@@ -635,6 +635,7 @@ impl Store for RedisStore {
             hit.unit.micros().min(MAX_EXACT) as i64,
             hit.hits.min(MAX_EXACT) as i64,
             i64::from(hit.negative),
+            i64::from(hit.buckets),
         ];
         Box::pin(self.run(slot, script, keys, args))
     }
@@ -1031,6 +1032,7 @@ mod tests {
                     unit: crate::limit::Unit::Second,
                     hits: 1,
                     negative: false,
+                    buckets: 2,
                 })
                 .await;
             assert!(result.is_err(), "{url}");

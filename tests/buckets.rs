@@ -1,0 +1,207 @@
+//! The N-bucket sliding window counter: a scripted Poisson sequence over
+//! real gRPC on a real Redis, and the shipped simulation's table.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use support::redis::RedisServer;
+use support::tollgate::{Tollgate, descriptor};
+use support::unique_domain;
+use tollgate::simulate::{BUCKETS, SimulateArgs, max_in_trailing_window, poisson_arrivals, table};
+
+const LIMIT: u64 = 100;
+const SECOND: u64 = 1_000_000;
+
+/// Poisson arrivals at twice the limit (fixed seed) for a few seconds,
+/// each call deciding a 60-bucket and a 2-bucket counter on the same
+/// timeline. The 60-bucket one never admits more than 1.05x the limit in
+/// any true trailing second. Times are this process's, the middle of each
+/// call: Redis decides in between, within the call's round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_buckets_stay_within_five_percent_under_poisson_traffic() {
+    let server = RedisServer::start();
+    let domain = unique_domain("buckets");
+    let rules = format!(
+        r#"
+domain: {domain}
+descriptors:
+  - key: b60
+    rate_limit: {{unit: second, requests_per_unit: {LIMIT}, buckets: 60}}
+  - key: b2
+    rate_limit: {{unit: second, requests_per_unit: {LIMIT}}}
+"#
+    );
+    let url = server.url();
+    let t = Tollgate::start(
+        &[("rules.yaml", &rules)],
+        &[
+            ("store", url.as_str()),
+            ("redis.command_timeout_ms", "2000"),
+        ],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(20)).await;
+    let client = t.client().await;
+
+    let arrivals = poisson_arrivals(42, 2.0 * LIMIT as f64, 5 * SECOND);
+    let request = RateLimitRequest {
+        domain: domain.clone(),
+        descriptors: vec![descriptor(&[("b60", "x")]), descriptor(&[("b2", "x")])],
+        hits_addend: 0,
+    };
+    // Open loop: each call leaves at its time, whether or not earlier ones
+    // have been answered, so a slow answer does not bunch up the sequence.
+    let start = Instant::now();
+    let mut calls = Vec::with_capacity(arrivals.len());
+    let mut late = 0;
+    for &at in &arrivals {
+        let due = start + Duration::from_micros(at);
+        if Instant::now() > due + Duration::from_millis(20) {
+            late += 1;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        let mut client = client.clone();
+        let request = request.clone();
+        calls.push(tokio::spawn(async move {
+            let before = start.elapsed().as_micros() as u64;
+            let r = client
+                .should_rate_limit(request)
+                .await
+                .expect("tollgate answers")
+                .into_inner();
+            let after = start.elapsed().as_micros() as u64;
+            let ok = |i: usize| r.statuses[i].code == Code::Ok as i32;
+            ((before + after) / 2, ok(0), ok(1))
+        }));
+    }
+    let (mut admitted60, mut admitted2) = (Vec::new(), Vec::new());
+    let mut refused60 = 0;
+    for call in calls {
+        let (when, ok60, ok2) = call.await.expect("the call task ends");
+        if ok60 {
+            admitted60.push(when);
+        } else {
+            refused60 += 1;
+        }
+        if ok2 {
+            admitted2.push(when);
+        }
+    }
+    admitted60.sort_unstable();
+    admitted2.sort_unstable();
+    let max60 = max_in_trailing_window(&admitted60, SECOND);
+    let max2 = max_in_trailing_window(&admitted2, SECOND);
+    eprintln!(
+        "{} arrivals ({late} late by over 20 ms): 60 buckets admitted {} (largest second {max60}), \
+         2 buckets admitted {} (largest second {max2})",
+        arrivals.len(),
+        admitted60.len(),
+        admitted2.len()
+    );
+    // The load really pressed on the limit: about half was refused, and the
+    // counter admitted close to the limit every second.
+    assert!(
+        refused60 as u64 > arrivals.len() as u64 / 4,
+        "{refused60} refused"
+    );
+    assert!(
+        admitted60.len() as u64 >= 4 * LIMIT,
+        "{} admitted in 5 s",
+        admitted60.len()
+    );
+    assert!(
+        max60 * 100 <= LIMIT * 105,
+        "60 buckets admitted {max60} in one trailing second (limit {LIMIT})"
+    );
+    t.stop().await;
+}
+
+/// The shipped simulation, shortened: more buckets never overshoot much more
+/// than fewer (Poisson noise of a few hits allowed: at 2x the limit, 2 and 4
+/// buckets are close), 60 buckets overshoot clearly less than 2, and no
+/// counter ever admits twice the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulation_overshoot_falls_with_more_buckets() {
+    let args = SimulateArgs {
+        limit: 100,
+        windows: 60,
+        seed: 3,
+    };
+    let rows = table(&args).await;
+    assert_eq!(
+        rows.iter().map(|r| r.buckets).collect::<Vec<_>>(),
+        BUCKETS.to_vec()
+    );
+    for pair in rows.windows(2) {
+        let (fewer, more) = (pair[0], pair[1]);
+        for (a, b, what) in [
+            (fewer.poisson_1x, more.poisson_1x, "Poisson 1x"),
+            (fewer.poisson_2x, more.poisson_2x, "Poisson 2x"),
+            (fewer.burst, more.burst, "boundary burst"),
+        ] {
+            assert!(
+                b <= a + 5,
+                "{what}: {} buckets admit {b}, {} buckets {a}",
+                more.buckets,
+                fewer.buckets
+            );
+        }
+    }
+    let (two, sixty) = (rows[0], rows[rows.len() - 1]);
+    assert!(sixty.poisson_1x < two.poisson_1x, "{rows:?}");
+    assert!(sixty.burst < two.burst, "{rows:?}");
+    assert!(sixty.poisson_2x <= 105 && sixty.burst <= 105, "{rows:?}");
+    for r in &rows {
+        // Every figure is at least the limit (the load reaches it) and the
+        // counter never lets through two full windows in one.
+        for v in [r.poisson_1x, r.poisson_2x, r.burst, r.timed] {
+            assert!((100..200).contains(&v), "{rows:?}");
+        }
+    }
+}
+
+/// `tollgate simulate` prints the table: a header and one row per bucket
+/// count, each figure at least the limit.
+#[test]
+fn simulate_subcommand_prints_the_table() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "simulate",
+            "--limit",
+            "50",
+            "--windows",
+            "10",
+            "--seed",
+            "5",
+        ])
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("limit 50/s, 10 windows per load, seed 5"),
+        "{stdout}"
+    );
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| buckets"))
+        .collect();
+    let buckets: Vec<String> = rows
+        .iter()
+        .map(|r| r.split('|').nth(1).unwrap().trim().to_owned())
+        .collect();
+    assert_eq!(buckets, ["2", "4", "10", "30", "60"], "{stdout}");
+    for row in rows {
+        for cell in row.split('|').skip(2).filter(|c| !c.trim().is_empty()) {
+            let n: u64 = cell.split_whitespace().next().unwrap().parse().unwrap();
+            assert!((50..100).contains(&n), "{row}");
+        }
+    }
+}
