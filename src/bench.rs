@@ -480,35 +480,12 @@ async fn send(
     req.set_timeout(timeout);
     match tokio::time::timeout(timeout, client.should_rate_limit(req)).await {
         Err(_) => Outcome::Error("DEADLINE_EXCEEDED"),
-        Ok(Err(status)) => Outcome::Error(code_name(status.code())),
+        Ok(Err(status)) => Outcome::Error(crate::service::code_name(status.code())),
         Ok(Ok(resp)) => match Code::try_from(resp.get_ref().overall_code) {
             Ok(Code::Ok) => Outcome::Ok,
             Ok(Code::OverLimit) => Outcome::Over,
             _ => Outcome::Error("UNKNOWN_DECISION"),
         },
-    }
-}
-
-fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code as C;
-    match code {
-        C::Ok => "OK",
-        C::Cancelled => "CANCELLED",
-        C::Unknown => "UNKNOWN",
-        C::InvalidArgument => "INVALID_ARGUMENT",
-        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        C::NotFound => "NOT_FOUND",
-        C::AlreadyExists => "ALREADY_EXISTS",
-        C::PermissionDenied => "PERMISSION_DENIED",
-        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        C::FailedPrecondition => "FAILED_PRECONDITION",
-        C::Aborted => "ABORTED",
-        C::OutOfRange => "OUT_OF_RANGE",
-        C::Unimplemented => "UNIMPLEMENTED",
-        C::Internal => "INTERNAL",
-        C::Unavailable => "UNAVAILABLE",
-        C::DataLoss => "DATA_LOSS",
-        C::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
