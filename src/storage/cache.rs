@@ -79,6 +79,86 @@ pub struct LimiterId {
     pub buckets: u8,
 }
 
+/// A limiter's identity as the layers see it: owned ([`LimiterId`]) or
+/// borrowed from a hit. Lookups go by [`Limiter::fingerprint`] and confirm
+/// with [`Limiter::is`], so a hit is looked up without building an owned id;
+/// one is built only when something is stored.
+pub trait Limiter {
+    fn fingerprint(&self) -> u64;
+    /// Whether `id` is this limiter.
+    fn is(&self, id: &LimiterId) -> bool;
+    fn to_id(&self) -> LimiterId;
+}
+
+/// Hashes the parts of an identity. Fixed keys (std's SipHash with zero
+/// keys): a fingerprint is only a lookup shortcut, always confirmed by
+/// comparing the parts, so a collision costs a miss, never a wrong answer.
+fn fingerprint_of(
+    domain: &str,
+    entries: &[(String, String)],
+    algorithm: Algorithm,
+    limit: u64,
+    unit: Unit,
+    buckets: u8,
+) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    domain.hash(&mut h);
+    entries.hash(&mut h);
+    algorithm.hash(&mut h);
+    limit.hash(&mut h);
+    unit.hash(&mut h);
+    buckets.hash(&mut h);
+    h.finish()
+}
+
+impl Limiter for Hit<'_> {
+    fn fingerprint(&self) -> u64 {
+        fingerprint_of(
+            self.domain,
+            self.entries,
+            self.algorithm,
+            self.limit,
+            self.unit,
+            self.buckets,
+        )
+    }
+
+    fn is(&self, id: &LimiterId) -> bool {
+        *id.domain == *self.domain
+            && *id.entries == *self.entries
+            && id.algorithm == self.algorithm
+            && id.limit == self.limit
+            && id.unit == self.unit
+            && id.buckets == self.buckets
+    }
+
+    fn to_id(&self) -> LimiterId {
+        LimiterId::of(self)
+    }
+}
+
+impl Limiter for LimiterId {
+    fn fingerprint(&self) -> u64 {
+        fingerprint_of(
+            &self.domain,
+            &self.entries,
+            self.algorithm,
+            self.limit,
+            self.unit,
+            self.buckets,
+        )
+    }
+
+    fn is(&self, id: &LimiterId) -> bool {
+        self == id
+    }
+
+    fn to_id(&self) -> LimiterId {
+        self.clone()
+    }
+}
+
 impl LimiterId {
     pub fn of(hit: &Hit<'_>) -> Self {
         Self {
@@ -132,8 +212,10 @@ struct Refusal {
     until: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Entry {
+    /// Whose refusals these are (the map is keyed by its fingerprint).
+    id: LimiterId,
     refusals: Vec<Refusal>,
     /// `fixed_window`: costs refused here that the store would have counted.
     swallowed: u64,
@@ -151,7 +233,8 @@ pub struct OverLimitCache {
     clock: Arc<dyn Clock>,
     /// A std mutex: held for a map lookup or insert, never across an
     /// `.await`.
-    entries: Mutex<LruCache<LimiterId, Entry>>,
+    /// By [`Limiter::fingerprint`]; each entry holds its full id.
+    entries: Mutex<LruCache<u64, Entry>>,
     max_entries: usize,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -198,20 +281,24 @@ impl OverLimitCache {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, LruCache<LimiterId, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, LruCache<u64, Entry>> {
         // A poisoned map only means a panic mid-update of plain numbers; the
         // worst left behind is a stale refusal that expires at its reset.
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn plan(&self, id: &LimiterId, hit: &Hit<'_>, now: u64) -> Plan {
+    fn plan(&self, id: u64, hit: &Hit<'_>, now: u64) -> Plan {
         let mut map = self.lock();
-        let Some(entry) = map.get_mut(id) else {
+        let Some(entry) = map.get_mut(&id) else {
             return Plan::Forward(hit.hits);
         };
+        if !hit.is(&entry.id) {
+            // Another limiter with the same fingerprint: not ours.
+            return Plan::Forward(hit.hits);
+        }
         entry.refusals.retain(|r| r.until > now);
         if entry.refusals.is_empty() {
-            map.remove(id);
+            map.remove(&id);
             return Plan::Forward(hit.hits);
         }
         let refused = |r: &Refusal| Decision {
@@ -231,7 +318,7 @@ impl OverLimitCache {
                         });
                     }
                     let rest = hit.hits - entry.swallowed;
-                    map.remove(id);
+                    map.remove(&id);
                     return Plan::Forward(rest);
                 }
                 if hit.hits <= hit.limit {
@@ -241,7 +328,7 @@ impl OverLimitCache {
             }
             Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => {
                 if hit.negative {
-                    map.remove(id);
+                    map.remove(&id);
                     return Plan::Forward(hit.hits);
                 }
                 match entry.refusals.iter().find(|r| r.cost == hit.hits) {
@@ -254,7 +341,7 @@ impl OverLimitCache {
 
     /// Keeps a refusal the store just gave, when the cache may answer it
     /// (see the module docs).
-    fn fill(&self, id: LimiterId, hit: &Hit<'_>, d: &Decision, sent_at: u64) {
+    fn fill(&self, id: u64, hit: &Hit<'_>, d: &Decision, sent_at: u64) {
         if d.admitted || hit.negative || hit.hits == 0 || hit.hits > hit.limit {
             return;
         }
@@ -273,7 +360,7 @@ impl OverLimitCache {
             until: sent_at.saturating_add(d.reset_micros),
         };
         let mut map = self.lock();
-        if let Some(entry) = map.get_mut(&id) {
+        if let Some(entry) = map.get_mut(&id).filter(|e| hit.is(&e.id)) {
             match entry.refusals.iter_mut().find(|r| r.cost == cost) {
                 // Concurrent refusals: the later end is as true as the first.
                 Some(r) => *r = refusal,
@@ -286,13 +373,16 @@ impl OverLimitCache {
             }
             return;
         }
-        if map.len() >= self.max_entries {
+        // A new limiter, or one taking the place of another with the same
+        // fingerprint (which then only loses its cached refusal).
+        if map.remove(&id).is_none() && map.len() >= self.max_entries {
             map.remove_lru();
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
         map.insert(
             id,
             Entry {
+                id: hit.to_id(),
                 refusals: vec![refusal],
                 swallowed: 0,
             },
@@ -312,10 +402,10 @@ impl OverLimitCache {
 impl Store for OverLimitCache {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
-            let id = LimiterId::of(&hit);
+            let id = hit.fingerprint();
             let now = self.clock.now_micros();
             let give_backs = self.give_backs.load(Ordering::SeqCst);
-            let cost = match self.plan(&id, &hit, now) {
+            let cost = match self.plan(id, &hit, now) {
                 Plan::Answer(d) => {
                     self.hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(d);
@@ -376,6 +466,50 @@ mod tests {
 
     fn entries() -> Vec<(String, String)> {
         vec![("user".to_string(), "mallory".to_string())]
+    }
+
+    #[test]
+    fn a_hit_and_its_owned_id_are_the_same_limiter() {
+        let e = entries();
+        let h = hit(&e, Algorithm::SlidingWindowCounter, 1, false);
+        let id = LimiterId::of(&h);
+        assert_eq!(h.fingerprint(), id.fingerprint());
+        assert!(h.is(&id) && id.is(&id));
+        // Every part of the identity counts.
+        let other_entries = vec![("user".to_string(), "malloryx".to_string())];
+        let others = [
+            Hit { limit: 6, ..h },
+            Hit { buckets: 10, ..h },
+            Hit {
+                unit: Unit::Minute,
+                ..h
+            },
+            Hit {
+                algorithm: Algorithm::FixedWindow,
+                ..h
+            },
+            Hit {
+                domain: "api2",
+                ..h
+            },
+            Hit {
+                entries: &other_entries,
+                ..h
+            },
+        ];
+        for o in others {
+            assert!(!o.is(&id), "{o:?}");
+            assert_ne!(o.fingerprint(), id.fingerprint(), "{o:?}");
+        }
+        // The cost and direction of a hit are not part of the limiter.
+        assert!(
+            Hit {
+                hits: 9,
+                negative: true,
+                ..h
+            }
+            .is(&id)
+        );
     }
 
     fn hit(

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::clock::Clock;
-use crate::storage::cache::LimiterId;
+use crate::storage::cache::{Limiter, LimiterId};
 use crate::storage::{
     BoxFuture, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges,
 };
@@ -44,27 +44,35 @@ struct Counter {
 #[derive(Debug, Default)]
 struct Summary {
     counters: Vec<Counter>,
-    index: HashMap<LimiterId, usize>,
+    /// By [`Limiter::fingerprint`], so a tracked limiter is found without
+    /// building an owned id.
+    index: HashMap<u64, usize>,
     total: u64,
 }
 
 impl Summary {
-    fn record(&mut self, id: &LimiterId, over: bool, capacity: usize) {
+    fn record(&mut self, id: &impl Limiter, over: bool, capacity: usize) {
         self.total += 1;
-        if let Some(&i) = self.index.get(id) {
+        let fingerprint = id.fingerprint();
+        if let Some(&i) = self.index.get(&fingerprint)
+            && id.is(&self.counters[i].id)
+        {
             let c = &mut self.counters[i];
             c.count += 1;
             c.over += u64::from(over);
             return;
         }
         let counter = |count: u64| Counter {
-            id: id.clone(),
+            id: id.to_id(),
             count: count + 1,
             error: count,
             over: u64::from(over),
         };
         if self.counters.len() < capacity {
-            self.index.insert(id.clone(), self.counters.len());
+            // A fingerprint shared with another tracked limiter points at
+            // the newer one; the older keeps its counter, unreachable until
+            // replaced as the minimum.
+            self.index.insert(fingerprint, self.counters.len());
             self.counters.push(counter(0));
             return;
         }
@@ -79,8 +87,11 @@ impl Summary {
         else {
             return;
         };
-        self.index.remove(&self.counters[i].id);
-        self.index.insert(id.clone(), i);
+        let evicted = self.counters[i].id.fingerprint();
+        if self.index.get(&evicted) == Some(&i) {
+            self.index.remove(&evicted);
+        }
+        self.index.insert(fingerprint, i);
         self.counters[i] = counter(min);
     }
 }
@@ -153,7 +164,7 @@ impl HotKeys {
         w
     }
 
-    pub fn record(&self, id: &LimiterId, over: bool, now: u64) {
+    pub fn record(&self, id: &impl Limiter, over: bool, now: u64) {
         self.lock(now).current.record(id, over, self.capacity);
     }
 
@@ -222,9 +233,8 @@ impl Store for HotKeyStore {
         Box::pin(async move {
             let result = self.inner.hit(hit).await;
             if let Ok(d) = &result {
-                let id = LimiterId::of(&hit);
                 self.tracker
-                    .record(&id, !d.admitted, self.clock.now_micros());
+                    .record(&hit, !d.admitted, self.clock.now_micros());
             }
             result
         })
