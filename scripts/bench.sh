@@ -64,58 +64,17 @@ WINDOW_MICROS=1000000
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-for tool in redis-server redis-cli redis-benchmark timeout; do
+for tool in redis-server redis-cli redis-benchmark timeout python3; do
     command -v "$tool" >/dev/null || { echo "bench.sh: $tool is not on PATH" >&2; exit 1; }
 done
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 
-# A free loopback port: bind port 0 and read what the kernel chose.
-free_port() {
-    if command -v python3 >/dev/null; then
-        python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-    else
-        local p
-        while :; do
-            p=$((20000 + RANDOM % 20000))
-            (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-        done
-    fi
-}
 
-# Polls "$@" every 0.1 s until it succeeds, for at most $1 seconds.
-wait_for() {
-    local secs=$1
-    shift
-    local deadline=$((SECONDS + secs))
-    until "$@" >/dev/null 2>&1; do
-        if ((SECONDS >= deadline)); then
-            return 1
-        fi
-        sleep 0.1
-    done
-}
 
 # --- build -------------------------------------------------------------------
-if [[ -n ${BENCH_BIN:-} ]]; then
-    BIN=$BENCH_BIN
-else
-    echo "building tollgate (release)..." >&2
-    timeout 1800 cargo build --release --quiet
-    BIN=$ROOT/target/release/tollgate
-fi
+tollgate_bin
 
 # --- redis -------------------------------------------------------------------
 REDIS_PORT=$(free_port)
@@ -195,10 +154,7 @@ start_tollgate "$BIN" ${SERVE_ENV:-}
 LABELS+=(new) BINS+=("$BIN") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
 
 # --- measure -----------------------------------------------------------------
-json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 # User + system CPU of a process so far, in clock ticks.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 ROWS=()
 for a in "${MEASURED[@]}"; do

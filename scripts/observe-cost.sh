@@ -35,31 +35,11 @@ ALGORITHM=${ALGORITHM:-sliding_window_counter}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
-if [[ -n ${BENCH_BIN:-} ]]; then
-    BIN=$BENCH_BIN
-else
-    echo "building tollgate (release)..." >&2
-    timeout 1800 cargo build --release --quiet
-    BIN=$ROOT/target/release/tollgate
-fi
+tollgate_bin
 
 if [[ ${BENCH_STORE:-} == memory ]]; then
     STORE=memory

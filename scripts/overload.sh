@@ -33,27 +33,11 @@ for tool in redis-server redis-cli timeout python3; do
     command -v "$tool" >/dev/null || { echo "overload.sh: $tool is not on PATH" >&2; exit 1; }
 done
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
-if [[ -n ${BENCH_BIN:-} ]]; then
-    BIN=$BENCH_BIN
-else
-    echo "building tollgate (release)..." >&2
-    timeout 1800 cargo build --release --quiet
-    BIN=$ROOT/target/release/tollgate
-fi
+tollgate_bin
 
 REDIS_PORT=$(free_port)
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
@@ -90,10 +74,6 @@ if [[ $BUSY == 1 ]]; then
     PIDS+=($!)
 fi
 
-json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
-# CPU time (user + system) of a process so far, in clock ticks.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 run() {
     local c=$1

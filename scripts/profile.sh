@@ -28,31 +28,11 @@ CONNS=${CONNS:-4}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
-if [[ -n ${BENCH_BIN:-} ]]; then
-    BIN=$BENCH_BIN
-else
-    echo "building tollgate (release)..." >&2
-    timeout 1800 cargo build --release --quiet
-    BIN=$ROOT/target/release/tollgate
-fi
+tollgate_bin
 
 REDIS_PORT=$(free_port)
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
@@ -92,7 +72,6 @@ load() {
         --duration "$SECS" --warmup 0 --json | sed -n 's/.*"requests":\([0-9]*\).*/\1/p'
 }
 ticks() { awk '{print $14, $15}' "/proc/$PID/stat"; }
-TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 load >/dev/null # warm up connections and the script cache
 read -r u0 s0 < <(ticks)

@@ -1,0 +1,54 @@
+# Shared by the measuring scripts (bench.sh, overload.sh, profile.sh,
+# observe-cost.sh): sourced after `cd "$ROOT"`. Sets up WORK (a scratch
+# directory) and PIDS (processes killed on exit), and defines the helpers
+# below. Loopback only.
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# A free loopback port: bind port 0 and read what the kernel chose.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Polls "$@" every 0.1 s until it succeeds, for at most $1 seconds.
+wait_for() {
+    local secs=$1
+    shift
+    local deadline=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+# Sets BIN: $BENCH_BIN when given, else a fresh release build.
+tollgate_bin() {
+    if [[ -n ${BENCH_BIN:-} ]]; then
+        BIN=$BENCH_BIN
+    else
+        echo "building tollgate (release)..." >&2
+        timeout 1800 cargo build --release --quiet
+        BIN=$ROOT/target/release/tollgate
+    fi
+}
+
+# A number field of `tollgate bench --json` output: json_num NAME <<<"$json".
+json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
+
+# CPU time (user + system) of a process so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
