@@ -5,10 +5,8 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -19,6 +17,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use support::process::{Proc, tollgate_bin};
 use support::redis::RedisServer;
 use support::tollgate::{Tollgate, descriptor as desc};
 use support::unique_domain;
@@ -518,76 +517,12 @@ async fn drain_says_not_serving_while_still_answering() {
     assert!(tokio::net::TcpStream::connect(t.grpc).await.is_err());
 }
 
-fn tollgate_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// The real binary, killed on drop; its log lines are collected.
-struct Proc {
-    child: Child,
-    lines: Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
-        let mut cmd = Command::new(tollgate_bin());
-        cmd.args(args)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
-        for out in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let lines = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    lines.lock().unwrap().push(line);
-                }
-            });
-        }
-        Proc { child, lines }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-
-    fn wait_for_line(&self, what: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self.lines().into_iter().find(|l| l.contains(what)) {
-                return l;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no log line with {what:?} in {:#?}",
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// What the kubelet puts in every pod of a namespace with a Service named

@@ -12,11 +12,10 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -24,6 +23,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use serde_json::Value;
+use support::process::{Proc, tollgate_bin};
 use support::redis::RedisServer;
 use support::tollgate::Tollgate;
 
@@ -873,10 +873,6 @@ fn impossible_values_fail_with_a_clear_message() {
 
 // --------------------------------------------------------------- rules ---
 
-fn tollgate_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
-}
-
 fn tollgate_validate(dir: &Path) -> String {
     let out = run_within(
         Command::new(tollgate_bin()).arg("validate").arg(dir),
@@ -995,48 +991,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The real binary, killed on drop, its output collected.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str], env: &[(String, String)]) -> Proc {
-        let mut cmd = Command::new(tollgate_bin());
-        cmd.args(args)
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        for out in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let lines = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    lines.lock().unwrap().push(line);
-                }
-            });
-        }
-        Proc { child, lines }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -1129,7 +1083,9 @@ async fn start_rendered(
             .iter()
             .map(|a| a.as_str().unwrap())
             .collect::<Vec<_>>(),
-        &env,
+        &env.iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect::<Vec<_>>(),
     );
 
     // The readiness probe the chart renders: gRPC health "" on the gRPC port.
