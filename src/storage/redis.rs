@@ -394,6 +394,19 @@ impl RedisStore {
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
         };
+        // A standalone server is named from the start, so a failure before
+        // the supervisor first looks is already counted against it.
+        let routing = match &fred_config.server {
+            ServerConfig::Centralized { server } => {
+                let name = server.to_string();
+                Routing {
+                    single: NodeId::named(&name),
+                    source: vec![(0, 0, name)],
+                    ..Routing::default()
+                }
+            }
+            _ => Routing::default(),
+        };
         let deployment = match &fred_config.server {
             ServerConfig::Clustered { hosts, .. } => Deployment::Cluster {
                 seeds: hosts.clone(),
@@ -409,7 +422,7 @@ impl RedisStore {
             keys: KeyBuilder::new(config.key_prefix),
             kind,
             command_timeout: config.command_timeout,
-            routing: RwLock::new(Arc::new(Routing::default())),
+            routing: RwLock::new(Arc::new(routing)),
             stale: AtomicBool::new(true),
             script_loads: AtomicU64::new(0),
             supervisor: Mutex::new(None),
