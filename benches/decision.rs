@@ -114,6 +114,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         hits: 1,
         negative: false,
         buckets: tollgate::limit::DEFAULT_BUCKETS,
+        shard: tollgate::storage::Shard::NONE,
     };
     bencher.bench_local(|| {
         let limiter = builder.limiter(divan::black_box(&hit));

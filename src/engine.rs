@@ -59,6 +59,9 @@ pub struct AppliedLimit {
     pub algorithm: Algorithm,
     /// Buckets of a `sliding_window_counter` (the rule's, or the default).
     pub buckets: u8,
+    /// Sub-limiters the limit is split over (`rate_limit.shards`; 1 when
+    /// not sharded).
+    pub shards: u16,
 }
 
 /// The answer for one descriptor.
@@ -297,6 +300,10 @@ impl Engine {
                     hits: d.hits.unwrap_or(request_hits),
                     negative: d.negative,
                     buckets: limit.buckets,
+                    shard: crate::storage::Shard {
+                        index: 0,
+                        count: limit.shards,
+                    },
                 };
                 let Some(deadline) = req.deadline else {
                     return Some(self.store.hit(hit).await.map_err(Failure::Store));
@@ -502,6 +509,7 @@ impl Engine {
                             name: None,
                             algorithm: self.options.default_algorithm,
                             buckets: DEFAULT_BUCKETS,
+                            shards: 1,
                         },
                         policy: self.options.on_store_error,
                     };
@@ -525,6 +533,7 @@ impl Engine {
                             name: rule.name.clone(),
                             algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
                             buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
+                            shards: rule.shards.unwrap_or(1),
                         },
                         policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
                     },

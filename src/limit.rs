@@ -182,3 +182,7 @@ impl FromStr for FailurePolicy {
         }
     }
 }
+
+/// The most shards (`rate_limit.shards`) a limit may be split over: enough
+/// to spread one limiter over every primary of a large cluster.
+pub const MAX_SHARDS: u16 = 64;

@@ -28,7 +28,7 @@ use crate::rules::{self, RuleSet};
 use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
 use crate::storage::hotkeys::{self, HotKeyStore, HotKeys};
-use crate::storage::{Breaker, MemoryStore, OverLimitCache, RedisStore, Store};
+use crate::storage::{Breaker, MemoryStore, OverLimitCache, RedisStore, Sharded, Store};
 
 /// The health service names answered besides the overall "".
 pub const HEALTH_SERVICES: [&str; 3] = [
@@ -223,9 +223,12 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
             ))
         }
     };
+    // Shards above the cache: a full shard's refusals are answered locally
+    // while the others are tried.
     let cached = OverLimitCache::wrap(backend, clock.clone(), settings.over_limit_cache);
+    let sharded: Arc<dyn Store> = Arc::new(Sharded::new(cached));
     let tracker = HotKeys::new(hotkeys::DEFAULT_CAPACITY, hotkeys::DEFAULT_WINDOW_MICROS);
-    Ok(Arc::new(HotKeyStore::new(cached, clock, tracker)))
+    Ok(Arc::new(HotKeyStore::new(sharded, clock, tracker)))
 }
 
 /// Serves until `shutdown` resolves, then drains for up to
@@ -594,6 +597,7 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 "name": r.name,
                 "algorithm": r.algorithm.map(|a| a.as_str()),
                 "buckets": r.buckets,
+                "shards": r.shards,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
                 "replaces": r.replaces,
                 "shadowMode": r.shadow_mode,

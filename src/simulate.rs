@@ -132,6 +132,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         hits: 1,
         negative: false,
         buckets,
+        shard: crate::storage::Shard::NONE,
     };
     let mut admitted = Vec::new();
     match load {

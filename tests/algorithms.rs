@@ -44,6 +44,7 @@ impl Fixture {
                 hits,
                 negative,
                 buckets: 2,
+                shard: tollgate::storage::Shard::NONE,
             })
             .await
             .expect("the embedded store always answers")
@@ -266,6 +267,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             hits,
             negative: false,
             buckets: 2,
+            shard: tollgate::storage::Shard::NONE,
         })
         .await
         .expect("the embedded store always answers")
@@ -351,6 +353,7 @@ async fn expired_limiters_are_reclaimed() {
                     hits: 1,
                     negative: false,
                     buckets: 2,
+                    shard: tollgate::storage::Shard::NONE,
                 })
                 .await
                 .unwrap();
@@ -382,6 +385,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     hits,
                     negative: false,
                     buckets: 4,
+                    shard: tollgate::storage::Shard::NONE,
                 })
                 .await
                 .expect("the embedded store always answers")

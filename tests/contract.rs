@@ -75,6 +75,7 @@ impl Limiter {
                 hits,
                 negative,
                 buckets: self.buckets,
+                shard: tollgate::storage::Shard::NONE,
             })
             .await
     }
@@ -696,6 +697,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         hits: 1,
         negative: false,
         buckets: 2,
+        shard: tollgate::storage::Shard::NONE,
     };
     let limiter = KeyBuilder::default().limiter(&hit);
     let (meta, log) = (limiter.key(Role::LogMeta), limiter.key(Role::LogSet));

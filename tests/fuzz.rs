@@ -264,6 +264,7 @@ fn rule_yaml() -> impl Strategy<Value = String> {
         Just("replaces"),
         Just("algorithm"),
         Just("buckets"),
+        Just("shards"),
         Just("on_store_error"),
         Just("shadow_mode"),
         Just("quota_mode"),

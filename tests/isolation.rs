@@ -79,6 +79,7 @@ impl Placement<'_> {
                 hits: 1,
                 negative: false,
                 buckets: 2,
+                shard: tollgate::storage::Shard::NONE,
             })
             .key(Role::LogSet)
     }

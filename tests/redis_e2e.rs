@@ -288,6 +288,7 @@ async fn a_cluster_failover_under_load_is_answered_per_policy() {
             hits: 1,
             negative: false,
             buckets: 2,
+            shard: tollgate::storage::Shard::NONE,
         })
         .key(Role::State);
     let r = c.should_rate_limit(ask("open")).await.unwrap().into_inner();

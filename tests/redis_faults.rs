@@ -51,6 +51,7 @@ impl Limiter {
             hits: 1,
             negative: false,
             buckets: 2,
+            shard: tollgate::storage::Shard::NONE,
         }
     }
 

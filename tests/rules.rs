@@ -113,6 +113,7 @@ fn limits_and_flags_are_parsed() {
             replaces: vec!["per_ip".into(), "path_default".into()],
             algorithm: Some(Algorithm::SlidingWindowLog),
             buckets: None,
+            shards: None,
             on_store_error: Some(FailurePolicy::Allow),
             shadow_mode: true,
             quota_mode: true,
@@ -461,6 +462,30 @@ fn buckets_out_of_range() {
     );
     // 60 is allowed: only the two rules above are refused.
     assert_eq!(errors_of("buckets_out_of_range.yaml").0.len(), 2);
+}
+
+#[test]
+fn shards_out_of_range() {
+    assert_error(
+        "shards_out_of_range.yaml",
+        9,
+        "descriptors[0].rate_limit.shards: ",
+        "shards must be from 1 to 64, found 0",
+    );
+    assert_error(
+        "shards_out_of_range.yaml",
+        14,
+        "descriptors[1].rate_limit.shards: ",
+        "shards must be from 1 to 64, found 65",
+    );
+    assert_error(
+        "shards_out_of_range.yaml",
+        19,
+        "descriptors[2].rate_limit.shards: ",
+        "shards (8) must not exceed requests_per_unit (4)",
+    );
+    // 64 shards of 64, and shards on a ban, are allowed.
+    assert_eq!(errors_of("shards_out_of_range.yaml").0.len(), 3);
 }
 
 /// `buckets` on another algorithm is refused, whether the rule names it or

@@ -19,7 +19,7 @@ use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoadError, LoaderOptions, Node as Yaml};
 
 use super::{Domain, Level, LimitSpec, Node, Rule, RuleError, RuleErrors, RuleSet};
-use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, Unit};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS, Unit};
 
 const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -39,6 +39,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "replaces",
     "algorithm",
     "buckets",
+    "shards",
     "on_store_error",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
@@ -448,6 +449,7 @@ impl<'f> Walker<'f> {
                 replaces: limit.replaces,
                 algorithm: limit.algorithm,
                 buckets: limit.buckets,
+                shards: limit.shards,
                 on_store_error: limit.on_store_error,
                 shadow_mode,
                 quota_mode,
@@ -559,6 +561,9 @@ impl<'f> Walker<'f> {
         let buckets = fields
             .get("buckets")
             .and_then(|(k, v)| self.buckets(k, v, algorithm, path));
+        let shards = fields
+            .get("shards")
+            .and_then(|(_, v)| self.shards(v, limit.as_ref(), path));
 
         if self.errors.len() > errors_before {
             return None;
@@ -569,8 +574,44 @@ impl<'f> Walker<'f> {
             replaces,
             algorithm,
             buckets,
+            shards,
             on_store_error,
         })
+    }
+
+    /// `shards`: a whole number in 1..=64, no more than a positive
+    /// `requests_per_unit` (every shard needs a share of at least 1).
+    fn shards(&mut self, node: &Yaml, limit: Option<&LimitSpec>, path: &str) -> Option<u16> {
+        let path = join(path, "shards");
+        let n = self.number(node, &path)?;
+        let shards = match u16::try_from(n) {
+            Ok(s) if (1..=MAX_SHARDS).contains(&s) => s,
+            _ => {
+                self.error(
+                    line_of(node),
+                    &path,
+                    format!("shards must be from 1 to {MAX_SHARDS}, found {n}"),
+                );
+                return None;
+            }
+        };
+        if let Some(LimitSpec::PerUnit {
+            requests_per_unit, ..
+        }) = limit
+            && *requests_per_unit > 0
+            && *requests_per_unit < u32::from(shards)
+        {
+            self.error(
+                line_of(node),
+                &path,
+                format!(
+                    "shards ({shards}) must not exceed requests_per_unit ({requests_per_unit}): \
+                     every shard needs a share of at least 1"
+                ),
+            );
+            return None;
+        }
+        Some(shards)
     }
 
     /// `buckets`: a whole number in 2..=60, on a counter only (named by the
@@ -747,6 +788,7 @@ struct RateLimit {
     replaces: Vec<String>,
     algorithm: Option<Algorithm>,
     buckets: Option<u8>,
+    shards: Option<u16>,
     on_store_error: Option<FailurePolicy>,
 }
 

@@ -37,6 +37,9 @@ pub struct Rule {
     pub algorithm: Option<Algorithm>,
     /// `rate_limit.buckets` (counter only, 2..=60); `None` means 2.
     pub buckets: Option<u8>,
+    /// `rate_limit.shards` (1..=64): sub-limiters the limit is split over;
+    /// `None` means 1.
+    pub shards: Option<u16>,
     /// `rate_limit.on_store_error`; `None` means the configured default.
     pub on_store_error: Option<FailurePolicy>,
     /// `shadow_mode`: counted, but the descriptor always answers OK.
@@ -239,6 +242,9 @@ fn describe_rule(rule: &Rule) -> String {
     };
     if let Some(buckets) = rule.buckets {
         text.push_str(&format!(" buckets={buckets}"));
+    }
+    if let Some(shards) = rule.shards {
+        text.push_str(&format!(" shards={shards}"));
     }
     if let Some(name) = &rule.name {
         text.push_str(&format!(" name={name}"));

@@ -454,6 +454,7 @@ mod tests {
             hits: 1,
             negative: false,
             buckets: 2,
+            shard: crate::storage::Shard::NONE,
         }
     }
 

@@ -59,7 +59,7 @@ use hashlink::LruCache;
 use crate::clock::Clock;
 use crate::limit::{Algorithm, Unit};
 use crate::storage::{
-    BoxFuture, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges,
+    BoxFuture, Decision, FailureCounts, Hit, NodeId, Shard, Store, StoreError, StoreGauges,
 };
 
 /// Costs remembered per `sliding_window_counter` limiter.
@@ -77,6 +77,8 @@ pub struct LimiterId {
     pub unit: Unit,
     /// A counter's bucket count: a different count is a different limiter.
     pub buckets: u8,
+    /// The shard of a sharded limit (its `limit` is then the shard's share).
+    pub shard: Shard,
 }
 
 /// A limiter's identity as the layers see it: owned ([`LimiterId`]) or
@@ -100,6 +102,7 @@ fn fingerprint_of(
     limit: u64,
     unit: Unit,
     buckets: u8,
+    shard: Shard,
 ) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
@@ -109,6 +112,7 @@ fn fingerprint_of(
     limit.hash(&mut h);
     unit.hash(&mut h);
     buckets.hash(&mut h);
+    shard.hash(&mut h);
     h.finish()
 }
 
@@ -121,6 +125,7 @@ impl Limiter for Hit<'_> {
             self.limit,
             self.unit,
             self.buckets,
+            self.shard,
         )
     }
 
@@ -131,6 +136,7 @@ impl Limiter for Hit<'_> {
             && id.limit == self.limit
             && id.unit == self.unit
             && id.buckets == self.buckets
+            && id.shard == self.shard
     }
 
     fn to_id(&self) -> LimiterId {
@@ -147,6 +153,7 @@ impl Limiter for LimiterId {
             self.limit,
             self.unit,
             self.buckets,
+            self.shard,
         )
     }
 
@@ -168,6 +175,7 @@ impl LimiterId {
             limit: hit.limit,
             unit: hit.unit,
             buckets: hit.buckets,
+            shard: hit.shard,
         }
     }
 }
@@ -527,6 +535,7 @@ mod tests {
             hits,
             negative,
             buckets: crate::limit::DEFAULT_BUCKETS,
+            shard: crate::storage::Shard::NONE,
         }
     }
 

@@ -282,6 +282,7 @@ mod tests {
             limit: 10,
             unit: Unit::Second,
             buckets: crate::limit::DEFAULT_BUCKETS,
+            shard: crate::storage::Shard::NONE,
         }
     }
 

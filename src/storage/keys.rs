@@ -46,7 +46,7 @@ use std::fmt::Write;
 use sha2::{Digest, Sha256};
 
 use crate::limit::{Algorithm, DEFAULT_BUCKETS};
-use crate::storage::Hit;
+use crate::storage::{Hit, Shard};
 
 /// Longest identity kept verbatim in a key.
 pub const MAX_IDENTITY: usize = 256;
@@ -157,6 +157,16 @@ impl KeyBuilder {
             tag_at..tag_at + TAG_LEN,
             std::str::from_utf8(&hex).unwrap_or_default(),
         );
+        let mut tag = tag;
+        let mut role_at = role_at;
+        let mut identity_at = identity_at;
+        if hit.shard.is_sharded() {
+            let suffix = shard_suffix(&hex, hit.shard);
+            text.insert_str(tag.end - 1, &suffix);
+            tag.end += suffix.len();
+            role_at += suffix.len();
+            identity_at += suffix.len();
+        }
         if text.len() - identity_at > MAX_IDENTITY {
             let digest = Sha256::digest(&text.as_bytes()[identity_at..]);
             text.truncate(identity_at);
@@ -190,6 +200,110 @@ fn push_algo(text: &mut String, hit: &Hit<'_>) {
     if hit.algorithm == Algorithm::SlidingWindowCounter && hit.buckets != DEFAULT_BUCKETS {
         let _ = write!(text, "b{}", hit.buckets);
     }
+    if hit.shard.is_sharded() {
+        // The count, not only the index: a changed shard count changes every
+        // share, so it starts fresh state instead of reading the old one.
+        let _ = write!(text, "s{}.{}", hit.shard.count, hit.shard.index);
+    }
+}
+
+/// Redis Cluster's slot count.
+const SLOTS: u32 = 16384;
+
+/// The text appended inside a sharded limiter's braces: `.<index>.<n>`,
+/// with `n` the first number that puts the tag's slot in the middle
+/// quarter of the index's share of the slot range (shard `i` of `N` owns
+/// slots `i*16384/N..(i+1)*16384/N`). Shards therefore sit in different
+/// slots, spread evenly over the slot range and so over the primaries of a
+/// cluster that splits the range evenly, whatever the tag; and every
+/// replica computes the same text without knowing the cluster.
+fn shard_suffix(hex: &[u8; TAG_LEN], shard: Shard) -> String {
+    let count = u32::from(shard.count.max(1));
+    let index = u32::from(shard.index) % count;
+    let center = (2 * index + 1) * SLOTS / (2 * count);
+    let half = (SLOTS / (8 * count)).max(1);
+    let (low, high) = (center.saturating_sub(half), center + half);
+    let head = format!(".{index}.");
+    let mut crc = crc16(0, hex);
+    crc = crc16(crc, head.as_bytes());
+    let mut digits = itoa_buffer();
+    for n in 0u32..1_000_000 {
+        let text = digits.format(n);
+        let slot = u32::from(crc16(crc, text.as_bytes())) % SLOTS;
+        if (low..high).contains(&slot) {
+            return format!("{head}{n}");
+        }
+    }
+    // Unreachable in practice (a window of at least 64 slots is met within
+    // a few hundred tries); still a valid, distinct suffix.
+    format!("{head}x")
+}
+
+/// A small reusable decimal formatter.
+struct Decimal([u8; 10]);
+
+fn itoa_buffer() -> Decimal {
+    Decimal([0; 10])
+}
+
+impl Decimal {
+    fn format(&mut self, mut n: u32) -> &str {
+        let mut at = self.0.len();
+        loop {
+            at -= 1;
+            self.0[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        std::str::from_utf8(&self.0[at..]).unwrap_or_default()
+    }
+}
+
+/// CRC-16/XMODEM (polynomial 0x1021, initial value 0), the checksum Redis
+/// Cluster maps keys to slots with, continued from `crc`.
+fn crc16(mut crc: u16, bytes: &[u8]) -> u16 {
+    for &b in bytes {
+        crc = (crc << 8) ^ CRC16_TABLE[usize::from(((crc >> 8) as u8) ^ b)];
+    }
+    crc
+}
+
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// The slot Redis Cluster gives `key`: the text inside its first `{...}`
+/// when that is non-empty, else the whole key.
+pub fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    (u32::from(crc16(0, hashed)) % SLOTS) as u16
 }
 
 fn algo_code(algorithm: Algorithm) -> char {
@@ -270,6 +384,7 @@ mod tests {
             hits: 1,
             negative: false,
             buckets: 2,
+            shard: crate::storage::Shard::NONE,
         })
     }
 
@@ -354,6 +469,7 @@ mod tests {
             hits: 1,
             negative: false,
             buckets: DEFAULT_BUCKETS,
+            shard: crate::storage::Shard::NONE,
         };
         let b = KeyBuilder::default();
         let fixed = b.local(&hit(Algorithm::FixedWindow, Unit::Second));
@@ -378,5 +494,66 @@ mod tests {
         let k = keys("api", &[("user", "alice smith")]).key(Role::LogSet);
         assert!(k.starts_with("tg2:{"), "{k}");
         assert!(k.ends_with("}:l60:z:api:user=alice%20smith"), "{k}");
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.
+        for (key, slot) in [
+            ("foo", 12182),
+            ("somekey", 11058),
+            ("{user1000}.following", 3443),
+            ("tg2:{abc.1.2}:x", 15444),
+            ("{}x", 10595),
+            ("a{}b{c}", 7353),
+        ] {
+            assert_eq!(slot_of(key), slot, "{key}");
+        }
+    }
+
+    #[test]
+    fn shards_get_their_own_keys_in_spread_slots() {
+        let entries = vec![("tenant".to_owned(), "big".to_owned())];
+        let hit = |shard| Hit {
+            domain: "d",
+            entries: &entries,
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            unit: Unit::Hour,
+            hits: 1,
+            negative: false,
+            buckets: 2,
+            shard,
+        };
+        let b = KeyBuilder::default();
+        let plain = b.limiter(&hit(Shard::NONE));
+        for count in [2u16, 3, 8, 64] {
+            let mut slots = Vec::new();
+            for index in 0..count {
+                let k = b.limiter(&hit(Shard { index, count }));
+                let key = k.key(Role::State);
+                // The shard's tag extends the limiter's own.
+                assert!(k.tag().starts_with(&plain.tag()[..17]), "{key}");
+                assert_eq!(key.matches('{').count(), 1, "{key}");
+                let slot = u32::from(slot_of(&key));
+                // In the middle quarter of the shard's part of the slots.
+                let part = 16384 / u32::from(count);
+                let center = (2 * u32::from(index) + 1) * 16384 / (2 * u32::from(count));
+                assert!(slot.abs_diff(center) <= part / 8 + 1, "{key}: slot {slot}");
+                slots.push(slot);
+                assert_ne!(key, plain.key(Role::State));
+                assert_ne!(
+                    b.local(&hit(Shard { index, count })),
+                    b.local(&hit(Shard::NONE))
+                );
+            }
+            slots.dedup();
+            assert_eq!(slots.len(), usize::from(count));
+        }
+        // A different shard count is different state.
+        assert_ne!(
+            b.limiter(&hit(Shard { index: 0, count: 2 })),
+            b.limiter(&hit(Shard { index: 0, count: 3 }))
+        );
     }
 }

@@ -11,6 +11,7 @@ pub mod hotkeys;
 pub mod keys;
 pub mod memory;
 pub mod redis;
+pub mod shards;
 
 use std::fmt;
 use std::future::Future;
@@ -25,6 +26,7 @@ pub use cache::{CacheConfig, CacheCounts, LimiterId, OverLimitCache};
 pub use hotkeys::{HotKeyStore, HotKeys};
 pub use memory::MemoryStore;
 pub use redis::{RedisConfig, RedisStore};
+pub use shards::Sharded;
 
 /// A boxed future, so stores can sit behind `Arc<dyn Store>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -47,6 +49,29 @@ pub struct Hit<'a> {
     /// Buckets of a `sliding_window_counter` (2..=60; part of the limiter's
     /// identity). Other algorithms ignore it.
     pub buckets: u8,
+    /// Which sub-limiter of a sharded limit this hit counts against. The
+    /// engine sends every hit with index 0 of the rule's shard count; the
+    /// sharding layer ([`shards::Sharded`]) picks the shard and sets
+    /// `limit` to that shard's share before any store sees it.
+    pub shard: Shard,
+}
+
+/// A sub-limiter of a limit split over `count` shards (`rate_limit.shards`),
+/// each with its own keys in its own Redis Cluster slot. `count` 1 is an
+/// unsharded limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shard {
+    pub index: u16,
+    pub count: u16,
+}
+
+impl Shard {
+    /// Not sharded.
+    pub const NONE: Shard = Shard { index: 0, count: 1 };
+
+    pub fn is_sharded(self) -> bool {
+        self.count > 1
+    }
 }
 
 /// What a store decided for one [`Hit`].

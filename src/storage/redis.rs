@@ -1046,6 +1046,7 @@ mod tests {
                     hits: 1,
                     negative: false,
                     buckets: 2,
+                    shard: crate::storage::Shard::NONE,
                 })
                 .await;
             assert!(result.is_err(), "{url}");

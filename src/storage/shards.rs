@@ -1,0 +1,173 @@
+//! Sharded limiters (`rate_limit.shards: N`): one limit split over N
+//! sub-limiters, each with its own keys in its own Redis Cluster slot, so a
+//! hot limiter's load spreads over several primaries (and cores) instead of
+//! one.
+//!
+//! The limit `L` is split into shares that add up to exactly `L`
+//! ([`share`]). Each shard decides alone, atomically, against its share, so
+//! the total admitted in any window never exceeds `L`: every algorithm keeps
+//! its own guarantee per shard, and the shares sum to the limit.
+//!
+//! A hit goes to one shard chosen locally (round robin per replica, which
+//! keeps the shards evenly used). When that shard refuses, the next ones are
+//! tried in turn before the hit is refused, so a full shard never refuses a
+//! hit another shard could take: under demand above the limit every share
+//! fills, and the whole limit is admitted. Those extra calls happen only
+//! near the limit; the over-limit cache below this layer answers a full
+//! shard's refusals locally, so they seldom reach the store.
+//!
+//! What a sharded answer reports:
+//! - admitted: the part of its share the shard that took the hit has left,
+//!   applied to the shares of the shards not seen full in this call (the
+//!   round robin uses every shard alike, so the others hold about as much):
+//!   an estimate, never more than the limit less this hit; reset is that
+//!   shard's.
+//! - refused: remaining 0, reset the soonest of the shards' resets (when a
+//!   hit may be admitted again).
+//!
+//! A give-back (`negative`) goes to one shard, clamped at zero there. A hit
+//! whose cost exceeds a shard's share can never be admitted; rules are
+//! refused at load when a share would be 0.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::storage::{
+    BoxFuture, Decision, FailureCounts, Hit, NodeId, Shard, Store, StoreError, StoreGauges, hotkeys,
+};
+
+/// The share of shard `index` of `count` in `limit`: the first
+/// `limit % count` shards get one more, so the shares add up to `limit`.
+pub fn share(limit: u64, count: u16, index: u16) -> u64 {
+    let count = u64::from(count.max(1));
+    let base = limit / count;
+    base + u64::from(u64::from(index) < limit % count)
+}
+
+/// The sharding layer over any store.
+pub struct Sharded {
+    inner: Arc<dyn Store>,
+    /// Round-robin position, shared by every sharded limiter of this replica.
+    next: AtomicU64,
+}
+
+impl Sharded {
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    async fn sharded(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
+        let count = hit.shard.count;
+        let start = (self.next.fetch_add(1, Ordering::Relaxed) % u64::from(count)) as u16;
+        let shard_hit = |index: u16| Hit {
+            limit: share(hit.limit, count, index),
+            shard: Shard { index, count },
+            ..hit
+        };
+        if hit.negative {
+            return self.inner.hit(shard_hit(start)).await;
+        }
+        let mut soonest: Option<u64> = None;
+        let mut failure: Option<StoreError> = None;
+        let mut full = 0u64;
+        for k in 0..count {
+            let index = (start + k) % count;
+            let sub = shard_hit(index);
+            match self.inner.hit(sub).await {
+                Ok(d) if d.admitted => {
+                    let open_shards = u64::from(count) - full;
+                    let spare = hit.limit.saturating_sub(hit.hits);
+                    // The shard's remaining as a part of its share, applied
+                    // to the shares of the shards not seen full.
+                    let estimate =
+                        u128::from(d.remaining) * u128::from(hit.limit) * u128::from(open_shards)
+                            / (u128::from(sub.limit.max(1)) * u128::from(count));
+                    let remaining = u64::try_from(estimate).unwrap_or(u64::MAX).min(spare);
+                    return Ok(Decision {
+                        admitted: true,
+                        remaining,
+                        reset_micros: d.reset_micros,
+                    });
+                }
+                Ok(d) => {
+                    full += 1;
+                    soonest = Some(soonest.map_or(d.reset_micros, |s| s.min(d.reset_micros)));
+                }
+                // One shard's server failing does not stop the others from
+                // answering; the failure is reported only when no shard
+                // could take the hit and none refused it either.
+                Err(e) => failure = Some(e),
+            }
+        }
+        match (soonest, failure) {
+            (None, Some(e)) => Err(e),
+            (soonest, _) => Ok(Decision {
+                admitted: false,
+                remaining: 0,
+                reset_micros: soonest.unwrap_or(0),
+            }),
+        }
+    }
+}
+
+impl Store for Sharded {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        if hit.shard.is_sharded() {
+            Box::pin(self.sharded(hit))
+        } else {
+            self.inner.hit(hit)
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        self.inner.is_ready()
+    }
+
+    fn maintain(&self) {
+        self.inner.maintain()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn node(&self, hit: &Hit<'_>) -> NodeId {
+        self.inner.node(hit)
+    }
+
+    fn failures(&self) -> FailureCounts {
+        self.inner.failures()
+    }
+
+    fn gauges(&self) -> StoreGauges {
+        self.inner.gauges()
+    }
+
+    fn hot_keys(&self) -> Option<hotkeys::Report> {
+        self.inner.hot_keys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_to_the_limit() {
+        for limit in [1u64, 7, 8, 100, 101, 1_000_003] {
+            for count in 1..=16u16 {
+                if limit < u64::from(count) {
+                    continue;
+                }
+                let total: u64 = (0..count).map(|i| share(limit, count, i)).sum();
+                assert_eq!(total, limit, "{limit} over {count}");
+                let max = (0..count).map(|i| share(limit, count, i)).max().unwrap();
+                let min = (0..count).map(|i| share(limit, count, i)).min().unwrap();
+                assert!(max - min <= 1);
+            }
+        }
+    }
+}

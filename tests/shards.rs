@@ -1,0 +1,226 @@
+//! Sharded limiters (`rate_limit.shards`) over real gRPC: the whole limit
+//! and never more, the configured limit in the answer, and on a real 3+3
+//! Redis Cluster, three replicas at twice the limit with the Redis work
+//! spread over every primary.
+
+mod support;
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use support::redis::RedisCluster;
+use support::tollgate::{Tollgate, descriptor};
+use support::unique_domain;
+
+fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![descriptor(entries)],
+        hits_addend: 0,
+    }
+}
+
+fn rules(domain: &str, limit: u32, shards: u16) -> String {
+    format!(
+        r#"
+domain: {domain}
+descriptors:
+  - key: fixed
+    rate_limit: {{unit: hour, requests_per_unit: {limit}, algorithm: fixed_window, shards: {shards}}}
+  - key: log
+    rate_limit: {{unit: hour, requests_per_unit: {limit}, algorithm: sliding_window_log, shards: {shards}}}
+  - key: counter
+    rate_limit: {{unit: hour, requests_per_unit: {limit}, algorithm: sliding_window_counter, shards: {shards}}}
+"#
+    )
+}
+
+/// Keeps a burst inside one hour-long fixed window.
+async fn away_from_an_hour_boundary() {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if secs % 3600 > 3590 {
+        tokio::time::sleep(Duration::from_secs(3600 - secs % 3600 + 1)).await;
+    }
+}
+
+fn ok(r: &RateLimitResponse) -> bool {
+    r.overall_code == Code::Ok as i32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_limit_admits_the_whole_limit_and_reports_it() {
+    let domain = unique_domain("shards");
+    let t = Tollgate::start(&[("rules.yaml", &rules(&domain, 10, 4))], &[]).await;
+    away_from_an_hour_boundary().await;
+    for key in ["fixed", "log", "counter"] {
+        let mut answers = Vec::new();
+        for _ in 0..25 {
+            answers.push(t.ask(request(&domain, &[(key, "tenant")])).await);
+        }
+        let admitted = answers.iter().filter(|r| ok(r)).count();
+        assert_eq!(admitted, 10, "{key}");
+        // Every share is used before any hit is refused.
+        assert!(answers[..10].iter().all(ok), "{key}");
+        for r in &answers {
+            let s = &r.statuses[0];
+            let limit = s.current_limit.as_ref().expect("a limit");
+            assert_eq!(limit.requests_per_unit, 10, "{key}: the configured limit");
+            assert!(s.limit_remaining <= 9, "{key}: {s:?}");
+            if !ok(r) {
+                assert_eq!(s.limit_remaining, 0, "{key}");
+                let reset = s.duration_until_reset.as_ref().expect("a reset");
+                // A two-bucket counter's hit counts for up to two windows.
+                assert!(
+                    reset.seconds > 0 && reset.seconds <= 7200,
+                    "{key}: {reset:?}"
+                );
+            }
+        }
+        // The first answer reports about the whole limit left, not one
+        // share's remaining (at most 2 here).
+        assert!(
+            answers[0].statuses[0].limit_remaining >= 5,
+            "{key}: {:?}",
+            answers[0]
+        );
+    }
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_count_above_the_limit_is_refused_with_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 4\n      shards: 8\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 400, shards: 65}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(support::process::tollgate_bin())
+        .args(["validate", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("bad.yaml:7")
+            && text.contains("shards (8) must not exceed requests_per_unit (4)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("bad.yaml:9") && text.contains("shards must be from 1 to 64, found 65"),
+        "{text}"
+    );
+}
+
+/// `calls=` of `INFO commandstats` for `evalsha` on one node.
+fn evalsha_calls(cluster: &RedisCluster, port: u16) -> u64 {
+    let stats = cluster.cli(port, &["INFO", "commandstats"]);
+    assert!(stats.contains("# Commandstats"), "{stats:?}");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_at_twice_the_limit_fill_it_exactly_over_every_primary() {
+    const LIMIT: usize = 400;
+    const SHARDS: u16 = 8;
+    let cluster = RedisCluster::start();
+    let domain = unique_domain("sharded");
+    let text = rules(&domain, LIMIT as u32, SHARDS);
+    let url = cluster.url();
+    let settings = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "2000"),
+    ];
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let t = Tollgate::start(&[("rules.yaml", &text)], &settings).await;
+        t.wait_serving(Duration::from_secs(20)).await;
+        replicas.push(t);
+    }
+    let clients = futures_util::future::join_all(replicas.iter().map(|t| t.client())).await;
+    // The standard split of 16,384 slots over three primaries.
+    let primaries: Vec<u16> = [0u16, 8192, 16383]
+        .iter()
+        .map(|&slot| cluster.primary_for_slot(slot).expect("a primary"))
+        .collect();
+    assert_eq!(
+        primaries
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+        3
+    );
+
+    away_from_an_hour_boundary().await;
+    for key in ["fixed", "log"] {
+        let before: Vec<u64> = primaries
+            .iter()
+            .map(|&p| evalsha_calls(&cluster, p))
+            .collect();
+        // Twice the limit, from 48 callers spread over the three replicas.
+        let demand = 2 * LIMIT;
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let callers = (0..48).map(|c| {
+            let mut client = clients[c % 3].clone();
+            let next = next.clone();
+            let req = request(&domain, &[(key, "tenant")]);
+            async move {
+                let (mut ok, mut over) = (0usize, 0usize);
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < demand {
+                    let code = client
+                        .should_rate_limit(req.clone())
+                        .await
+                        .map(|r| r.into_inner().overall_code);
+                    match code {
+                        Ok(c) if c == Code::Ok as i32 => ok += 1,
+                        Ok(c) if c == Code::OverLimit as i32 => over += 1,
+                        other => panic!("{key}: {other:?}"),
+                    }
+                }
+                (ok, over)
+            }
+        });
+        let counts = futures_util::future::join_all(callers).await;
+        let admitted: usize = counts.iter().map(|c| c.0).sum();
+        let refused: usize = counts.iter().map(|c| c.1).sum();
+        assert_eq!(admitted + refused, demand, "{key}");
+        assert!(
+            admitted <= LIMIT,
+            "{key}: {admitted} admitted over a limit of {LIMIT}"
+        );
+        assert!(
+            admitted * 100 >= LIMIT * 97,
+            "{key}: only {admitted} of {LIMIT} admitted at twice the demand"
+        );
+
+        let calls: Vec<u64> = primaries
+            .iter()
+            .zip(&before)
+            .map(|(&p, b)| evalsha_calls(&cluster, p) - b)
+            .collect();
+        let total: u64 = calls.iter().sum();
+        assert!(total > 0, "{key}");
+        for (p, c) in primaries.iter().zip(&calls) {
+            assert!(*c > 0, "{key}: primary {p} got no calls: {calls:?}");
+            assert!(
+                *c * 2 <= total,
+                "{key}: primary {p} got {c} of {total}: {calls:?}"
+            );
+        }
+        eprintln!("{key}: admitted {admitted} of {demand}; scripts per primary {calls:?}");
+    }
+    for t in replicas {
+        t.stop().await;
+    }
+}
