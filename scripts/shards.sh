@@ -37,10 +37,18 @@ source "$ROOT/scripts/lib.sh"
 tollgate_bin
 
 # --- cluster -----------------------------------------------------------------
+# A cluster node also listens on its port + 10000, so its port must be at
+# most 55535.
+cluster_port() {
+    local port
+    port=$(free_port)
+    while ((port > 55535)); do port=$(free_port); done
+    echo "$port"
+}
 PORTS=()
 REDIS_PIDS=()
 for i in 0 1 2; do
-    port=$(free_port)
+    port=$(cluster_port)
     mkdir -p "$WORK/n$port"
     (cd "$WORK/n$port" && exec redis-server --bind 127.0.0.1 --port "$port" --save '' \
         --appendonly no --cluster-enabled yes --cluster-config-file nodes.conf \
@@ -50,7 +58,11 @@ for i in 0 1 2; do
     PORTS+=("$port")
 done
 for port in "${PORTS[@]}"; do
-    wait_for 10 redis-cli -p "$port" ping || { echo "shards.sh: redis on $port did not start" >&2; exit 1; }
+    wait_for 10 redis-cli -p "$port" ping || {
+        echo "shards.sh: redis on $port did not start:" >&2
+        cat "$WORK/n$port/redis.log" >&2 || true
+        exit 1
+    }
 done
 # The usual even split of the 16,384 slots.
 bounds=(0 5461 10923 16384)
