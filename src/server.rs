@@ -568,6 +568,7 @@ fn hot_keys_json(report: &hotkeys::Report) -> serde_json::Value {
                     "algorithm": k.limiter.algorithm.as_str(),
                     "limit": k.limiter.limit,
                     "unit": k.limiter.unit.as_str(),
+                    "shards": k.limiter.shard.count,
                 },
                 "rate": k.rate,
                 "rateError": k.rate_error,

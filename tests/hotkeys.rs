@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -12,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::redis::{RedisServer, require_redis};
 use support::tollgate::{Tollgate, descriptor};
-use support::unique_domain;
+use support::{http_get, unique_domain};
 
 /// `calls=` of `INFO commandstats` for `command`; 0 when never called
 /// (Redis then omits its line).
@@ -26,22 +25,6 @@ fn command_calls(redis: &RedisServer, command: &str) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .map(|n| n.parse().unwrap())
         .unwrap_or(0)
-}
-
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, body.to_string())
 }
 
 /// The value of an unlabelled series on `/metrics`.

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use support::redis::RedisCluster;
 use support::tollgate::{Tollgate, descriptor};
-use support::unique_domain;
+use support::{http_get, unique_domain};
 
 fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
@@ -88,6 +88,14 @@ async fn a_sharded_limit_admits_the_whole_limit_and_reports_it() {
             answers[0]
         );
     }
+    // The hot-key report names the limiter with its configured limit and
+    // shard count, not a shard's share.
+    let (status, body) = http_get(t.http, "/debug/hotkeys").await;
+    assert_eq!(status, 200, "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let first = &report["hotKeys"][0]["limiter"];
+    assert_eq!(first["limit"], 10, "{body}");
+    assert_eq!(first["shards"], 4, "{body}");
     t.stop().await;
 }
 

@@ -19,3 +19,23 @@ pub fn unique_domain(name: &str) -> String {
         .unwrap_or(0);
     format!("{name}-{}-{nanos:x}-{n}", std::process::id())
 }
+
+/// `GET path` over HTTP/1.1 on a fresh connection: the status and body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.read_to_string(&mut out),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
+}
