@@ -6,8 +6,13 @@
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+-- ARGV[5]  unused (the counter's bucket count)
+-- ARGV[6], ARGV[7], ...  optional further (hits, negative) pairs: hits
+--          queued behind this one, decided after it in order, in this
+--          same atomic step
 --
--- Returns {admitted (0/1), remaining, reset_micros} as integers.
+-- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
+-- per hit in order.
 -- Every counted hit stays counted in its window, admitted or not, except a
 -- cost above the limit, which can never pass and is not recorded.
 -- The clock is the server's (TIME), never the caller's.
@@ -16,8 +21,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
-local hits = tonumber(ARGV[3])
-local negative = ARGV[4] == '1'
 
 -- Integer division on doubles (exact below 2^53), corrected for rounding.
 local idx = math.floor(now / w)
@@ -36,15 +39,28 @@ local function remaining()
   return 0
 end
 
-local admitted = 1
-if negative then
-  count = count - hits
-  if count < 0 then count = 0 end
-elseif hits > limit then
-  admitted = 0
-else
-  count = count + hits
-  if count > limit then admitted = 0 end
+local function decide(hits, negative)
+  local admitted = 1
+  if negative then
+    count = count - hits
+    if count < 0 then count = 0 end
+  elseif hits > limit then
+    admitted = 0
+  else
+    count = count + hits
+    if count > limit then admitted = 0 end
+  end
+  return admitted
+end
+
+local out = {}
+local i = 3
+while ARGV[i] do
+  local admitted = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
+  out[#out + 1] = admitted
+  out[#out + 1] = remaining()
+  out[#out + 1] = reset
+  if i == 3 then i = 6 else i = i + 2 end
 end
 
 if count ~= before then
@@ -56,4 +72,4 @@ if count ~= before then
   end
 end
 
-return {admitted, remaining(), reset}
+return out

@@ -15,16 +15,18 @@
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them
 -- ARGV[5]  N, the number of buckets (2..60; absent means 2)
+-- ARGV[6], ARGV[7], ...  optional further (hits, negative) pairs: hits
+--          queued behind this one, decided after it in order, in this
+--          same atomic step
 --
--- Returns {admitted (0/1), remaining, reset_micros} as integers.
+-- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
+-- per hit in order.
 -- Only admitted hits are recorded. The clock is the server's (TIME).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
-local hits = tonumber(ARGV[3])
-local negative = ARGV[4] == '1'
 local n = tonumber(ARGV[5]) or 2
 if n < 2 then n = 2 end
 if n > 60 then n = 60 end
@@ -111,49 +113,65 @@ local function save()
   redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(real(n * w - elapsed) / 1000)))
 end
 
-if negative then
-  local back = hits
-  for age = 0, n - 1 do
-    local take = math.min(back, counts[age + 1])
-    counts[age + 1] = counts[age + 1] - take
-    back = back - take
-  end
-  save()
-  return {1, remaining(estimate()), ok_reset()}
-end
+local dirty = false
 
-local est = estimate()
-if hits > limit then
-  return {0, remaining(est), w}
-end
-if est + hits <= limit then
-  if hits > 0 then
-    counts[1] = counts[1] + hits
-    save()
-  end
-  return {1, remaining(estimate()), ok_reset()}
-end
-
--- Refused: the first bucket (k buckets on) where the full ones fit, then the
--- moment in it when the oldest has lost enough weight:
--- oldest * (w - e) / w <= room  holds from  e = w - floor(w * room / oldest).
-local need = limit - hits
-local wait = w
-for k = 0, n - 1 do
-  local full = sum_full(n - 1 - k)
-  if full <= need then
-    local oldest = counts[n - k]
-    local at = 0
-    if oldest > 0 then at = w - math.min(math.floor(w * (need - full) / oldest), w) end
-    if k == 0 then
-      wait = at - elapsed
-      if wait < 0 then wait = 0 end
-      wait = real(wait)
-      if wait < 1 then wait = 1 end
-    else
-      wait = real(k * w + at - elapsed)
+local function decide(hits, negative)
+  if negative then
+    local back = hits
+    for age = 0, n - 1 do
+      local take = math.min(back, counts[age + 1])
+      counts[age + 1] = counts[age + 1] - take
+      back = back - take
     end
-    break
+    dirty = true
+    return {1, remaining(estimate()), ok_reset()}
   end
+
+  local est = estimate()
+  if hits > limit then
+    return {0, remaining(est), w}
+  end
+  if est + hits <= limit then
+    if hits > 0 then
+      counts[1] = counts[1] + hits
+      dirty = true
+    end
+    return {1, remaining(estimate()), ok_reset()}
+  end
+
+  -- Refused: the first bucket (k buckets on) where the full ones fit, then
+  -- the moment in it when the oldest has lost enough weight:
+  -- oldest * (w - e) / w <= room  holds from  e = w - floor(w * room / oldest).
+  local need = limit - hits
+  local wait = w
+  for k = 0, n - 1 do
+    local full = sum_full(n - 1 - k)
+    if full <= need then
+      local oldest = counts[n - k]
+      local at = 0
+      if oldest > 0 then at = w - math.min(math.floor(w * (need - full) / oldest), w) end
+      if k == 0 then
+        wait = at - elapsed
+        if wait < 0 then wait = 0 end
+        wait = real(wait)
+        if wait < 1 then wait = 1 end
+      else
+        wait = real(k * w + at - elapsed)
+      end
+      break
+    end
+  end
+  return {0, remaining(est), wait}
 end
-return {0, remaining(est), wait}
+
+local out = {}
+local i = 3
+while ARGV[i] do
+  local d = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
+  out[#out + 1] = d[1]
+  out[#out + 1] = d[2]
+  out[#out + 1] = d[3]
+  if i == 3 then i = 6 else i = i + 2 end
+end
+if dirty then save() end
+return out

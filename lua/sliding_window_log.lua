@@ -11,8 +11,13 @@
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+-- ARGV[5]  unused (the counter's bucket count)
+-- ARGV[6], ARGV[7], ...  optional further (hits, negative) pairs: hits
+--          queued behind this one, decided after it in order, in this
+--          same atomic step
 --
--- Returns {admitted (0/1), remaining, reset_micros} as integers.
+-- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
+-- per hit in order.
 -- Only admitted hits are recorded; a hit at time ts counts while
 -- ts > now - window. Both keys expire when the newest hit stops counting.
 -- The clock is the server's (TIME), never the caller's.
@@ -21,8 +26,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
-local hits = tonumber(ARGV[3])
-local negative = ARGV[4] == '1'
 local log, meta = KEYS[1], KEYS[2]
 
 -- Scores and counts go out as integer strings: the default number to string
@@ -96,62 +99,72 @@ local function save()
   redis.call('PEXPIRE', meta, ttl)
 end
 
-if negative then
-  -- Give back from the newest hits.
-  local back = hits
-  while back > 0 do
-    local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-    if #last == 0 then break end
-    local cost = cost_of(last[1])
-    local take = math.min(back, cost)
-    redis.call('ZREM', log, last[1])
-    if take < cost then
-      local sep = string.find(last[1], ':', 1, true)
-      local id = tonumber(string.sub(last[1], 1, sep - 1))
-      redis.call('ZADD', log, last[2], member(id, cost - take))
+local function decide(hits, negative)
+  if negative then
+    -- Give back from the newest hits.
+    local back = hits
+    while back > 0 do
+      local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+      if #last == 0 then break end
+      local cost = cost_of(last[1])
+      local take = math.min(back, cost)
+      redis.call('ZREM', log, last[1])
+      if take < cost then
+        local sep = string.find(last[1], ':', 1, true)
+        local id = tonumber(string.sub(last[1], 1, sep - 1))
+        redis.call('ZADD', log, last[2], member(id, cost - take))
+      end
+      sum = sum - take
+      back = back - take
+      dirty = true
     end
-    sum = sum - take
-    back = back - take
-    dirty = true
+    return {1, remaining(), oldest_reset()}
   end
-  if dirty then save() end
-  return {1, remaining(), oldest_reset()}
-end
 
-if hits > limit then
-  if dirty then save() end
-  return {0, remaining(), w}
-end
-
-if sum + hits <= limit then
-  if hits > 0 then
-    seq = seq + 1
-    redis.call('ZADD', log, int(now), member(seq, hits))
-    sum = sum + hits
-    dirty = true
+  if hits > limit then
+    return {0, remaining(), w}
   end
-  if dirty then save() end
-  return {1, limit - sum, oldest_reset()}
-end
 
--- Refused: the first moment enough of the oldest hits have left.
-local wait = w
-local freed = 0
-local batch = 128
-local from = 0
-local found = false
-while not found do
-  local page = redis.call('ZRANGE', log, from, from + batch - 1, 'WITHSCORES')
-  if #page == 0 then break end
-  for i = 1, #page, 2 do
-    freed = freed + cost_of(page[i])
-    if sum - freed + hits <= limit then
-      wait = tonumber(page[i + 1]) + w - now
-      found = true
-      break
+  if sum + hits <= limit then
+    if hits > 0 then
+      seq = seq + 1
+      redis.call('ZADD', log, int(now), member(seq, hits))
+      sum = sum + hits
+      dirty = true
     end
+    return {1, limit - sum, oldest_reset()}
   end
-  from = from + batch
+
+  -- Refused: the first moment enough of the oldest hits have left.
+  local wait = w
+  local freed = 0
+  local batch = 128
+  local from = 0
+  local found = false
+  while not found do
+    local page = redis.call('ZRANGE', log, from, from + batch - 1, 'WITHSCORES')
+    if #page == 0 then break end
+    for i = 1, #page, 2 do
+      freed = freed + cost_of(page[i])
+      if sum - freed + hits <= limit then
+        wait = tonumber(page[i + 1]) + w - now
+        found = true
+        break
+      end
+    end
+    from = from + batch
+  end
+  return {0, remaining(), wait}
+end
+
+local out = {}
+local i = 3
+while ARGV[i] do
+  local d = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
+  out[#out + 1] = d[1]
+  out[#out + 1] = d[2]
+  out[#out + 1] = d[3]
+  if i == 3 then i = 6 else i = i + 2 end
 end
 if dirty then save() end
-return {0, remaining(), wait}
+return out

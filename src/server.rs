@@ -28,7 +28,9 @@ use crate::rules::{self, RuleSet};
 use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
 use crate::storage::hotkeys::{self, HotKeyStore, HotKeys};
-use crate::storage::{Breaker, MemoryStore, OverLimitCache, RedisStore, Sharded, Store};
+use crate::storage::{
+    Breaker, Coalescing, MemoryStore, OverLimitCache, RedisStore, Sharded, Store,
+};
 
 /// The health service names answered besides the overall "".
 pub const HEALTH_SERVICES: [&str; 3] = [
@@ -216,11 +218,17 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
             let store = RedisStore::connect(settings.redis.connection.clone())
                 .await
                 .map_err(|e| anyhow::anyhow!("store={url} is not usable: {e}"))?;
-            Arc::new(Breaker::with_clock(
+            let breaker: Arc<dyn Store> = Arc::new(Breaker::with_clock(
                 store,
                 settings.redis.breaker,
                 clock.clone(),
-            ))
+            ));
+            // Above the breaker: a batch is one call, one success or failure.
+            if settings.redis.coalesce {
+                Arc::new(Coalescing::new(breaker))
+            } else {
+                breaker
+            }
         }
     };
     // Shards above the cache: a full shard's refusals are answered locally

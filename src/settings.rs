@@ -22,6 +22,7 @@
 //! | `redis.key_prefix` | `TOLLGATE_REDIS__KEY_PREFIX` | `tg2` | prefix of every key |
 //! | `redis.breaker_failures` | `TOLLGATE_REDIS__BREAKER_FAILURES` | `5` | consecutive failures that open the circuit |
 //! | `redis.breaker_cooldown_ms` | `TOLLGATE_REDIS__BREAKER_COOLDOWN_MS` | `500` | how long it stays open before a probe |
+//! | `redis.coalesce` | `TOLLGATE_REDIS__COALESCE` | `true` | while a limiter's script call is in flight, queue further hits on it and decide them all in the next call |
 //! | `deadline_margin_ms` | `TOLLGATE_DEADLINE_MARGIN_MS` | `2` | kept back from the caller's `grpc-timeout` for the answer's way back |
 //! | `max_in_flight` | `TOLLGATE_MAX_IN_FLIGHT` | `8192` | requests decided at once; past it `RESOURCE_EXHAUSTED` at once |
 //! | `max_descriptors` | `TOLLGATE_MAX_DESCRIPTORS` | `64` | descriptors per request (`INVALID_ARGUMENT` past it) |
@@ -75,6 +76,9 @@ pub enum StoreSetting {
 pub struct RedisSettings {
     pub connection: RedisConfig,
     pub breaker: BreakerConfig,
+    /// Hits on a limiter with a call in flight wait for the next call,
+    /// which carries them all (`storage::coalesce`).
+    pub coalesce: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -308,6 +312,7 @@ pub const KEYS: &[&str] = &[
     "redis.key_prefix",
     "redis.breaker_failures",
     "redis.breaker_cooldown_ms",
+    "redis.coalesce",
     "deadline_margin_ms",
     "max_in_flight",
     "max_descriptors",
@@ -362,6 +367,7 @@ struct RawRedis {
     key_prefix: Option<String>,
     breaker_failures: Option<String>,
     breaker_cooldown_ms: Option<String>,
+    coalesce: Option<String>,
 }
 
 /// Where settings come from. Tests pass their own environment map so they
@@ -743,6 +749,7 @@ impl Raw {
                     500,
                 )?,
             },
+            coalesce: parse(src, "redis.coalesce", &r.coalesce, true)?,
         };
         if let StoreSetting::Redis(url) = &store
             && let Err(reason) = redis.connection.validate()

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use futures_util::future::{BoxFuture, join_all};
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::keys::{KeyBuilder, Role};
-use tollgate::storage::{Decision, Hit, MemoryStore, RedisConfig, RedisStore, Store, StoreError};
+use tollgate::storage::{
+    Coalescing, Cost, Decision, Hit, MemoryStore, RedisConfig, RedisStore, Store, StoreError,
+};
 
 use support::redis::{RedisCluster, RedisSentinel, RedisServer};
 use support::unique_domain;
@@ -78,6 +80,25 @@ impl Limiter {
                 shard: tollgate::storage::Shard::NONE,
             })
             .await
+    }
+
+    /// Decides the costs in one [`Store::hit_batch`] call.
+    async fn batch(&self, store: &dyn Store, costs: &[Cost]) -> Vec<Decision> {
+        let hit = Hit {
+            domain: &self.domain,
+            entries: &self.entries,
+            algorithm: self.algorithm,
+            limit: self.limit,
+            unit: self.unit,
+            hits: costs[0].hits,
+            negative: costs[0].negative,
+            buckets: self.buckets,
+            shard: tollgate::storage::Shard::NONE,
+        };
+        store
+            .hit_batch(hit, &costs[1..])
+            .await
+            .unwrap_or_else(|e| panic!("{} {}: batch failed: {e}", store.kind(), self.algorithm))
     }
 
     async fn hit(&self, store: &dyn Store, hits: u64) -> Decision {
@@ -402,6 +423,54 @@ async fn concurrent_hits_never_over_admit(store: DynStore, algorithm: Algorithm)
     }
     let d = l.hit(&*store, 0).await;
     assert_eq!(d.remaining, 0, "{c}");
+}
+
+/// A batch of costs is decided as the same costs one call at a time: the
+/// same admissions and remaining, in order (resets within the time between
+/// the calls), with give-backs, checks and a cost above the limit mixed in.
+async fn a_batch_decides_like_one_call_at_a_time(store: &dyn Store, algorithm: Algorithm) {
+    let take = |hits| Cost {
+        hits,
+        negative: false,
+    };
+    let back = |hits| Cost {
+        hits,
+        negative: true,
+    };
+    let costs = [
+        take(3),
+        take(4),
+        take(0),
+        take(5),
+        back(2),
+        take(4),
+        take(11),
+        take(1),
+        take(1),
+        back(1),
+        take(2),
+    ];
+    let batched = Limiter::new("batched", algorithm, 10, Unit::Day);
+    let single = Limiter::new("single", algorithm, 10, Unit::Day);
+    let c = ctx(store, algorithm);
+    let from_batch = batched.batch(store, &costs).await;
+    assert_eq!(from_batch.len(), costs.len(), "{c}");
+    for (i, (cost, b)) in costs.iter().zip(&from_batch).enumerate() {
+        let one = single.call(store, cost.hits, cost.negative).await.unwrap();
+        assert_eq!(
+            (b.admitted, b.remaining),
+            (one.admitted, one.remaining),
+            "{c}: hit {i} ({cost:?}): batch {b:?}, alone {one:?}"
+        );
+        assert!(
+            b.reset_micros.abs_diff(one.reset_micros) <= 1_000_000,
+            "{c}: hit {i} ({cost:?}): batch {b:?}, alone {one:?}"
+        );
+    }
+    // And the state left behind is the same.
+    let after_batch = batched.hit(store, 0).await;
+    let after_single = single.hit(store, 0).await;
+    assert_eq!(after_batch.remaining, after_single.remaining, "{c}");
 }
 
 /// How a reset is expected to relate to the clock.
@@ -811,6 +880,7 @@ async fn run_suite(store: DynStore) {
         awkward_descriptors_get_separate_counters(s, algorithm).await;
         concurrent_hits_never_over_admit(store.clone(), algorithm).await;
         answers_the_expected_table(s, algorithm).await;
+        a_batch_decides_like_one_call_at_a_time(s, algorithm).await;
     }
     bucketed_counter_answers_the_expected_table(&*store).await;
     log_reset_is_when_the_oldest_hit_leaves(&*store).await;
@@ -848,9 +918,17 @@ async fn connect(url: String) -> Arc<RedisStore> {
     Arc::new(store)
 }
 
+/// The store behind the coalescing layer, as `serve` runs Redis: every case
+/// holds with hits queued behind calls in flight (the concurrent case
+/// queues hundreds).
+fn coalesced(store: DynStore) -> DynStore {
+    Arc::new(Coalescing::new(store))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_contract() {
     run_suite(Arc::new(MemoryStore::default())).await;
+    run_suite(coalesced(Arc::new(MemoryStore::default()))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -859,6 +937,7 @@ async fn redis_standalone_contract() {
     let store = connect(server.url()).await;
     assert_eq!(store.kind(), "redis");
     run_suite(store.clone()).await;
+    run_suite(coalesced(store.clone())).await;
     log_survives_losing_its_metadata(&*store, |key| server.cli(&["DEL", key])).await;
 }
 
@@ -867,7 +946,7 @@ async fn redis_cluster_contract() {
     let cluster = RedisCluster::start();
     let store = connect(cluster.url()).await;
     assert_eq!(store.kind(), "redis-cluster");
-    run_suite(store.clone()).await;
+    run_suite(coalesced(store.clone())).await;
     log_survives_losing_its_metadata(&*store, |key| {
         let port = cluster
             .primary_for_key(key)

@@ -461,6 +461,30 @@ fn register_observers(meter: &Meter, s: Sources) {
             })
             .build();
     }
+    for (name, description, read) in [
+        (
+            "tollgate.coalesce.batches",
+            "Store calls that carried hits queued behind a call in flight",
+            (|c: &crate::storage::CoalesceCounts| c.batches)
+                as fn(&crate::storage::CoalesceCounts) -> u64,
+        ),
+        (
+            "tollgate.coalesce.hits",
+            "Hits decided in those calls",
+            |c| c.coalesced_hits,
+        ),
+    ] {
+        let store = s.store.clone();
+        meter
+            .u64_observable_counter(name)
+            .with_description(description)
+            .with_callback(move |o| {
+                if let Some(c) = store.gauges().coalesced {
+                    o.observe(read(&c), &[]);
+                }
+            })
+            .build();
+    }
     let store = s.store.clone();
     meter
         .u64_observable_gauge("tollgate.over_limit_cache.entries")

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::storage::{
-    BoxFuture, Decision, FailureCounters, FailureCounts, Hit, NodeId, Store, StoreError,
+    BoxFuture, Cost, Decision, FailureCounters, FailureCounts, Hit, NodeId, Store, StoreError,
     StoreGauges,
 };
 
@@ -260,7 +260,7 @@ struct Permit<'a, S: Store> {
 }
 
 impl<S: Store> Permit<'_, S> {
-    fn finish(mut self, result: &Result<Decision, StoreError>) {
+    fn finish<T>(mut self, result: &Result<T, StoreError>) {
         self.finished = true;
         if let Err(e) = result {
             self.breaker.failures.record(e);
@@ -295,6 +295,25 @@ impl<S: Store> Store for Breaker<S> {
             }
             Ok(permit) => Box::pin(async move {
                 let result = self.inner.hit(hit).await;
+                permit.finish(&result);
+                result
+            }),
+        }
+    }
+
+    /// One call to the server: one permit, one success or failure.
+    fn hit_batch<'a>(
+        &'a self,
+        hit: Hit<'a>,
+        more: &'a [Cost],
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        match self.admit(self.inner.node(&hit)) {
+            Err(e) => {
+                self.failures.record(&e);
+                Box::pin(async move { Err(e) })
+            }
+            Ok(permit) => Box::pin(async move {
+                let result = self.inner.hit_batch(hit, more).await;
                 permit.finish(&result);
                 result
             }),

@@ -7,6 +7,7 @@
 
 pub mod breaker;
 pub mod cache;
+pub mod coalesce;
 pub mod hotkeys;
 pub mod keys;
 pub mod memory;
@@ -23,6 +24,7 @@ use crate::limit::{Algorithm, Unit};
 
 pub use breaker::{Breaker, BreakerConfig};
 pub use cache::{CacheConfig, CacheCounts, LimiterId, OverLimitCache};
+pub use coalesce::{CoalesceCounts, Coalescing};
 pub use hotkeys::{HotKeyStore, HotKeys};
 pub use memory::MemoryStore;
 pub use redis::{RedisConfig, RedisStore};
@@ -71,6 +73,23 @@ impl Shard {
 
     pub fn is_sharded(self) -> bool {
         self.count > 1
+    }
+}
+
+/// The part of a hit that differs between hits of one limiter queued
+/// together: see [`Store::hit_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost {
+    pub hits: u64,
+    pub negative: bool,
+}
+
+impl Hit<'_> {
+    pub fn cost(&self) -> Cost {
+        Cost {
+            hits: self.hits,
+            negative: self.negative,
+        }
     }
 }
 
@@ -196,12 +215,39 @@ pub struct StoreGauges {
     pub script_loads: Option<u64>,
     /// The local over-limit cache in front of the store, when enabled.
     pub over_limit_cache: Option<CacheCounts>,
+    /// The coalescing layer, when enabled.
+    pub coalesced: Option<CoalesceCounts>,
 }
 
 /// A counting backend. Implementations must be safe under concurrent calls:
 /// no lost updates and no over-admission for one limiter.
 pub trait Store: Send + Sync + 'static {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// Decides `hit`, then the hits of the same limiter with the costs in
+    /// `more`, in that order, as if each came alone: one decision per hit.
+    /// A store that talks to a server does it in one atomic step (one
+    /// script call); the default decides them one call at a time, which
+    /// gives the same decisions. Used by the coalescing layer.
+    fn hit_batch<'a>(
+        &'a self,
+        hit: Hit<'a>,
+        more: &'a [Cost],
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        Box::pin(async move {
+            let mut decisions = Vec::with_capacity(1 + more.len());
+            decisions.push(self.hit(hit).await?);
+            for cost in more {
+                let next = Hit {
+                    hits: cost.hits,
+                    negative: cost.negative,
+                    ..hit
+                };
+                decisions.push(self.hit(next).await?);
+            }
+            Ok(decisions)
+        })
+    }
 
     /// True once the store can answer (Redis: reachable, scripts loaded).
     fn is_ready(&self) -> bool {

@@ -45,7 +45,7 @@ use tokio::task::AbortHandle;
 
 use crate::limit::Algorithm;
 use crate::storage::keys::{self, KeyBuilder, Role};
-use crate::storage::{BoxFuture, Decision, Hit, NodeId, Store, StoreError, StoreGauges};
+use crate::storage::{BoxFuture, Cost, Decision, Hit, NodeId, Store, StoreError, StoreGauges};
 
 const FIXED_WINDOW_LUA: &str = include_str!("../../lua/fixed_window.lua");
 const SLIDING_COUNTER_LUA: &str = include_str!("../../lua/sliding_window_counter.lua");
@@ -446,13 +446,52 @@ impl RedisStore {
         }
     }
 
+    /// The script, keys and arguments of `hit`, followed by the further
+    /// costs `more` of the same limiter (decided after it, in order).
+    fn prepare(&self, hit: &Hit<'_>, more: &[Cost]) -> (u16, &Script, Vec<String>, Vec<i64>) {
+        let limiter = self.inner.keys.limiter(hit);
+        let slot = ClusterRouting::hash_key(limiter.tag().as_bytes());
+        let (script, keys) = match hit.algorithm {
+            Algorithm::FixedWindow => (
+                &self.inner.fixed_window,
+                vec![limiter.into_key(Role::State)],
+            ),
+            Algorithm::SlidingWindowCounter => (
+                &self.inner.sliding_counter,
+                vec![limiter.into_key(Role::State)],
+            ),
+            Algorithm::SlidingWindowLog => (
+                &self.inner.sliding_log,
+                vec![limiter.key(Role::LogSet), limiter.into_key(Role::LogMeta)],
+            ),
+        };
+        // Integers go out as their decimal text, as the scripts read ARGV;
+        // all are below 2^53, so they fit an i64.
+        let mut args = Vec::with_capacity(5 + 2 * more.len());
+        args.extend([
+            hit.limit.min(MAX_EXACT) as i64,
+            hit.unit.micros().min(MAX_EXACT) as i64,
+            hit.hits.min(MAX_EXACT) as i64,
+            i64::from(hit.negative),
+            i64::from(hit.buckets),
+        ]);
+        for cost in more {
+            args.push(cost.hits.min(MAX_EXACT) as i64);
+            args.push(i64::from(cost.negative));
+        }
+        (slot, script, keys, args)
+    }
+
+    /// Runs a script for `expected` hits: one `{admitted, remaining,
+    /// reset}` triple each.
     async fn run(
         &self,
         slot: u16,
         script: &Script,
         keys: Vec<String>,
         args: Vec<i64>,
-    ) -> Result<Decision, StoreError> {
+        expected: usize,
+    ) -> Result<Vec<Decision>, StoreError> {
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
         // NOSCRIPT reload, a MOVED retry and any wait in fred's queue.
@@ -460,20 +499,25 @@ impl RedisStore {
             Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
             Ok(reply) => reply?,
         };
-        match reply[..] {
-            [admitted, remaining, reset]
-                if (0..=1).contains(&admitted) && remaining >= 0 && reset >= 0 =>
-            {
-                Ok(Decision {
-                    admitted: admitted == 1,
-                    remaining: remaining as u64,
-                    reset_micros: reset as u64,
-                })
-            }
-            _ => Err(StoreError::Protocol(format!(
-                "unexpected script reply {reply:?}"
-            ))),
+        let unexpected = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
+        if reply.len() != 3 * expected {
+            return Err(unexpected());
         }
+        reply
+            .chunks_exact(3)
+            .map(|d| match *d {
+                [admitted, remaining, reset]
+                    if (0..=1).contains(&admitted) && remaining >= 0 && reset >= 0 =>
+                {
+                    Ok(Decision {
+                        admitted: admitted == 1,
+                        remaining: remaining as u64,
+                        reset_micros: reset as u64,
+                    })
+                }
+                _ => Err(unexpected()),
+            })
+            .collect()
     }
 
     /// Runs the script on the slot's primary. A `MOVED` reply (the slot has
@@ -625,32 +669,22 @@ impl Routing {
 
 impl Store for RedisStore {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        let limiter = self.inner.keys.limiter(&hit);
-        let slot = ClusterRouting::hash_key(limiter.tag().as_bytes());
-        let (script, keys) = match hit.algorithm {
-            Algorithm::FixedWindow => (
-                &self.inner.fixed_window,
-                vec![limiter.into_key(Role::State)],
-            ),
-            Algorithm::SlidingWindowCounter => (
-                &self.inner.sliding_counter,
-                vec![limiter.into_key(Role::State)],
-            ),
-            Algorithm::SlidingWindowLog => (
-                &self.inner.sliding_log,
-                vec![limiter.key(Role::LogSet), limiter.into_key(Role::LogMeta)],
-            ),
-        };
-        // Integers go out as their decimal text, as the scripts read ARGV;
-        // all are below 2^53, so they fit an i64.
-        let args = vec![
-            hit.limit.min(MAX_EXACT) as i64,
-            hit.unit.micros().min(MAX_EXACT) as i64,
-            hit.hits.min(MAX_EXACT) as i64,
-            i64::from(hit.negative),
-            i64::from(hit.buckets),
-        ];
-        Box::pin(self.run(slot, script, keys, args))
+        let (slot, script, keys, args) = self.prepare(&hit, &[]);
+        Box::pin(async move {
+            let mut decisions = self.run(slot, script, keys, args, 1).await?;
+            decisions
+                .pop()
+                .ok_or_else(|| StoreError::Protocol("empty script reply".into()))
+        })
+    }
+
+    fn hit_batch<'a>(
+        &'a self,
+        hit: Hit<'a>,
+        more: &'a [Cost],
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        let (slot, script, keys, args) = self.prepare(&hit, more);
+        Box::pin(self.run(slot, script, keys, args, 1 + more.len()))
     }
 
     fn is_ready(&self) -> bool {

@@ -1,0 +1,401 @@
+//! Coalescing: while a store call for a limiter is in flight, further hits
+//! on the same limiter in this replica queue up, and the next call carries
+//! all of their costs ([`Store::hit_batch`]: one script call, which decides
+//! them one by one in arrival order and answers each). A hot limiter then
+//! costs one Redis call per round trip instead of one per hit, and its
+//! decisions are exactly those of the same hits sent one at a time.
+//!
+//! No waiting is added: a hit on a limiter with nothing in flight goes out
+//! at once, alone. The call that finds a queue behind it when it returns
+//! answers its own caller at once and hands the queue to a task that sends
+//! the next batch (and the next, until the queue stays empty); a leader
+//! dropped mid-call (its caller's deadline passed) hands it over the same
+//! way, so a queued hit is never left without an answer. A queued caller
+//! that stops waiting (its deadline) is left out of the next batch: its
+//! cost is not spent.
+//!
+//! Limiters are found by a fingerprint of their identity and confirmed by
+//! comparing the parts (as in the over-limit cache); an owned identity is
+//! built once per call in flight. A std mutex guards the map and is never
+//! held across an `.await`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use crate::storage::cache::{Limiter, LimiterId};
+use crate::storage::{
+    BoxFuture, Cost, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges, hotkeys,
+};
+
+/// Hits answered by batches, and the batches: what a metrics exporter reads.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CoalesceCounts {
+    /// Store calls that carried queued hits.
+    pub batches: u64,
+    /// Hits decided in those calls.
+    pub coalesced_hits: u64,
+}
+
+/// The coalescing layer over any store.
+pub struct Coalescing {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<dyn Store>,
+    /// Limiters with a call in flight, by fingerprint.
+    flights: Mutex<HashMap<u64, Vec<Flight>>>,
+    next_serial: AtomicU64,
+    batches: AtomicU64,
+    coalesced_hits: AtomicU64,
+}
+
+/// One limiter with a call in flight, and the hits queued behind it.
+struct Flight {
+    serial: u64,
+    id: LimiterId,
+    queue: Vec<Waiter>,
+}
+
+struct Waiter {
+    cost: Cost,
+    answer: oneshot::Sender<Result<Decision, StoreError>>,
+}
+
+impl Coalescing {
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                inner,
+                flights: Mutex::new(HashMap::new()),
+                next_serial: AtomicU64::new(0),
+                batches: AtomicU64::new(0),
+                coalesced_hits: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn counts(&self) -> CoalesceCounts {
+        CoalesceCounts {
+            batches: self.shared.batches.load(Ordering::Relaxed),
+            coalesced_hits: self.shared.coalesced_hits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Vec<Flight>>> {
+        // A poisoned map only means a panic elsewhere mid-update of plain
+        // values; the entries are still usable.
+        self.flights.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the queue of a flight, or ends the flight when nothing waits.
+    fn take_queue(&self, fingerprint: u64, serial: u64) -> Option<(LimiterId, Vec<Waiter>)> {
+        let mut flights = self.lock();
+        let bucket = flights.get_mut(&fingerprint)?;
+        let at = bucket.iter().position(|f| f.serial == serial)?;
+        if bucket[at].queue.is_empty() {
+            bucket.swap_remove(at);
+            if bucket.is_empty() {
+                flights.remove(&fingerprint);
+            }
+            return None;
+        }
+        let flight = &mut bucket[at];
+        Some((flight.id.clone(), std::mem::take(&mut flight.queue)))
+    }
+
+    /// Sends the queued hits of a flight in batches until none are left.
+    async fn drain(self: Arc<Self>, fingerprint: u64, serial: u64) {
+        while let Some((id, waiters)) = self.take_queue(fingerprint, serial) {
+            // Callers that stopped waiting are not counted.
+            let waiters: Vec<Waiter> = waiters
+                .into_iter()
+                .filter(|w| !w.answer.is_closed())
+                .collect();
+            let Some(first) = waiters.first() else {
+                continue;
+            };
+            let hit = id.hit(first.cost);
+            let more: Vec<Cost> = waiters[1..].iter().map(|w| w.cost).collect();
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            self.coalesced_hits
+                .fetch_add(waiters.len() as u64, Ordering::Relaxed);
+            match self.inner.hit_batch(hit, &more).await {
+                Ok(decisions) if decisions.len() == waiters.len() => {
+                    for (w, d) in waiters.into_iter().zip(decisions) {
+                        let _ = w.answer.send(Ok(d));
+                    }
+                }
+                Ok(decisions) => {
+                    let e = StoreError::Protocol(format!(
+                        "{} decisions for {} hits",
+                        decisions.len(),
+                        waiters.len()
+                    ));
+                    for w in waiters {
+                        let _ = w.answer.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    for w in waiters {
+                        let _ = w.answer.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The caller whose hit went out alone. When it is done (or dropped), the
+/// hits queued behind it get their own call.
+struct Lead {
+    shared: Arc<Shared>,
+    fingerprint: u64,
+    serial: u64,
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        let queued = {
+            let mut flights = self.shared.lock();
+            let Some(bucket) = flights.get_mut(&self.fingerprint) else {
+                return;
+            };
+            let Some(at) = bucket.iter().position(|f| f.serial == self.serial) else {
+                return;
+            };
+            if bucket[at].queue.is_empty() {
+                bucket.swap_remove(at);
+                if bucket.is_empty() {
+                    flights.remove(&self.fingerprint);
+                }
+                false
+            } else {
+                true
+            }
+        };
+        if !queued {
+            return;
+        }
+        let drain = self.shared.clone().drain(self.fingerprint, self.serial);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(drain);
+            }
+            // Outside a runtime (a store used after its runtime ended):
+            // dropping the queue answers every waiter with an error.
+            Err(_) => {
+                if let Some((_, waiters)) = self.shared.take_queue(self.fingerprint, self.serial) {
+                    drop(waiters);
+                }
+                let mut flights = self.shared.lock();
+                if let Some(bucket) = flights.get_mut(&self.fingerprint) {
+                    bucket.retain(|f| f.serial != self.serial);
+                    if bucket.is_empty() {
+                        flights.remove(&self.fingerprint);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl LimiterId {
+    /// A hit on this limiter with the given cost.
+    pub fn hit(&self, cost: Cost) -> Hit<'_> {
+        Hit {
+            domain: &self.domain,
+            entries: &self.entries,
+            algorithm: self.algorithm,
+            limit: self.limit,
+            unit: self.unit,
+            hits: cost.hits,
+            negative: cost.negative,
+            buckets: self.buckets,
+            shard: self.shard,
+        }
+    }
+}
+
+impl Store for Coalescing {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let fingerprint = hit.fingerprint();
+        let serial = {
+            let mut flights = self.shared.lock();
+            let bucket = flights.entry(fingerprint).or_default();
+            if let Some(flight) = bucket.iter_mut().find(|f| hit.is(&f.id)) {
+                let (answer, answered) = oneshot::channel();
+                flight.queue.push(Waiter {
+                    cost: hit.cost(),
+                    answer,
+                });
+                drop(flights);
+                return Box::pin(async move {
+                    answered.await.unwrap_or_else(|_| {
+                        Err(StoreError::Unavailable(
+                            "the call carrying this hit was abandoned".into(),
+                        ))
+                    })
+                });
+            }
+            let serial = self.shared.next_serial.fetch_add(1, Ordering::Relaxed);
+            bucket.push(Flight {
+                serial,
+                id: hit.to_id(),
+                queue: Vec::new(),
+            });
+            serial
+        };
+        let lead = Lead {
+            shared: self.shared.clone(),
+            fingerprint,
+            serial,
+        };
+        Box::pin(async move {
+            let result = self.shared.inner.hit(hit).await;
+            drop(lead);
+            result
+        })
+    }
+
+    fn hit_batch<'a>(
+        &'a self,
+        hit: Hit<'a>,
+        more: &'a [Cost],
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        self.shared.inner.hit_batch(hit, more)
+    }
+
+    fn is_ready(&self) -> bool {
+        self.shared.inner.is_ready()
+    }
+
+    fn maintain(&self) {
+        self.shared.inner.maintain()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.shared.inner.kind()
+    }
+
+    fn node(&self, hit: &Hit<'_>) -> NodeId {
+        self.shared.inner.node(hit)
+    }
+
+    fn failures(&self) -> FailureCounts {
+        self.shared.inner.failures()
+    }
+
+    fn gauges(&self) -> StoreGauges {
+        StoreGauges {
+            coalesced: Some(self.counts()),
+            ..self.shared.inner.gauges()
+        }
+    }
+
+    fn hot_keys(&self) -> Option<hotkeys::Report> {
+        self.shared.inner.hot_keys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::limit::{Algorithm, Unit};
+    use crate::storage::{MemoryStore, Shard};
+    use std::time::Duration;
+
+    /// The embedded store, answering each call after a pause: a call in
+    /// flight long enough to queue hits behind it.
+    struct Slow(MemoryStore);
+
+    impl Store for Slow {
+        fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.0.hit(hit).await
+            })
+        }
+
+        fn kind(&self) -> &'static str {
+            "slow"
+        }
+    }
+
+    fn hit(entries: &[(String, String)], hits: u64) -> Hit<'_> {
+        Hit {
+            domain: "d",
+            entries,
+            algorithm: Algorithm::FixedWindow,
+            limit: 5,
+            unit: Unit::Hour,
+            hits,
+            negative: false,
+            buckets: 2,
+            shard: Shard::NONE,
+        }
+    }
+
+    fn store() -> Arc<Coalescing> {
+        let memory = MemoryStore::new(Arc::new(SystemClock));
+        Arc::new(Coalescing::new(Arc::new(Slow(memory))))
+    }
+
+    #[tokio::test]
+    async fn hits_queued_behind_a_cancelled_call_are_still_answered() {
+        let store = store();
+        let entries = vec![("k".to_owned(), "v".to_owned())];
+        let leader = {
+            let (store, entries) = (store.clone(), entries.clone());
+            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let queued = {
+            let (store, entries) = (store.clone(), entries.clone());
+            tokio::spawn(async move { store.hit(hit(&entries, 2)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The caller of the call in flight gives up (its deadline).
+        leader.abort();
+        let d = tokio::time::timeout(Duration::from_secs(5), queued)
+            .await
+            .expect("the queued hit is answered")
+            .unwrap()
+            .unwrap();
+        assert!(d.admitted);
+        assert_eq!(store.counts().batches, 1);
+        // Nothing is left in flight.
+        assert!(store.shared.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_queued_caller_that_stops_waiting_is_not_counted() {
+        let store = store();
+        let entries = vec![("k".to_owned(), "w".to_owned())];
+        let leader = {
+            let (store, entries) = (store.clone(), entries.clone());
+            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let gone = {
+            let (store, entries) = (store.clone(), entries.clone());
+            tokio::spawn(async move { store.hit(hit(&entries, 3)).await })
+        };
+        let stays = {
+            let (store, entries) = (store.clone(), entries.clone());
+            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        gone.abort();
+        assert_eq!(leader.await.unwrap().unwrap().remaining, 4);
+        // The batch carried only the caller still waiting: 3 were not spent.
+        assert_eq!(stays.await.unwrap().unwrap().remaining, 3);
+        assert_eq!(store.counts().coalesced_hits, 1);
+    }
+}

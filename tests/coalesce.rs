@@ -1,0 +1,141 @@
+//! Coalescing over real gRPC and a real Redis: 64 concurrent callers on
+//! one limiter through one replica get exactly the limit, in far fewer
+//! script calls than decisions; with `redis.coalesce=false` every decision
+//! is a call.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use support::redis::RedisServer;
+use support::tollgate::{Tollgate, descriptor};
+use support::unique_domain;
+
+fn rules(domain: &str) -> String {
+    format!(
+        r#"
+domain: {domain}
+descriptors:
+  - key: fixed
+    rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: fixed_window}}
+  - key: log
+    rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: sliding_window_log}}
+  - key: counter
+    rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: sliding_window_counter}}
+"#
+    )
+}
+
+/// Keeps a burst inside one hour-long fixed window.
+async fn away_from_an_hour_boundary() {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if secs % 3600 > 3590 {
+        tokio::time::sleep(Duration::from_secs(3600 - secs % 3600 + 1)).await;
+    }
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("# Commandstats"), "{stats:?}");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// `demand` calls on one limiter from 64 closed-loop callers: (admitted,
+/// refused).
+async fn flood(t: &Tollgate, domain: &str, key: &str, demand: usize) -> (usize, usize) {
+    let client = t.client().await;
+    let next = Arc::new(AtomicUsize::new(0));
+    let callers = (0..64).map(|_| {
+        let mut client = client.clone();
+        let next = next.clone();
+        let req = RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![descriptor(&[(key, "hot")])],
+            hits_addend: 0,
+        };
+        async move {
+            let (mut ok, mut over) = (0, 0);
+            while next.fetch_add(1, Ordering::Relaxed) < demand {
+                match client.should_rate_limit(req.clone()).await {
+                    Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => ok += 1,
+                    Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => over += 1,
+                    other => panic!("{key}: {other:?}"),
+                }
+            }
+            (ok, over)
+        }
+    });
+    let counts = futures_util::future::join_all(callers).await;
+    (
+        counts.iter().map(|c| c.0).sum(),
+        counts.iter().map(|c| c.1).sum(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_hits_share_script_calls_and_stay_exact() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let domain = unique_domain("coalesce");
+    let text = rules(&domain);
+    // The replica that does not coalesce counts other limiters.
+    let single = unique_domain("single");
+    let single_text = rules(&single);
+    let files = [
+        ("coalesce.yaml", text.as_str()),
+        ("single.yaml", single_text.as_str()),
+    ];
+    // The over-limit cache would answer refusals without Redis: off, so
+    // every decision reaches the coalescing layer.
+    let common = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "2000"),
+        ("over_limit_cache.enabled", "false"),
+    ];
+    let on = Tollgate::start(&files, &common).await;
+    let off_settings: Vec<(&str, &str)> = common
+        .iter()
+        .copied()
+        .chain([("redis.coalesce", "false")])
+        .collect();
+    let off = Tollgate::start(&files, &off_settings).await;
+    on.wait_serving(Duration::from_secs(20)).await;
+    off.wait_serving(Duration::from_secs(20)).await;
+
+    away_from_an_hour_boundary().await;
+    for key in ["fixed", "log", "counter"] {
+        // Coalesced: exactly the limit, and well under one call per decision.
+        let before = evalsha_calls(&redis);
+        let (ok, over) = flood(&on, &domain, key, 1000).await;
+        let calls = evalsha_calls(&redis) - before;
+        assert_eq!((ok, over), (100, 900), "{key}, coalesced");
+        assert!(
+            calls * 4 <= 1000,
+            "{key}: {calls} script calls for 1000 decisions"
+        );
+        eprintln!("{key}: {calls} script calls for 1000 decisions, coalesced");
+    }
+
+    // Not coalesced: one call per decision, the same answers.
+    for key in ["fixed", "log"] {
+        let before = evalsha_calls(&redis);
+        let (ok, over) = flood(&off, &single, key, 300).await;
+        let calls = evalsha_calls(&redis) - before;
+        assert_eq!((ok, over), (100, 200), "{key}, not coalesced");
+        assert_eq!(calls, 300, "{key}: one call per decision");
+    }
+    on.stop().await;
+    off.stop().await;
+}
