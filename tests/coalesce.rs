@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::redis::RedisServer;
 use support::tollgate::{Tollgate, descriptor};
-use support::unique_domain;
+use support::{http_get, unique_domain};
 
 fn rules(domain: &str) -> String {
     format!(
@@ -127,6 +127,22 @@ async fn concurrent_hits_share_script_calls_and_stay_exact() {
         );
         eprintln!("{key}: {calls} script calls for 1000 decisions, coalesced");
     }
+
+    // The batches are counted on /metrics; the replica that does not
+    // coalesce exports no such series.
+    let (status, text) = http_get(on.http, "/metrics").await;
+    assert_eq!(status, 200);
+    let value = |name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().last())
+            .map(|v| v.parse().unwrap())
+    };
+    let batches = value("tollgate_coalesce_batches_total").expect("a batches series");
+    let hits = value("tollgate_coalesce_hits_total").expect("a hits series");
+    assert!(batches > 0.0 && hits > 2.0 * batches, "{batches} batches, {hits} hits");
+    let (_, text) = http_get(off.http, "/metrics").await;
+    assert!(!text.contains("tollgate_coalesce_batches_total"));
 
     // Not coalesced: one call per decision, the same answers.
     for key in ["fixed", "log"] {
