@@ -140,7 +140,10 @@ async fn concurrent_hits_share_script_calls_and_stay_exact() {
     };
     let batches = value("tollgate_coalesce_batches_total").expect("a batches series");
     let hits = value("tollgate_coalesce_hits_total").expect("a hits series");
-    assert!(batches > 0.0 && hits > 2.0 * batches, "{batches} batches, {hits} hits");
+    assert!(
+        batches > 0.0 && hits > 2.0 * batches,
+        "{batches} batches, {hits} hits"
+    );
     let (_, text) = http_get(off.http, "/metrics").await;
     assert!(!text.contains("tollgate_coalesce_batches_total"));
 
