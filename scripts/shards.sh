@@ -4,8 +4,8 @@
 #
 # Starts a 3-primary Redis Cluster (no replicas) on loopback and one
 # `tollgate serve` on it with two rules for the same hot descriptor: one
-# unsharded, one with `shards: $SHARDS`. For each, and for the over-limit
-# cache off and on, `tollgate bench` drives one key for SECS seconds, and
+# unsharded, one with `shards: $SHARDS`. For each, with coalescing off and
+# on (under the limit) and with the over-limit cache off and on (at it), `tollgate bench` drives one key for SECS seconds, and
 # the script reports decisions/s, the EVALSHA calls each primary ran
 # (INFO commandstats) and the CPU each primary spent (/proc/<pid>/stat).
 # The busiest primary's share is what sets a hot limiter's ceiling: one
@@ -160,10 +160,12 @@ echo
 echo "| run | rule | decisions/s | refused | errors | EVALSHA per primary | busiest primary's share | Redis CPU ms per primary |"
 echo "|---|---|---:|---:|---:|---|---:|---|"
 write_rules 1000000000
-start_tollgate
-measure "under the limit" plain
-under=$LAST_RATE
-measure "under the limit" sharded
+for coalesce in false true; do
+    start_tollgate TOLLGATE_REDIS__COALESCE=$coalesce
+    measure "under the limit, coalescing $coalesce" plain
+    under=$LAST_RATE
+    measure "under the limit, coalescing $coalesce" sharded
+done
 LIMIT=$(awk -v r="$under" 'BEGIN { l = int(r / 2); if (l < 100) l = 100; print l }')
 write_rules "$LIMIT"
 for cache in false true; do
