@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use support::redis::RedisServer;
+use support::redis::{RedisServer, command_calls};
 use support::tollgate::{Tollgate, descriptor};
-use support::{http_get, unique_domain};
+use support::{away_from_an_hour_boundary, http_get, unique_domain};
 
 fn rules(domain: &str) -> String {
     format!(
@@ -28,28 +28,6 @@ descriptors:
     rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: sliding_window_counter}}
 "#
     )
-}
-
-/// Keeps a burst inside one hour-long fixed window.
-async fn away_from_an_hour_boundary() {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    if secs % 3600 > 3590 {
-        tokio::time::sleep(Duration::from_secs(3600 - secs % 3600 + 1)).await;
-    }
-}
-
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    assert!(stats.contains("# Commandstats"), "{stats:?}");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 /// `demand` calls on one limiter from 64 closed-loop callers: (admitted,
@@ -117,9 +95,9 @@ async fn concurrent_hits_share_script_calls_and_stay_exact() {
     away_from_an_hour_boundary().await;
     for key in ["fixed", "log", "counter"] {
         // Coalesced: exactly the limit, and well under one call per decision.
-        let before = evalsha_calls(&redis);
+        let before = command_calls(redis.port(), "evalsha");
         let (ok, over) = flood(&on, &domain, key, 1000).await;
-        let calls = evalsha_calls(&redis) - before;
+        let calls = command_calls(redis.port(), "evalsha") - before;
         assert_eq!((ok, over), (100, 900), "{key}, coalesced");
         assert!(
             calls * 4 <= 1000,
@@ -149,9 +127,9 @@ async fn concurrent_hits_share_script_calls_and_stay_exact() {
 
     // Not coalesced: one call per decision, the same answers.
     for key in ["fixed", "log"] {
-        let before = evalsha_calls(&redis);
+        let before = command_calls(redis.port(), "evalsha");
         let (ok, over) = flood(&off, &single, key, 300).await;
-        let calls = evalsha_calls(&redis) - before;
+        let calls = command_calls(redis.port(), "evalsha") - before;
         assert_eq!((ok, over), (100, 200), "{key}, not coalesced");
         assert_eq!(calls, 300, "{key}: one call per decision");
     }

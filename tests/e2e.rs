@@ -17,6 +17,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::tollgate::{Tollgate, descriptor as desc};
+use support::{away_from_an_hour_boundary, wait_past_an_hour_boundary};
 use tonic::transport::Channel;
 
 fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
@@ -580,24 +581,6 @@ async fn the_embedded_store_forgets_limiters_beyond_its_cap() {
             "cap {cap:?}"
         );
         t.stop().await;
-    }
-}
-
-/// Keeps a burst inside one hour-long fixed window.
-async fn away_from_an_hour_boundary() {
-    tokio::time::sleep(wait_past_an_hour_boundary()).await;
-}
-
-/// How long to wait so that the next few seconds stay in one hour.
-fn wait_past_an_hour_boundary() -> Duration {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    if secs % 3600 > 3590 {
-        Duration::from_secs(3600 - secs % 3600 + 1)
-    } else {
-        Duration::ZERO
     }
 }
 

@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::process::{Proc, tollgate_bin};
-use support::redis::RedisServer;
+use support::redis::{RedisServer, command_calls};
 use support::tollgate::{Tollgate, descriptor as desc};
 use support::unique_domain;
 use tonic::Code as GrpcCode;
@@ -36,18 +36,6 @@ fn rules(domain: &str, rpu: u32, extra: &str) -> String {
     format!(
         "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {rpu}{extra}}}\n"
     )
-}
-
-/// `EVALSHA` calls Redis has served so far.
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let info = redis.cli(&["INFO", "commandstats"]);
-    if info.is_empty() || info.contains("ERR") {
-        panic!("INFO commandstats failed: {info:?}");
-    }
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
-        .unwrap_or(0)
 }
 
 fn pause_redis(redis: &RedisServer, ms: u64) {
@@ -74,14 +62,14 @@ async fn expired_deadlines_are_answered_at_once_without_redis() {
     t.wait_serving(Duration::from_secs(20)).await;
     let mut client = t.client().await;
     // Without a deadline the call reaches Redis.
-    let before = evalsha_calls(&redis);
+    let before = command_calls(redis.port(), "evalsha");
     let r = client
         .should_rate_limit(req(&domain, vec![desc(&[("k", "v")])]))
         .await
         .unwrap()
         .into_inner();
     assert_eq!(r.overall_code, Code::Ok as i32);
-    assert_eq!(evalsha_calls(&redis), before + 1);
+    assert_eq!(command_calls(redis.port(), "evalsha"), before + 1);
 
     // With a 1 s grpc-timeout and a 5 s margin, the deadline is already past.
     let mut request = tonic::Request::new(req(&domain, vec![desc(&[("k", "v")])]));
@@ -94,7 +82,11 @@ async fn expired_deadlines_are_answered_at_once_without_redis() {
         started.elapsed() < Duration::from_millis(900),
         "answered at once"
     );
-    assert_eq!(evalsha_calls(&redis), before + 1, "not sent to Redis");
+    assert_eq!(
+        command_calls(redis.port(), "evalsha"),
+        before + 1,
+        "not sent to Redis"
+    );
     t.stop().await;
 }
 

@@ -9,23 +9,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use support::redis::{RedisServer, require_redis};
+use support::redis::{RedisServer, command_calls, require_redis};
 use support::tollgate::{Tollgate, descriptor};
 use support::{http_get, unique_domain};
-
-/// `calls=` of `INFO commandstats` for `command`; 0 when never called
-/// (Redis then omits its line).
-fn command_calls(redis: &RedisServer, command: &str) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    assert!(stats.contains("# Commandstats"), "{stats:?}");
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
-}
 
 /// The value of an unlabelled series on `/metrics`.
 fn metric(text: &str, name: &str) -> f64 {
@@ -106,8 +92,8 @@ async fn a_flood_on_an_exhausted_limiter_is_answered_locally_with_the_stores_ans
 
     for key in ["log", "fixed"] {
         let before = (
-            command_calls(&cached_redis, "evalsha"),
-            command_calls(&bare_redis, "evalsha"),
+            command_calls(cached_redis.port(), "evalsha"),
+            command_calls(bare_redis.port(), "evalsha"),
         );
         let mut denied = 0u64;
         // A flood at 10x the limit, then checks, give-backs, weighted hits
@@ -135,8 +121,8 @@ async fn a_flood_on_an_exhausted_limiter_is_answered_locally_with_the_stores_ans
             }
             if i as u64 == flood - 1 {
                 let calls = (
-                    command_calls(&cached_redis, "evalsha") - before.0,
-                    command_calls(&bare_redis, "evalsha") - before.1,
+                    command_calls(cached_redis.port(), "evalsha") - before.0,
+                    command_calls(bare_redis.port(), "evalsha") - before.1,
                 );
                 assert_eq!(denied, flood - LIMIT as u64, "{key}");
                 // The uncached path made one script call per request (so the

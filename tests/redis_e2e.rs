@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::redis::{RedisCluster, RedisServer};
 use support::tollgate::{Tollgate, descriptor};
-use support::unique_domain;
+use support::{away_from_an_hour_boundary, unique_domain};
 
 fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
@@ -42,17 +42,6 @@ descriptors:
     rate_limit: {{unit: second, requests_per_unit: 1000}}
 "#
     )
-}
-
-/// Keeps a burst inside one hour-long fixed window.
-async fn away_from_an_hour_boundary() {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    if secs % 3600 > 3590 {
-        tokio::time::sleep(Duration::from_secs(3600 - secs % 3600 + 1)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

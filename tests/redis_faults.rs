@@ -18,7 +18,7 @@ use tollgate::storage::{
 };
 
 use support::redis::{
-    RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE, SentinelOptions, cli,
+    RedisCluster, RedisSentinel, RedisServer, SENTINEL_SERVICE, SentinelOptions, cli, command_calls,
 };
 use support::unique_domain;
 
@@ -283,25 +283,6 @@ async fn kill_under_load(
         slowest,
         failed_after_kill,
     }
-}
-
-/// `calls=` of `INFO commandstats` for `command` (`evalsha`, `script|load`);
-/// 0 only when the command was never called (Redis then omits its line).
-/// Panics when the node does not answer.
-fn command_calls(port: u16, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
-    let stats = cli(port, &["INFO", "commandstats"]);
-    assert!(
-        stats.contains("# Commandstats"),
-        "INFO commandstats on {port} answered {stats:?}"
-    );
-    let Some(line) = stats.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
-        return 0;
-    };
-    line.split(',')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("unreadable {command} stats on {port}: {line:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use support::redis::RedisCluster;
+use support::redis::{RedisCluster, command_calls};
 use support::tollgate::{Tollgate, descriptor};
-use support::{http_get, unique_domain};
+use support::{away_from_an_hour_boundary, http_get, unique_domain};
 
 fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
@@ -34,17 +34,6 @@ descriptors:
     rate_limit: {{unit: hour, requests_per_unit: {limit}, algorithm: sliding_window_counter, shards: {shards}}}
 "#
     )
-}
-
-/// Keeps a burst inside one hour-long fixed window.
-async fn away_from_an_hour_boundary() {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    if secs % 3600 > 3590 {
-        tokio::time::sleep(Duration::from_secs(3600 - secs % 3600 + 1)).await;
-    }
 }
 
 fn ok(r: &RateLimitResponse) -> bool {
@@ -126,18 +115,6 @@ async fn a_shard_count_above_the_limit_is_refused_with_its_place() {
     );
 }
 
-/// `calls=` of `INFO commandstats` for `evalsha` on one node.
-fn evalsha_calls(cluster: &RedisCluster, port: u16) -> u64 {
-    let stats = cluster.cli(port, &["INFO", "commandstats"]);
-    assert!(stats.contains("# Commandstats"), "{stats:?}");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_at_twice_the_limit_fill_it_exactly_over_every_primary() {
     const LIMIT: usize = 400;
@@ -174,7 +151,7 @@ async fn three_replicas_at_twice_the_limit_fill_it_exactly_over_every_primary() 
     for key in ["fixed", "log"] {
         let before: Vec<u64> = primaries
             .iter()
-            .map(|&p| evalsha_calls(&cluster, p))
+            .map(|&p| command_calls(p, "evalsha"))
             .collect();
         // Twice the limit, from 48 callers spread over the three replicas.
         let demand = 2 * LIMIT;
@@ -215,7 +192,7 @@ async fn three_replicas_at_twice_the_limit_fill_it_exactly_over_every_primary() 
         let calls: Vec<u64> = primaries
             .iter()
             .zip(&before)
-            .map(|(&p, b)| evalsha_calls(&cluster, p) - b)
+            .map(|(&p, b)| command_calls(p, "evalsha") - b)
             .collect();
         let total: u64 = calls.iter().sum();
         assert!(total > 0, "{key}");

@@ -8,9 +8,7 @@ use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 
 use super::{Instruments, node_label};
-use crate::storage::{
-    BoxFuture, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges,
-};
+use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
 
 /// Wraps the store the engine calls. Everything but `hit` is passed through.
 pub struct ObservedStore {
@@ -87,31 +85,7 @@ impl Store for ObservedStore {
         })
     }
 
-    fn is_ready(&self) -> bool {
-        self.inner.is_ready()
-    }
-
-    fn maintain(&self) {
-        self.inner.maintain()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn node(&self, hit: &Hit<'_>) -> NodeId {
-        self.inner.node(hit)
-    }
-
-    fn failures(&self) -> FailureCounts {
-        self.inner.failures()
-    }
-
-    fn gauges(&self) -> StoreGauges {
-        self.inner.gauges()
-    }
-
-    fn hot_keys(&self) -> Option<crate::storage::hotkeys::Report> {
-        self.inner.hot_keys()
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
     }
 }

@@ -320,21 +320,9 @@ impl<S: Store> Store for Breaker<S> {
         }
     }
 
-    fn is_ready(&self) -> bool {
-        self.inner.is_ready()
-    }
-
     fn maintain(&self) {
         self.forget_unused();
         self.inner.maintain();
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn node(&self, hit: &Hit<'_>) -> NodeId {
-        self.inner.node(hit)
     }
 
     fn failures(&self) -> FailureCounts {
@@ -353,6 +341,10 @@ impl<S: Store> Store for Breaker<S> {
             circuits,
             ..self.inner.gauges()
         }
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&self.inner)
     }
 }
 

@@ -58,9 +58,7 @@ use hashlink::LruCache;
 
 use crate::clock::Clock;
 use crate::limit::{Algorithm, Unit};
-use crate::storage::{
-    BoxFuture, Decision, FailureCounts, Hit, NodeId, Shard, Store, StoreError, StoreGauges,
-};
+use crate::storage::{BoxFuture, Decision, Hit, Shard, Store, StoreError, StoreGauges};
 
 /// Costs remembered per `sliding_window_counter` limiter.
 const COSTS_PER_LIMITER: usize = 4;
@@ -433,25 +431,9 @@ impl Store for OverLimitCache {
         })
     }
 
-    fn is_ready(&self) -> bool {
-        self.inner.is_ready()
-    }
-
     fn maintain(&self) {
         self.sweep();
         self.inner.maintain()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn node(&self, hit: &Hit<'_>) -> NodeId {
-        self.inner.node(hit)
-    }
-
-    fn failures(&self) -> FailureCounts {
-        self.inner.failures()
     }
 
     fn gauges(&self) -> StoreGauges {
@@ -461,8 +443,8 @@ impl Store for OverLimitCache {
         }
     }
 
-    fn hot_keys(&self) -> Option<crate::storage::hotkeys::Report> {
-        self.inner.hot_keys()
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
     }
 }
 

@@ -26,9 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use crate::storage::cache::{Limiter, LimiterId};
-use crate::storage::{
-    BoxFuture, Cost, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges, hotkeys,
-};
+use crate::storage::{BoxFuture, Cost, Decision, Hit, Store, StoreError, StoreGauges};
 
 /// Hits answered by batches, and the batches: what a metrics exporter reads.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -271,26 +269,6 @@ impl Store for Coalescing {
         self.shared.inner.hit_batch(hit, more)
     }
 
-    fn is_ready(&self) -> bool {
-        self.shared.inner.is_ready()
-    }
-
-    fn maintain(&self) {
-        self.shared.inner.maintain()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.shared.inner.kind()
-    }
-
-    fn node(&self, hit: &Hit<'_>) -> NodeId {
-        self.shared.inner.node(hit)
-    }
-
-    fn failures(&self) -> FailureCounts {
-        self.shared.inner.failures()
-    }
-
     fn gauges(&self) -> StoreGauges {
         StoreGauges {
             coalesced: Some(self.counts()),
@@ -298,8 +276,8 @@ impl Store for Coalescing {
         }
     }
 
-    fn hot_keys(&self) -> Option<hotkeys::Report> {
-        self.shared.inner.hot_keys()
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.shared.inner)
     }
 }
 

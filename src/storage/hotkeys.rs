@@ -22,9 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::clock::Clock;
 use crate::storage::cache::{Limiter, LimiterId};
-use crate::storage::{
-    BoxFuture, Decision, FailureCounts, Hit, NodeId, Store, StoreError, StoreGauges,
-};
+use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
 
 /// Counters per window by default.
 pub const DEFAULT_CAPACITY: usize = 64;
@@ -240,32 +238,12 @@ impl Store for HotKeyStore {
         })
     }
 
-    fn is_ready(&self) -> bool {
-        self.inner.is_ready()
-    }
-
-    fn maintain(&self) {
-        self.inner.maintain()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn node(&self, hit: &Hit<'_>) -> NodeId {
-        self.inner.node(hit)
-    }
-
-    fn failures(&self) -> FailureCounts {
-        self.inner.failures()
-    }
-
-    fn gauges(&self) -> StoreGauges {
-        self.inner.gauges()
-    }
-
     fn hot_keys(&self) -> Option<Report> {
         Some(self.tracker.report(self.clock.now_micros(), REPORT_TOP))
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
     }
 }
 

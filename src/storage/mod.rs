@@ -249,39 +249,53 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// The store a layer wraps. What a layer does not change (readiness,
+    /// housekeeping, names, counts) reaches that store through the
+    /// defaults below, so a layer writes only what it adds. `None` for a
+    /// backend.
+    fn wrapped(&self) -> Option<&dyn Store> {
+        None
+    }
+
     /// True once the store can answer (Redis: reachable, scripts loaded).
     fn is_ready(&self) -> bool {
-        true
+        self.wrapped().is_none_or(|w| w.is_ready())
     }
 
     /// Periodic housekeeping (the embedded store drops expired limiters).
     /// The server calls it every few seconds, so memory follows the live
     /// windows even when traffic stops.
-    fn maintain(&self) {}
+    fn maintain(&self) {
+        if let Some(w) = self.wrapped() {
+            w.maintain();
+        }
+    }
 
     /// A short name for logs: `memory`, `redis`, `redis-cluster`...
-    fn kind(&self) -> &'static str;
+    fn kind(&self) -> &'static str {
+        self.wrapped().map_or("store", |w| w.kind())
+    }
 
     /// The server `hit` would go to, by the store's current view of its
     /// deployment. Called on every hit before [`Store::hit`]: must be cheap
     /// and never wait.
-    fn node(&self, _hit: &Hit<'_>) -> NodeId {
-        NodeId::SOLE
+    fn node(&self, hit: &Hit<'_>) -> NodeId {
+        self.wrapped().map_or(NodeId::SOLE, |w| w.node(hit))
     }
 
     /// Failed calls so far, for stores that count them.
     fn failures(&self) -> FailureCounts {
-        FailureCounts::default()
+        self.wrapped().map(|w| w.failures()).unwrap_or_default()
     }
 
     /// Sizes and states for metrics. Called at scrape time, never per hit.
     fn gauges(&self) -> StoreGauges {
-        StoreGauges::default()
+        self.wrapped().map(|w| w.gauges()).unwrap_or_default()
     }
 
-    /// The heaviest limiters of this replica, from the hot-key layer;
-    /// layers pass it through. Called per `/debug/hotkeys` request.
+    /// The heaviest limiters of this replica, from the hot-key layer.
+    /// Called per `/debug/hotkeys` request.
     fn hot_keys(&self) -> Option<hotkeys::Report> {
-        None
+        self.wrapped().and_then(|w| w.hot_keys())
     }
 }

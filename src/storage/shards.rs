@@ -32,9 +32,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::storage::{
-    BoxFuture, Decision, FailureCounts, Hit, NodeId, Shard, Store, StoreError, StoreGauges, hotkeys,
-};
+use crate::storage::{BoxFuture, Decision, Hit, Shard, Store, StoreError};
 
 /// The share of shard `index` of `count` in `limit`: the first
 /// `limit % count` shards get one more, so the shares add up to `limit`.
@@ -122,32 +120,8 @@ impl Store for Sharded {
         }
     }
 
-    fn is_ready(&self) -> bool {
-        self.inner.is_ready()
-    }
-
-    fn maintain(&self) {
-        self.inner.maintain()
-    }
-
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-
-    fn node(&self, hit: &Hit<'_>) -> NodeId {
-        self.inner.node(hit)
-    }
-
-    fn failures(&self) -> FailureCounts {
-        self.inner.failures()
-    }
-
-    fn gauges(&self) -> StoreGauges {
-        self.inner.gauges()
-    }
-
-    fn hot_keys(&self) -> Option<hotkeys::Report> {
-        self.inner.hot_keys()
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
     }
 }
 

@@ -39,3 +39,22 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
     (status, body.to_string())
 }
+
+/// Waits, when the wall clock is in the last 10 s of an hour, until the
+/// next hour has begun: a burst after it stays in one hour-long window.
+pub async fn away_from_an_hour_boundary() {
+    tokio::time::sleep(wait_past_an_hour_boundary()).await;
+}
+
+/// How long to wait so that the next few seconds stay in one hour.
+pub fn wait_past_an_hour_boundary() -> std::time::Duration {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if secs % 3600 > 3590 {
+        std::time::Duration::from_secs(3600 - secs % 3600 + 1)
+    } else {
+        std::time::Duration::ZERO
+    }
+}

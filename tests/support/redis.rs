@@ -42,6 +42,25 @@ pub fn cli(port: u16, args: &[&str]) -> String {
     try_cli(port, args).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// `calls=` of `INFO commandstats` for `command` (`evalsha`, `script|load`)
+/// on the node at `port`; 0 only when the command was never called (Redis
+/// then omits its line). Panics when the node does not answer.
+pub fn command_calls(port: u16, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    let stats = cli(port, &["INFO", "commandstats"]);
+    assert!(
+        stats.contains("# Commandstats"),
+        "INFO commandstats on {port} answered {stats:?}"
+    );
+    let Some(line) = stats.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
+        return 0;
+    };
+    line.split(',')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unreadable {command} stats on {port}: {line:?}"))
+}
+
 /// [`cli`] for polling a node that may be down: the failure as `Err`.
 pub fn try_cli(port: u16, args: &[&str]) -> Result<String, String> {
     cli_with(&[], port, args)
