@@ -378,6 +378,10 @@ fn variants() -> Vec<Variant> {
                     r.env_value("TOLLGATE_REDIS__KEY_PREFIX").as_deref(),
                     Some("tg2")
                 );
+                assert_eq!(
+                    r.env_value("TOLLGATE_REDIS__COALESCE").as_deref(),
+                    Some("true")
+                );
             },
         },
         Variant {
