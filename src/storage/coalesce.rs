@@ -325,7 +325,9 @@ mod tests {
         Arc::new(Coalescing::new(Arc::new(Slow(memory))))
     }
 
-    #[tokio::test]
+    // Paused time: the pauses below are virtual and run in order, however
+    // busy the machine is.
+    #[tokio::test(start_paused = true)]
     async fn hits_queued_behind_a_cancelled_call_are_still_answered() {
         let store = store();
         let entries = vec![("k".to_owned(), "v".to_owned())];
@@ -352,7 +354,7 @@ mod tests {
         assert!(store.shared.lock().is_empty());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_queued_caller_that_stops_waiting_is_not_counted() {
         let store = store();
         let entries = vec![("k".to_owned(), "w".to_owned())];
