@@ -28,6 +28,11 @@ use tokio::sync::oneshot;
 use crate::storage::cache::{Limiter, LimiterId};
 use crate::storage::{BoxFuture, Cost, Decision, Hit, Store, StoreError, StoreGauges};
 
+/// Most hits one call carries: a script runs alone on its Redis server, so
+/// a batch is kept short enough not to hold up that server's other work;
+/// the rest of a queue goes in the next call.
+const MAX_BATCH: usize = 256;
+
 /// Hits answered by batches, and the batches: what a metrics exporter reads.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CoalesceCounts {
@@ -104,7 +109,12 @@ impl Shared {
             return None;
         }
         let flight = &mut bucket[at];
-        Some((flight.id.clone(), std::mem::take(&mut flight.queue)))
+        let waiters = if flight.queue.len() > MAX_BATCH {
+            flight.queue.drain(..MAX_BATCH).collect()
+        } else {
+            std::mem::take(&mut flight.queue)
+        };
+        Some((flight.id.clone(), waiters))
     }
 
     /// Sends the queued hits of a flight in batches until none are left.
@@ -352,6 +362,33 @@ mod tests {
         assert_eq!(store.counts().batches, 1);
         // Nothing is left in flight.
         assert!(store.shared.lock().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_queue_goes_out_in_capped_batches() {
+        let store = store();
+        let entries = vec![("k".to_owned(), "long".to_owned())];
+        let limit = 5;
+        let leader = {
+            let (store, entries) = (store.clone(), entries.clone());
+            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let queued: Vec<_> = (0..MAX_BATCH + 10)
+            .map(|_| {
+                let (store, entries) = (store.clone(), entries.clone());
+                tokio::spawn(async move { store.hit(hit(&entries, 0)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        leader.await.unwrap().unwrap();
+        for q in queued {
+            // Checks (cost 0) see the leader's one hit.
+            assert_eq!(q.await.unwrap().unwrap().remaining, limit - 1);
+        }
+        let counts = store.counts();
+        assert_eq!(counts.coalesced_hits, (MAX_BATCH + 10) as u64);
+        assert_eq!(counts.batches, 2, "{counts:?}");
     }
 
     #[tokio::test(start_paused = true)]
