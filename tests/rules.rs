@@ -200,6 +200,8 @@ fn examples_load() {
         name("mongo_cps", &[("database", "users")]).as_deref(),
         Some("")
     );
+    let tenant = find(&set, "edge_proxy", &[("tenant", "megacorp")]).unwrap();
+    assert_eq!(tenant.shards, Some(8));
 }
 
 #[test]
