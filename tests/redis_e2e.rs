@@ -56,12 +56,7 @@ async fn three_replicas_on_a_cluster_admit_exactly_the_limit() {
         ("store", url.as_str()),
         ("redis.command_timeout_ms", "2000"),
     ];
-    let mut replicas = Vec::new();
-    for _ in 0..3 {
-        let t = Tollgate::start(&[("rules.yaml", &text)], &settings).await;
-        t.wait_serving(Duration::from_secs(20)).await;
-        replicas.push(t);
-    }
+    let replicas = Tollgate::start_replicas(3, &[("rules.yaml", &text)], &settings).await;
     let clients = futures_util::future::join_all(replicas.iter().map(|t| t.client())).await;
 
     away_from_an_hour_boundary().await;

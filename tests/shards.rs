@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use support::redis::{RedisCluster, command_calls};
@@ -141,12 +139,7 @@ async fn three_replicas_above_the_limit_fill_it_over_every_primary() {
         ("store", url.as_str()),
         ("redis.command_timeout_ms", "2000"),
     ];
-    let mut replicas = Vec::new();
-    for _ in 0..3 {
-        let t = Tollgate::start(&[("rules.yaml", &text)], &settings).await;
-        t.wait_serving(Duration::from_secs(20)).await;
-        replicas.push(t);
-    }
+    let replicas = Tollgate::start_replicas(3, &[("rules.yaml", &text)], &settings).await;
     let clients = futures_util::future::join_all(replicas.iter().map(|t| t.client())).await;
     // The standard split of 16,384 slots over three primaries.
     let primaries: Vec<u16> = [0u16, 8192, 16383]

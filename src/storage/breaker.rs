@@ -286,19 +286,34 @@ impl<S: Store> Drop for Permit<'_, S> {
     }
 }
 
-impl<S: Store> Store for Breaker<S> {
-    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        match self.admit(self.inner.node(&hit)) {
+impl<S: Store> Breaker<S> {
+    /// Runs one call to `node` under its circuit: refused at once while
+    /// the circuit is open, else counted as one success or failure.
+    fn guarded<'a, T: Send + 'a>(
+        &'a self,
+        node: NodeId,
+        call: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        match self.admit(node) {
             Err(e) => {
                 self.failures.record(&e);
                 Box::pin(async move { Err(e) })
             }
-            Ok(permit) => Box::pin(async move {
-                let result = self.inner.hit(hit).await;
-                permit.finish(&result);
-                result
-            }),
+            Ok(permit) => {
+                let call = call();
+                Box::pin(async move {
+                    let result = call.await;
+                    permit.finish(&result);
+                    result
+                })
+            }
         }
+    }
+}
+
+impl<S: Store> Store for Breaker<S> {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.guarded(self.inner.node(&hit), || self.inner.hit(hit))
     }
 
     /// One call to the server: one permit, one success or failure.
@@ -307,17 +322,7 @@ impl<S: Store> Store for Breaker<S> {
         hit: Hit<'a>,
         more: &'a [Cost],
     ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
-        match self.admit(self.inner.node(&hit)) {
-            Err(e) => {
-                self.failures.record(&e);
-                Box::pin(async move { Err(e) })
-            }
-            Ok(permit) => Box::pin(async move {
-                let result = self.inner.hit_batch(hit, more).await;
-                permit.finish(&result);
-                result
-            }),
-        }
+        self.guarded(self.inner.node(&hit), || self.inner.hit_batch(hit, more))
     }
 
     fn maintain(&self) {

@@ -58,7 +58,7 @@ use hashlink::LruCache;
 
 use crate::clock::Clock;
 use crate::limit::{Algorithm, Unit};
-use crate::storage::{BoxFuture, Decision, Hit, Shard, Store, StoreError, StoreGauges};
+use crate::storage::{BoxFuture, Cost, Decision, Hit, Shard, Store, StoreError, StoreGauges};
 
 /// Costs remembered per `sliding_window_counter` limiter.
 const COSTS_PER_LIMITER: usize = 4;
@@ -174,6 +174,23 @@ impl LimiterId {
             unit: hit.unit,
             buckets: hit.buckets,
             shard: hit.shard,
+        }
+    }
+}
+
+impl LimiterId {
+    /// A hit on this limiter with the given cost.
+    pub fn hit(&self, cost: Cost) -> Hit<'_> {
+        Hit {
+            domain: &self.domain,
+            entries: &self.entries,
+            algorithm: self.algorithm,
+            limit: self.limit,
+            unit: self.unit,
+            hits: cost.hits,
+            negative: cost.negative,
+            buckets: self.buckets,
+            shard: self.shard,
         }
     }
 }

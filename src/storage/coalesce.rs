@@ -96,24 +96,18 @@ impl Shared {
         self.flights.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes the queue of a flight, or ends the flight when nothing waits.
+    /// Takes the queue of a flight (at most [`MAX_BATCH`] hits of it), or
+    /// ends the flight when nothing waits.
     fn take_queue(&self, fingerprint: u64, serial: u64) -> Option<(LimiterId, Vec<Waiter>)> {
         let mut flights = self.lock();
-        let bucket = flights.get_mut(&fingerprint)?;
-        let at = bucket.iter().position(|f| f.serial == serial)?;
-        if bucket[at].queue.is_empty() {
-            bucket.swap_remove(at);
-            if bucket.is_empty() {
-                flights.remove(&fingerprint);
-            }
+        let at = position(&flights, fingerprint, serial)?;
+        let flight = &mut flights.get_mut(&fingerprint)?[at];
+        if flight.queue.is_empty() {
+            end_flight(&mut flights, fingerprint, at);
             return None;
         }
-        let flight = &mut bucket[at];
-        let waiters = if flight.queue.len() > MAX_BATCH {
-            flight.queue.drain(..MAX_BATCH).collect()
-        } else {
-            std::mem::take(&mut flight.queue)
-        };
+        let take = flight.queue.len().min(MAX_BATCH);
+        let waiters = flight.queue.drain(..take).collect();
         Some((flight.id.clone(), waiters))
     }
 
@@ -169,63 +163,42 @@ struct Lead {
 
 impl Drop for Lead {
     fn drop(&mut self) {
-        let queued = {
-            let mut flights = self.shared.lock();
-            let Some(bucket) = flights.get_mut(&self.fingerprint) else {
-                return;
-            };
-            let Some(at) = bucket.iter().position(|f| f.serial == self.serial) else {
-                return;
-            };
-            if bucket[at].queue.is_empty() {
-                bucket.swap_remove(at);
-                if bucket.is_empty() {
-                    flights.remove(&self.fingerprint);
-                }
-                false
-            } else {
-                true
-            }
+        let (fingerprint, serial) = (self.fingerprint, self.serial);
+        let mut flights = self.shared.lock();
+        let Some(at) = position(&flights, fingerprint, serial) else {
+            return;
         };
-        if !queued {
+        if flights[&fingerprint][at].queue.is_empty() {
+            end_flight(&mut flights, fingerprint, at);
             return;
         }
-        let drain = self.shared.clone().drain(self.fingerprint, self.serial);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(drain);
+                drop(flights);
+                runtime.spawn(self.shared.clone().drain(fingerprint, serial));
             }
-            // Outside a runtime (a store used after its runtime ended):
-            // dropping the queue answers every waiter with an error.
-            Err(_) => {
-                if let Some((_, waiters)) = self.shared.take_queue(self.fingerprint, self.serial) {
-                    drop(waiters);
-                }
-                let mut flights = self.shared.lock();
-                if let Some(bucket) = flights.get_mut(&self.fingerprint) {
-                    bucket.retain(|f| f.serial != self.serial);
-                    if bucket.is_empty() {
-                        flights.remove(&self.fingerprint);
-                    }
-                }
-            }
+            // Outside a runtime (a store used after its runtime ended) no
+            // task can send the queue: ending the flight drops it, which
+            // answers every waiter with an error.
+            Err(_) => end_flight(&mut flights, fingerprint, at),
         }
     }
 }
 
-impl LimiterId {
-    /// A hit on this limiter with the given cost.
-    pub fn hit(&self, cost: Cost) -> Hit<'_> {
-        Hit {
-            domain: &self.domain,
-            entries: &self.entries,
-            algorithm: self.algorithm,
-            limit: self.limit,
-            unit: self.unit,
-            hits: cost.hits,
-            negative: cost.negative,
-            buckets: self.buckets,
-            shard: self.shard,
+/// Where the flight `serial` sits in its bucket.
+fn position(flights: &HashMap<u64, Vec<Flight>>, fingerprint: u64, serial: u64) -> Option<usize> {
+    flights
+        .get(&fingerprint)?
+        .iter()
+        .position(|f| f.serial == serial)
+}
+
+/// Removes a flight, and its bucket when that empties.
+fn end_flight(flights: &mut HashMap<u64, Vec<Flight>>, fingerprint: u64, at: usize) {
+    if let Some(bucket) = flights.get_mut(&fingerprint) {
+        bucket.swap_remove(at);
+        if bucket.is_empty() {
+            flights.remove(&fingerprint);
         }
     }
 }
@@ -330,6 +303,16 @@ mod tests {
         }
     }
 
+    /// A hit of `cost` on the limiter `entries`, in its own task.
+    fn spawn_hit(
+        store: &Arc<Coalescing>,
+        entries: &[(String, String)],
+        cost: u64,
+    ) -> tokio::task::JoinHandle<Result<Decision, StoreError>> {
+        let (store, entries) = (store.clone(), entries.to_vec());
+        tokio::spawn(async move { store.hit(hit(&entries, cost)).await })
+    }
+
     fn store() -> Arc<Coalescing> {
         let memory = MemoryStore::new(Arc::new(SystemClock));
         Arc::new(Coalescing::new(Arc::new(Slow(memory))))
@@ -341,15 +324,9 @@ mod tests {
     async fn hits_queued_behind_a_cancelled_call_are_still_answered() {
         let store = store();
         let entries = vec![("k".to_owned(), "v".to_owned())];
-        let leader = {
-            let (store, entries) = (store.clone(), entries.clone());
-            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
-        };
+        let leader = spawn_hit(&store, &entries, 1);
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let queued = {
-            let (store, entries) = (store.clone(), entries.clone());
-            tokio::spawn(async move { store.hit(hit(&entries, 2)).await })
-        };
+        let queued = spawn_hit(&store, &entries, 2);
         tokio::time::sleep(Duration::from_millis(20)).await;
         // The caller of the call in flight gives up (its deadline).
         leader.abort();
@@ -369,16 +346,10 @@ mod tests {
         let store = store();
         let entries = vec![("k".to_owned(), "long".to_owned())];
         let limit = 5;
-        let leader = {
-            let (store, entries) = (store.clone(), entries.clone());
-            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
-        };
+        let leader = spawn_hit(&store, &entries, 1);
         tokio::time::sleep(Duration::from_millis(20)).await;
         let queued: Vec<_> = (0..MAX_BATCH + 10)
-            .map(|_| {
-                let (store, entries) = (store.clone(), entries.clone());
-                tokio::spawn(async move { store.hit(hit(&entries, 0)).await })
-            })
+            .map(|_| spawn_hit(&store, &entries, 0))
             .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
         leader.await.unwrap().unwrap();
@@ -395,19 +366,10 @@ mod tests {
     async fn a_queued_caller_that_stops_waiting_is_not_counted() {
         let store = store();
         let entries = vec![("k".to_owned(), "w".to_owned())];
-        let leader = {
-            let (store, entries) = (store.clone(), entries.clone());
-            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
-        };
+        let leader = spawn_hit(&store, &entries, 1);
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let gone = {
-            let (store, entries) = (store.clone(), entries.clone());
-            tokio::spawn(async move { store.hit(hit(&entries, 3)).await })
-        };
-        let stays = {
-            let (store, entries) = (store.clone(), entries.clone());
-            tokio::spawn(async move { store.hit(hit(&entries, 1)).await })
-        };
+        let gone = spawn_hit(&store, &entries, 3);
+        let stays = spawn_hit(&store, &entries, 1);
         tokio::time::sleep(Duration::from_millis(20)).await;
         gone.abort();
         assert_eq!(leader.await.unwrap().unwrap().remaining, 4);

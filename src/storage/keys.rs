@@ -118,6 +118,12 @@ impl LimiterKeys {
     pub fn tag(&self) -> &str {
         &self.text[self.tag.clone()]
     }
+
+    /// The Redis Cluster slot of every key of this limiter: the slot a
+    /// shard's suffix was chosen for, by the same function.
+    pub fn slot(&self) -> u16 {
+        slot_of(self.tag())
+    }
 }
 
 impl KeyBuilder {
@@ -226,10 +232,11 @@ fn shard_suffix(hex: &[u8; TAG_LEN], shard: Shard) -> String {
     let head = format!(".{index}.");
     let mut crc = crc16(0, hex);
     crc = crc16(crc, head.as_bytes());
-    let mut digits = itoa_buffer();
+    let mut digits = String::new();
     for n in 0u32..1_000_000 {
-        let text = digits.format(n);
-        let slot = u32::from(crc16(crc, text.as_bytes())) % SLOTS;
+        digits.clear();
+        let _ = write!(digits, "{n}");
+        let slot = u32::from(crc16(crc, digits.as_bytes())) % SLOTS;
         if (low..high).contains(&slot) {
             return format!("{head}{n}");
         }
@@ -237,28 +244,6 @@ fn shard_suffix(hex: &[u8; TAG_LEN], shard: Shard) -> String {
     // Unreachable in practice (a window of at least 64 slots is met within
     // a few hundred tries); still a valid, distinct suffix.
     format!("{head}x")
-}
-
-/// A small reusable decimal formatter.
-struct Decimal([u8; 10]);
-
-fn itoa_buffer() -> Decimal {
-    Decimal([0; 10])
-}
-
-impl Decimal {
-    fn format(&mut self, mut n: u32) -> &str {
-        let mut at = self.0.len();
-        loop {
-            at -= 1;
-            self.0[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        std::str::from_utf8(&self.0[at..]).unwrap_or_default()
-    }
 }
 
 /// CRC-16/XMODEM (polynomial 0x1021, initial value 0), the checksum Redis

@@ -450,7 +450,7 @@ impl RedisStore {
     /// costs `more` of the same limiter (decided after it, in order).
     fn prepare(&self, hit: &Hit<'_>, more: &[Cost]) -> (u16, &Script, Vec<String>, Vec<i64>) {
         let limiter = self.inner.keys.limiter(hit);
-        let slot = ClusterRouting::hash_key(limiter.tag().as_bytes());
+        let slot = limiter.slot();
         let (script, keys) = match hit.algorithm {
             Algorithm::FixedWindow => (
                 &self.inner.fixed_window,
@@ -724,7 +724,7 @@ impl Store for RedisStore {
             Deployment::Cluster { .. } => {
                 // Every key of a limiter shares its hash tag, so the tag's
                 // slot is the limiter's slot.
-                let slot = ClusterRouting::hash_key(self.inner.keys.limiter(hit).tag().as_bytes());
+                let slot = self.inner.keys.limiter(hit).slot();
                 routing
                     .owner(slot)
                     .map(|n| n.id.clone())

@@ -95,6 +95,22 @@ impl Tollgate {
             .into_inner()
     }
 
+    /// `n` replicas on the same rules and settings (so the same store),
+    /// each SERVING.
+    pub async fn start_replicas(
+        n: usize,
+        files: &[(&str, &str)],
+        settings: &[(&str, &str)],
+    ) -> Vec<Tollgate> {
+        let mut replicas = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Tollgate::start(files, settings).await;
+            t.wait_serving(Duration::from_secs(20)).await;
+            replicas.push(t);
+        }
+        replicas
+    }
+
     /// Waits until health says SERVING (the store is ready).
     pub async fn wait_serving(&self, timeout: Duration) {
         use tonic_health::pb::health_check_response::ServingStatus;
