@@ -430,7 +430,7 @@ impl Template {
                 .last_mut()
                 .and_then(|d| d.entries.last_mut())
             {
-                e.value = format!("{}-{i}", e.value);
+                e.value.extend_from_slice(format!("-{i}").as_bytes());
             }
         }
         req
@@ -679,7 +679,12 @@ mod tests {
     fn values(req: &RateLimitRequest) -> Vec<Vec<String>> {
         req.descriptors
             .iter()
-            .map(|d| d.entries.iter().map(|e| e.value.clone()).collect())
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+                    .collect()
+            })
             .collect()
     }
 

@@ -177,8 +177,8 @@ pub fn request(domain: &str, descriptors: &[Vec<(String, String)>], hits: u32) -
                 entries: entries
                     .iter()
                     .map(|(key, value)| Entry {
-                        key: key.clone(),
-                        value: value.clone(),
+                        key: key.clone().into_bytes(),
+                        value: value.clone().into_bytes(),
                     })
                     .collect(),
                 ..Default::default()
@@ -227,7 +227,13 @@ pub fn render(req: &RateLimitRequest, resp: &RateLimitResponse) -> String {
             .map(|d| {
                 d.entries
                     .iter()
-                    .map(|e| format!("{}={}", e.key, e.value))
+                    .map(|e| {
+                        format!(
+                            "{}={}",
+                            String::from_utf8_lossy(&e.key),
+                            String::from_utf8_lossy(&e.value)
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(",")
             })

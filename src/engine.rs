@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::clock::Clock;
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, Unit};
 use crate::rules::{LimitSpec, Rule, RuleSet};
+use crate::storage::keys::identity_entries;
 use crate::storage::{Decision, Hit, Store, StoreError};
 
 /// One descriptor of a request, protocol-neutral.
@@ -106,6 +107,9 @@ pub enum EngineError {
     /// the call was made: such calls are not sent at all).
     #[error("descriptor {index}: the caller's deadline passed before the store answered")]
     DeadlineExceeded { index: usize },
+    /// Too many store calls were waiting and `on_overload` says error.
+    #[error("descriptor {index}: over max_in_flight={max}: too many store calls in flight")]
+    Overloaded { index: usize, max: usize },
 }
 
 /// Settings the engine applies where a rule is silent.
@@ -113,6 +117,9 @@ pub enum EngineError {
 pub struct EngineOptions {
     pub default_algorithm: Algorithm,
     pub on_store_error: FailurePolicy,
+    /// What a store call refused by the in-flight gate answers
+    /// (`storage::gate`); rules' own `on_store_error` does not apply.
+    pub on_overload: FailurePolicy,
     /// Global shadow mode: count everything, always answer OK overall.
     pub shadow_mode: bool,
     /// Largest `requests_per_unit` a `sliding_window_log` limit may have
@@ -124,6 +131,9 @@ pub struct EngineOptions {
     /// Distinct descriptor values a `detailed_metric` rule counts apart;
     /// the rest share one overflow series.
     pub detailed_metric_max_series: usize,
+    /// Longest value kept as it is in a limiter's identity; longer ones
+    /// enter it as a digest (`storage::keys::identity_value`).
+    pub max_value_bytes: usize,
 }
 
 impl Default for EngineOptions {
@@ -131,10 +141,12 @@ impl Default for EngineOptions {
         Self {
             default_algorithm: Algorithm::SlidingWindowCounter,
             on_store_error: FailurePolicy::Error,
+            on_overload: FailurePolicy::Error,
             shadow_mode: false,
             max_log_limit: 10_000,
             near_limit_ratio: 0.8,
             detailed_metric_max_series: 100,
+            max_value_bytes: crate::storage::keys::DEFAULT_MAX_VALUE_BYTES,
         }
     }
 }
@@ -151,6 +163,11 @@ pub struct EngineStats {
     /// Store calls cut off, or never made, because the caller's deadline
     /// passed.
     pub deadline_exceeded: AtomicU64,
+    /// Store calls refused by the in-flight gate, by the answer given
+    /// (`on_overload`).
+    pub overloaded_failed: AtomicU64,
+    pub overloaded_allowed: AtomicU64,
+    pub overloaded_denied: AtomicU64,
 }
 
 impl EngineStats {
@@ -195,6 +212,17 @@ pub struct Engine {
 enum Failure {
     Store(StoreError),
     Deadline,
+    /// Refused by the in-flight gate (never reached the store).
+    Overloaded(usize),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Overloaded(max) => Failure::Overloaded(max),
+            e => Failure::Store(e),
+        }
+    }
 }
 
 /// What one descriptor resolved to before counting.
@@ -280,11 +308,14 @@ impl Engine {
         let plans = self.plan(&rules, req);
         let request_hits = if req.hits == 0 { 1 } else { req.hits };
 
-        let mut calls = req
+        // Matching saw the values whole; limiters see long ones as digests.
+        let identities: Vec<_> = req
             .descriptors
             .iter()
-            .zip(&plans)
-            .map(|(d, plan)| async move {
+            .map(|d| identity_entries(&d.entries, self.options.max_value_bytes))
+            .collect();
+        let mut calls = identities.iter().zip(&req.descriptors).zip(&plans).map(
+            |((entries, d), plan)| async move {
                 let Plan::Limited { limit, .. } = plan else {
                     return None;
                 };
@@ -293,7 +324,7 @@ impl Engine {
                 }
                 let hit = Hit {
                     domain: &req.domain,
-                    entries: &d.entries,
+                    entries,
                     algorithm: limit.algorithm,
                     limit: u64::from(limit.requests_per_unit),
                     unit: limit.unit,
@@ -306,7 +337,7 @@ impl Engine {
                     },
                 };
                 let Some(deadline) = req.deadline else {
-                    return Some(self.store.hit(hit).await.map_err(Failure::Store));
+                    return Some(self.store.hit(hit).await.map_err(Failure::from));
                 };
                 // Past the deadline nobody waits for the answer: do not
                 // spend a store call on it. Cut off at the deadline, the
@@ -318,11 +349,12 @@ impl Engine {
                 }
                 Some(
                     match tokio::time::timeout_at(deadline, self.store.hit(hit)).await {
-                        Ok(result) => result.map_err(Failure::Store),
+                        Ok(result) => result.map_err(Failure::from),
                         Err(_) => Err(Failure::Deadline),
                     },
                 )
-            });
+            },
+        );
         // Descriptors of one request go to the store concurrently: on a
         // cluster they usually live on different nodes. Most requests have
         // one, which needs no joining.
@@ -339,8 +371,13 @@ impl Engine {
         let mut any_over = false;
         let mut quota_total = 0;
         let mut quota_over = 0;
-        let answers = req.descriptors.iter().zip(plans).zip(outcomes);
-        for (index, ((descriptor, plan), outcome)) in answers.enumerate() {
+        let answers = req
+            .descriptors
+            .iter()
+            .zip(&identities)
+            .zip(plans)
+            .zip(outcomes);
+        for (index, (((descriptor, entries), plan), outcome)) in answers.enumerate() {
             let status = match plan {
                 Plan::NoLimit => Status::no_limit(),
                 Plan::Unlimited => Status {
@@ -364,7 +401,7 @@ impl Engine {
                                     remaining: 0,
                                     reset_micros: 0,
                                 };
-                                self.count(rule, descriptor, hits, &limit, &refused);
+                                self.count(rule, entries, hits, &limit, &refused);
                             }
                             let w = limit.unit.micros();
                             let now = self.clock.now_micros();
@@ -380,46 +417,44 @@ impl Engine {
                                 && !descriptor.negative
                             {
                                 let hits = descriptor.hits.unwrap_or(request_hits);
-                                self.count(rule, descriptor, hits, &limit, &decision);
+                                self.count(rule, entries, hits, &limit, &decision);
                             }
                             limited_status(limit, decision, descriptor.negative)
                         }
-                        Some(Err(failure)) => match policy {
-                            FailurePolicy::Error => {
-                                return Err(match failure {
-                                    Failure::Deadline => {
-                                        self.stats
-                                            .deadline_exceeded
-                                            .fetch_add(1, Ordering::Relaxed);
-                                        EngineError::DeadlineExceeded { index }
-                                    }
-                                    Failure::Store(source) => {
-                                        self.stats
-                                            .store_errors_failed
-                                            .fetch_add(1, Ordering::Relaxed);
-                                        EngineError::Store { index, source }
-                                    }
-                                });
-                            }
-                            FailurePolicy::Allow => {
-                                self.count_failure(&failure, &self.stats.store_errors_allowed);
-                                Status {
+                        Some(Err(failure)) => {
+                            let policy = match failure {
+                                Failure::Overloaded(_) => self.options.on_overload,
+                                _ => policy,
+                            };
+                            self.count_failure(&failure, policy);
+                            match policy {
+                                FailurePolicy::Error => {
+                                    return Err(match failure {
+                                        Failure::Deadline => {
+                                            EngineError::DeadlineExceeded { index }
+                                        }
+                                        Failure::Store(source) => {
+                                            EngineError::Store { index, source }
+                                        }
+                                        Failure::Overloaded(max) => {
+                                            EngineError::Overloaded { index, max }
+                                        }
+                                    });
+                                }
+                                FailurePolicy::Allow => Status {
                                     code: Code::Ok,
                                     remaining: limit.requests_per_unit,
                                     reset: None,
                                     limit: Some(limit),
-                                }
-                            }
-                            FailurePolicy::Deny => {
-                                self.count_failure(&failure, &self.stats.store_errors_denied);
-                                Status {
+                                },
+                                FailurePolicy::Deny => Status {
                                     code: Code::OverLimit,
                                     remaining: 0,
                                     reset: None,
                                     limit: Some(limit),
-                                }
+                                },
                             }
-                        },
+                        }
                     };
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
                     let quota = rule.is_some_and(|r| r.quota_mode);
@@ -452,7 +487,7 @@ impl Engine {
     fn count(
         &self,
         rule: &Rule,
-        descriptor: &Descriptor,
+        entries: &[(String, String)],
         hits: u64,
         limit: &AppliedLimit,
         d: &Decision,
@@ -464,18 +499,25 @@ impl Engine {
             .counts()
             .record(hits, max, threshold, d.admitted, d.remaining, shadow);
         if rule.detailed_metric {
-            let value = detailed_value(&descriptor.entries);
+            let value = detailed_value(entries);
             rule.stats
                 .detailed(&value, self.options.detailed_metric_max_series)
                 .record(hits, max, threshold, d.admitted, d.remaining, shadow);
         }
     }
 
-    fn count_failure(&self, failure: &Failure, by_policy: &AtomicU64) {
-        match failure {
-            Failure::Deadline => self.stats.deadline_exceeded.fetch_add(1, Ordering::Relaxed),
-            Failure::Store(_) => by_policy.fetch_add(1, Ordering::Relaxed),
+    fn count_failure(&self, failure: &Failure, policy: FailurePolicy) {
+        let s = &self.stats;
+        let counter = match (failure, policy) {
+            (Failure::Deadline, _) => &s.deadline_exceeded,
+            (Failure::Store(_), FailurePolicy::Error) => &s.store_errors_failed,
+            (Failure::Store(_), FailurePolicy::Allow) => &s.store_errors_allowed,
+            (Failure::Store(_), FailurePolicy::Deny) => &s.store_errors_denied,
+            (Failure::Overloaded(_), FailurePolicy::Error) => &s.overloaded_failed,
+            (Failure::Overloaded(_), FailurePolicy::Allow) => &s.overloaded_allowed,
+            (Failure::Overloaded(_), FailurePolicy::Deny) => &s.overloaded_denied,
         };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Resolves every descriptor to a limit, applying overrides and

@@ -117,8 +117,8 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
                     .entries
                     .into_iter()
                     .map(|e| rate_limit_descriptor::Entry {
-                        key: e.key,
-                        value: e.value,
+                        key: e.key.into_bytes(),
+                        value: e.value.into_bytes(),
                     })
                     .collect(),
                 limit,

@@ -29,7 +29,7 @@ use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
 use crate::storage::hotkeys::{self, HotKeyStore, HotKeys};
 use crate::storage::{
-    Breaker, Coalescing, MemoryStore, OverLimitCache, RedisStore, Sharded, Store,
+    Breaker, Coalescing, Gate, MemoryStore, OverLimitCache, RedisStore, Sharded, Store,
 };
 
 /// The health service names answered besides the overall "".
@@ -189,10 +189,12 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
         EngineOptions {
             default_algorithm: settings.default_algorithm,
             on_store_error: settings.on_store_error,
+            on_overload: settings.on_overload,
             shadow_mode: settings.shadow_mode,
             max_log_limit: settings.max_log_limit,
             near_limit_ratio: settings.metrics.near_limit_ratio,
             detailed_metric_max_series: settings.metrics.detailed_max_series,
+            max_value_bytes: settings.limits.max_value_bytes,
         },
     ))
 }
@@ -231,9 +233,11 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
             }
         }
     };
-    // Shards above the cache: a full shard's refusals are answered locally
-    // while the others are tried.
-    let cached = OverLimitCache::wrap(backend, clock.clone(), settings.over_limit_cache);
+    // The in-flight gate below the cache: refusals the cache answers never
+    // wait for a slot. Shards above the cache: a full shard's refusals are
+    // answered locally while the others are tried.
+    let gated: Arc<dyn Store> = Arc::new(Gate::new(backend, settings.limits.max_in_flight));
+    let cached = OverLimitCache::wrap(gated, clock.clone(), settings.over_limit_cache);
     let sharded: Arc<dyn Store> = Arc::new(Sharded::new(cached));
     let tracker = HotKeys::new(hotkeys::DEFAULT_CAPACITY, hotkeys::DEFAULT_WINDOW_MICROS);
     Ok(Arc::new(HotKeyStore::new(sharded, clock, tracker)))
@@ -369,6 +373,11 @@ pub async fn run(
         tls = settings.grpc_tls.is_some(),
         "gRPC listening"
     );
+    // gRPC is accepted only once the store can answer (or the startup wait
+    // is over): callers connecting meanwhile wait in the listen queue
+    // instead of getting UNAVAILABLE from a store still connecting. HTTP
+    // serves at once, its /healthcheck saying "store not ready".
+    let startup = wait_ready(engine.store().clone(), settings.startup_wait);
     tracing::info!(addr = %http.local_addr()?, "HTTP listening");
     // Answers are small and each is awaited by a caller: send them at once
     // instead of waiting to fill a segment (Nagle).
@@ -384,13 +393,14 @@ pub async fn run(
                 }
                 accepted
             });
-            routes
-                .serve_with_incoming_shutdown(incoming, stopped())
-                .boxed()
+            let serve = routes.serve_with_incoming_shutdown(incoming, stopped());
+            startup.then(|()| serve).boxed()
         }
-        Some(tls) => routes
-            .serve_with_incoming_shutdown(crate::tls::listen(grpc, tls, stopped())?, stopped())
-            .boxed(),
+        Some(tls) => {
+            let serve = routes
+                .serve_with_incoming_shutdown(crate::tls::listen(grpc, tls, stopped())?, stopped());
+            startup.then(|()| serve).boxed()
+        }
     };
     let ready_store = engine.store().clone();
     let router = axum::Router::new().route(
@@ -499,6 +509,34 @@ pub async fn run(
         t.shutdown().await;
     }
     result
+}
+
+/// Resolves once `store` is ready, or after `limit`.
+async fn wait_ready(store: Arc<dyn Store>, limit: Duration) {
+    let started = tokio::time::Instant::now();
+    if store.is_ready() {
+        return;
+    }
+    tracing::info!(
+        store = store.kind(),
+        wait_ms = limit.as_millis() as u64,
+        "waiting for the store before answering gRPC"
+    );
+    while !store.is_ready() {
+        if started.elapsed() >= limit {
+            tracing::warn!(
+                store = store.kind(),
+                "store not ready after the startup wait: answering gRPC, store failures follow on_store_error"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!(
+        store = store.kind(),
+        waited_ms = started.elapsed().as_millis() as u64,
+        "store ready"
+    );
 }
 
 /// The two shutdown steps (see the module docs), once `shutdown` resolves.

@@ -3,7 +3,7 @@
 //! types, and the one place where errors become gRPC statuses ([`to_status`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -42,7 +42,8 @@ pub struct ServiceOptions {
 pub struct ServiceStats {
     /// Refused with `INVALID_ARGUMENT` (bad or oversized requests).
     pub invalid: AtomicU64,
-    /// Refused with `RESOURCE_EXHAUSTED` (over `max_in_flight`).
+    /// Failed with `RESOURCE_EXHAUSTED`: a store call past `max_in_flight`
+    /// with `on_overload: error`.
     pub overloaded: AtomicU64,
 }
 
@@ -51,7 +52,6 @@ pub struct ServiceStats {
 pub struct RateLimiter {
     engine: Engine,
     options: Arc<ServiceOptions>,
-    in_flight: Arc<AtomicUsize>,
     stats: Arc<ServiceStats>,
     instruments: Option<Arc<Instruments>>,
 }
@@ -61,7 +61,6 @@ impl RateLimiter {
         Self {
             engine,
             options: Arc::new(options),
-            in_flight: Arc::default(),
             stats: Arc::default(),
             instruments: None,
         }
@@ -75,16 +74,6 @@ impl RateLimiter {
     pub fn with_engine(mut self, engine: Engine) -> Self {
         self.engine = engine;
         self
-    }
-}
-
-/// One request in flight; the count drops when the call ends, answered or
-/// cancelled (tonic drops the handler when the caller's deadline passes).
-struct InFlight(Arc<AtomicUsize>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -182,17 +171,6 @@ impl RateLimiter {
         metadata: &MetadataMap,
         message: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
-        let max = self.options.limits.max_in_flight;
-        let now_in_flight = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-        let _guard = InFlight(self.in_flight.clone());
-        if now_in_flight > max {
-            // Refuse at once: queueing past this only adds latency that the
-            // caller's deadline will turn into an error anyway.
-            self.stats.overloaded.fetch_add(1, Ordering::Relaxed);
-            return Err(Status::resource_exhausted(format!(
-                "over max_in_flight={max}: too many requests in flight"
-            )));
-        }
         let deadline = deadline(metadata, self.options.deadline_margin);
         let req = from_proto(message, &self.options.limits, deadline).inspect_err(|_| {
             self.stats.invalid.fetch_add(1, Ordering::Relaxed);
@@ -205,6 +183,9 @@ impl RateLimiter {
                     | EngineError::BadDescriptor { .. }
             ) {
                 self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+            }
+            if matches!(e, EngineError::Overloaded { .. }) {
+                self.stats.overloaded.fetch_add(1, Ordering::Relaxed);
             }
             to_status(e)
         })?;
@@ -247,6 +228,7 @@ pub fn to_status(e: EngineError) -> Status {
         | EngineError::BadDescriptor { .. } => Status::invalid_argument(e.to_string()),
         EngineError::Store { .. } => Status::unavailable(e.to_string()),
         EngineError::DeadlineExceeded { .. } => Status::deadline_exceeded(e.to_string()),
+        EngineError::Overloaded { .. } => Status::resource_exhausted(e.to_string()),
     }
 }
 
@@ -306,11 +288,11 @@ fn from_proto(
                     limits.max_key_bytes
                 )));
             }
-            if e.value.len() > limits.max_value_bytes {
+            // Keys come from the operator's route configuration, never from
+            // a client; values are read below whatever their bytes.
+            if std::str::from_utf8(&e.key).is_err() {
                 return Err(Status::invalid_argument(format!(
-                    "descriptor {index} entry {i}: value of {} bytes, over max_value_bytes={}",
-                    e.value.len(),
-                    limits.max_value_bytes
+                    "descriptor {index} entry {i}: key is not UTF-8"
                 )));
             }
         }
@@ -344,7 +326,11 @@ fn from_proto(
                 }
             };
             Ok(Descriptor {
-                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| (value_text(e.key), value_text(e.value)))
+                    .collect(),
                 limit_override,
                 hits: d.hits_addend,
                 negative: d.is_negative_hits,
@@ -358,6 +344,33 @@ fn from_proto(
         deadline,
     })
 }
+
+/// A value's bytes as text. UTF-8 is taken as it is (no copy). Bytes that
+/// are not UTF-8 (Envoy may forward such header bytes) are a value like
+/// any other: each invalid byte becomes U+FFFD followed by its two hex
+/// digits, so different byte strings stay different limiters, the valid
+/// text around them still matches rule patterns (`caf*` matches
+/// `caf\xe9`), and nothing is refused.
+pub fn value_text(bytes: Vec<u8>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            let bytes = e.into_bytes();
+            let mut out = String::with_capacity(bytes.len() + 8);
+            for chunk in bytes.utf8_chunks() {
+                out.push_str(chunk.valid());
+                for b in chunk.invalid() {
+                    out.push(char::REPLACEMENT_CHARACTER);
+                    out.push(char::from(HEX[usize::from(b >> 4)]));
+                    out.push(char::from(HEX[usize::from(b & 0xf)]));
+                }
+            }
+            out
+        }
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn unit_to_proto(u: Unit) -> rate_limit::Unit {
     match u {
@@ -445,6 +458,24 @@ fn rate_limit_headers(d: &Decision, names: &HeaderNames) -> Vec<HeaderValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_of_any_bytes_are_text() {
+        let cases: [(&[u8], &str); 5] = [
+            (b"plain", "plain"),
+            (b"", ""),
+            (b"caf\xe9", "caf\u{fffd}e9"),
+            (b"\xff", "\u{fffd}ff"),
+            (b"a\xf0\x9f\x98b", "a\u{fffd}f0\u{fffd}9f\u{fffd}98b"),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(value_text(bytes.to_vec()), want, "{bytes:?}");
+        }
+        // Valid UTF-8 passes through untouched, multi-byte included.
+        assert_eq!(value_text("é😀".as_bytes().to_vec()), "é😀");
+        // Different bytes, different text.
+        assert_ne!(value_text(b"\xfe".to_vec()), value_text(b"\xff".to_vec()));
+    }
 
     #[test]
     fn grpc_timeout_units() {

@@ -10,6 +10,7 @@
 //! | `rules_reload_ms` | `TOLLGATE_RULES_RELOAD_MS` | `2000` | how often the rules directory is checked for changes; 0 = never |
 //! | `default_algorithm` | `TOLLGATE_DEFAULT_ALGORITHM` | `sliding_window_counter` | algorithm of rules that name none |
 //! | `on_store_error` | `TOLLGATE_ON_STORE_ERROR` | `error` | `error`, `allow` or `deny` when the store fails |
+//! | `on_overload` | `TOLLGATE_ON_OVERLOAD` | as `on_store_error` | `error` (`RESOURCE_EXHAUSTED`), `allow` or `deny` for a store call past `max_in_flight`; answers the over-limit cache gives locally never wait for it |
 //! | `shadow_mode` | `TOLLGATE_SHADOW_MODE` | `false` | count, but always answer OK overall |
 //! | `rate_limit_headers` | `TOLLGATE_RATE_LIMIT_HEADERS` | `false` | add `RateLimit-*` response headers |
 //! | `header_limit` / `header_remaining` / `header_reset` | `TOLLGATE_HEADER_*` | `RateLimit-Limit` ... | their names |
@@ -24,12 +25,12 @@
 //! | `redis.breaker_cooldown_ms` | `TOLLGATE_REDIS__BREAKER_COOLDOWN_MS` | `500` | how long it stays open before a probe |
 //! | `redis.coalesce` | `TOLLGATE_REDIS__COALESCE` | `true` | while a limiter's script call is in flight, queue further hits on it and decide them all in the next call |
 //! | `deadline_margin_ms` | `TOLLGATE_DEADLINE_MARGIN_MS` | `2` | kept back from the caller's `grpc-timeout` for the answer's way back |
-//! | `max_in_flight` | `TOLLGATE_MAX_IN_FLIGHT` | `8192` | requests decided at once; past it `RESOURCE_EXHAUSTED` at once |
+//! | `max_in_flight` | `TOLLGATE_MAX_IN_FLIGHT` | `8192` | store calls waiting at once; past it `on_overload` answers at once |
 //! | `max_descriptors` | `TOLLGATE_MAX_DESCRIPTORS` | `64` | descriptors per request (`INVALID_ARGUMENT` past it) |
 //! | `max_entries` | `TOLLGATE_MAX_ENTRIES` | `32` | entries per descriptor |
 //! | `max_key_bytes` | `TOLLGATE_MAX_KEY_BYTES` | `256` | bytes of one entry key |
-//! | `max_value_bytes` | `TOLLGATE_MAX_VALUE_BYTES` | `4096` | bytes of one entry value |
-//! | `max_message_bytes` | `TOLLGATE_MAX_MESSAGE_BYTES` | `65536` | bytes of one decoded request (`RESOURCE_EXHAUSTED` past it) |
+//! | `max_value_bytes` | `TOLLGATE_MAX_VALUE_BYTES` | `256` | longest entry value kept as it is in a limiter's identity; a longer one enters it as the SHA-256 of all its bytes. Never refused: values come from clients |
+//! | `max_message_bytes` | `TOLLGATE_MAX_MESSAGE_BYTES` | `4194304` | bytes of one decoded request (`RESOURCE_EXHAUSTED` past it); 4 MiB, gRPC's default, which Envoy's own limits stay under |
 //! | `max_log_limit` | `TOLLGATE_MAX_LOG_LIMIT` | `10000` | largest `requests_per_unit` a `sliding_window_log` limit may have |
 //! | `memory.max_limiters` | `TOLLGATE_MEMORY__MAX_LIMITERS` | `1000000` | limiters the embedded store holds; least recently used evicted past it |
 //! | `over_limit_cache.enabled` | `TOLLGATE_OVER_LIMIT_CACHE__ENABLED` | `true` | once the store refuses a limiter until a reset, answer it locally until then, without the store |
@@ -37,6 +38,7 @@
 //! | `grpc_tls.cert_file` / `key_file` | `TOLLGATE_GRPC_TLS__CERT_FILE` ... | none | PEM certificate chain and key: serve gRPC over TLS |
 //! | `grpc_tls.client_ca_file` | `TOLLGATE_GRPC_TLS__CLIENT_CA_FILE` | none | PEM CAs: require and verify client certificates (mTLS) |
 //! | `grpc_tls.reload_ms` | `TOLLGATE_GRPC_TLS__RELOAD_MS` | `5000` | how often the TLS files are checked for changes; 0 = never |
+//! | `startup_wait_ms` | `TOLLGATE_STARTUP_WAIT_MS` | `5000` | at startup, gRPC answers once the store is ready or after this long (then `on_store_error` applies to a store still down); 0 = at once. Five connect timeouts: enough for a healthy Redis on a busy machine |
 //! | `shutdown_drain_ms` | `TOLLGATE_SHUTDOWN_DRAIN_MS` | `5000` | on SIGTERM: health says NOT_SERVING and calls are still answered this long |
 //! | `shutdown_grace_ms` | `TOLLGATE_SHUTDOWN_GRACE_MS` | `5000` | then: listeners closed, in-flight calls get this long to finish |
 //! | `log` | `TOLLGATE_LOG` (or `RUST_LOG`) | `info` | log filter (tracing `EnvFilter` syntax) |
@@ -105,8 +107,8 @@ impl Default for RequestLimits {
             max_descriptors: 64,
             max_entries: 32,
             max_key_bytes: 256,
-            max_value_bytes: 4096,
-            max_message_bytes: 64 * 1024,
+            max_value_bytes: crate::storage::keys::DEFAULT_MAX_VALUE_BYTES,
+            max_message_bytes: 4 << 20,
             max_in_flight: 8192,
         }
     }
@@ -156,6 +158,8 @@ pub struct Settings {
     pub rules_reload: Option<Duration>,
     pub default_algorithm: Algorithm,
     pub on_store_error: FailurePolicy,
+    /// What a store call past `max_in_flight` answers.
+    pub on_overload: FailurePolicy,
     pub shadow_mode: bool,
     /// `Some` when `RateLimit-*` headers are enabled.
     pub rate_limit_headers: Option<HeaderNames>,
@@ -171,6 +175,8 @@ pub struct Settings {
     /// The local over-limit cache in front of the store.
     pub over_limit_cache: CacheConfig,
     pub grpc_tls: Option<GrpcTls>,
+    /// Longest wait at startup for the store before gRPC answers.
+    pub startup_wait: Duration,
     pub shutdown_drain: Duration,
     pub shutdown_grace: Duration,
     pub log: String,
@@ -215,6 +221,7 @@ struct Raw {
     rules_reload_ms: Option<String>,
     default_algorithm: Option<String>,
     on_store_error: Option<String>,
+    on_overload: Option<String>,
     shadow_mode: Option<String>,
     rate_limit_headers: Option<String>,
     header_limit: Option<String>,
@@ -237,6 +244,7 @@ struct Raw {
     over_limit_cache: RawOverLimitCache,
     #[serde(default)]
     grpc_tls: RawGrpcTls,
+    startup_wait_ms: Option<String>,
     shutdown_drain_ms: Option<String>,
     shutdown_grace_ms: Option<String>,
     log: Option<String>,
@@ -295,6 +303,7 @@ pub const KEYS: &[&str] = &[
     "rules_reload_ms",
     "default_algorithm",
     "on_store_error",
+    "on_overload",
     "shadow_mode",
     "rate_limit_headers",
     "header_limit",
@@ -328,6 +337,7 @@ pub const KEYS: &[&str] = &[
     "grpc_tls.key_file",
     "grpc_tls.client_ca_file",
     "grpc_tls.reload_ms",
+    "startup_wait_ms",
     "shutdown_drain_ms",
     "shutdown_grace_ms",
     "log",
@@ -625,6 +635,9 @@ impl Raw {
             &self.on_store_error,
             FailurePolicy::Error,
         )?;
+        // Past max_in_flight no count can be made in time, as when the
+        // store fails: the same answer unless the operator says otherwise.
+        let on_overload = parse(src, "on_overload", &self.on_overload, on_store_error)?;
         let shadow_mode = parse(src, "shadow_mode", &self.shadow_mode, false)?;
         let headers_on = parse(src, "rate_limit_headers", &self.rate_limit_headers, false)?;
         let header =
@@ -1030,6 +1043,7 @@ impl Raw {
             rules_reload: (!reload.is_zero()).then_some(reload),
             default_algorithm,
             on_store_error,
+            on_overload,
             shadow_mode,
             rate_limit_headers: headers_on.then_some(names),
             store,
@@ -1040,6 +1054,7 @@ impl Raw {
             memory_max_limiters,
             over_limit_cache,
             grpc_tls,
+            startup_wait: millis(src, "startup_wait_ms", &self.startup_wait_ms, 5000)?,
             shutdown_drain: millis(src, "shutdown_drain_ms", &self.shutdown_drain_ms, 5000)?,
             shutdown_grace: millis(src, "shutdown_grace_ms", &self.shutdown_grace_ms, 5000)?,
             log,

@@ -1,7 +1,10 @@
 //! Property tests over hostile input: arbitrary bytes sent as a
 //! `ShouldRateLimit` request to a real server over gRPC, and arbitrary rule
 //! files. Nothing may panic; every request gets a well-formed answer or a
-//! gRPC error with a message, and the server keeps serving.
+//! gRPC error with a message, and the server keeps serving. A request whose
+//! descriptors match the rules gets a decision whatever values and costs a
+//! client put in it: only what the operator's Envoy configuration controls
+//! (descriptor counts, keys) may be an error.
 
 mod support;
 
@@ -91,6 +94,36 @@ async fn send(channel: Channel, bytes: Vec<u8>) -> Result<Vec<u8>, tonic::Status
         .map(|r| r.into_inner())
 }
 
+/// A request as the server reads it: entries as bytes. Only what the
+/// checks need; prost skips the rest.
+#[derive(Clone, PartialEq, prost::Message)]
+struct LenientRequest {
+    #[prost(string, tag = "1")]
+    domain: String,
+    #[prost(message, repeated, tag = "2")]
+    descriptors: Vec<LenientDescriptor>,
+    #[prost(uint32, tag = "3")]
+    hits_addend: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct LenientDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    entries: Vec<LenientEntry>,
+    #[prost(message, optional, tag = "3")]
+    hits_addend: Option<UInt64Value>,
+    #[prost(bool, tag = "4")]
+    is_negative_hits: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct LenientEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
 /// The answer to `bytes` is either a valid response that fits the request,
 /// or an error a caller can act on.
 fn check_answer(bytes: &[u8], answer: Result<Vec<u8>, tonic::Status>) -> Result<(), String> {
@@ -101,7 +134,8 @@ fn check_answer(bytes: &[u8], answer: Result<Vec<u8>, tonic::Status>) -> Result<
             if response.overall_code != 1 && response.overall_code != 2 {
                 return Err(format!("overall code {}", response.overall_code));
             }
-            let request = RateLimitRequest::decode(bytes)
+            // Values are read as bytes (they need not be UTF-8).
+            let request = LenientRequest::decode(bytes)
                 .map_err(|e| format!("answered an undecodable request: {e}"))?;
             if response.statuses.len() != request.descriptors.len() {
                 return Err(format!(
@@ -246,6 +280,94 @@ fn arbitrary_request_bytes_get_an_answer_or_a_grpc_error() {
     let answer = rt.block_on(send(channel, ok.encode_to_vec())).unwrap();
     let response = RateLimitResponse::decode(&answer[..]).unwrap();
     assert_eq!(response.statuses[0].limit_remaining, u32::MAX);
+    rt.block_on(server.stop());
+}
+
+/// Values a client could put in a header or path: short, long, and bytes
+/// that are not UTF-8.
+fn client_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..40),
+        Just(b"xzy".to_vec()),
+        (any::<u8>(), 200usize..70_000).prop_map(|(b, n)| vec![b; n]),
+        prop::collection::vec(128u8.., 1..8),
+    ]
+}
+
+/// A descriptor of the rules' own keys (what the operator's Envoy sends)
+/// with values a client chose, and any cost.
+fn matching_descriptor() -> impl Strategy<Value = LenientDescriptor> {
+    let keys = prop_oneof![
+        Just(vec!["a"]),
+        Just(vec!["a", "b"]),
+        Just(vec!["c"]),
+        Just(vec!["d"]),
+        Just(vec!["q"]),
+        Just(vec!["s"]),
+    ];
+    (
+        keys,
+        prop::collection::vec(client_value(), 2),
+        prop::option::of(any::<u64>()),
+        any::<bool>(),
+    )
+        .prop_map(|(keys, values, hits, negative)| LenientDescriptor {
+            entries: keys
+                .iter()
+                .zip(values)
+                .map(|(k, value)| LenientEntry {
+                    key: k.as_bytes().to_vec(),
+                    value,
+                })
+                .collect(),
+            hits_addend: hits.map(|value| UInt64Value { value }),
+            is_negative_hits: negative,
+        })
+}
+
+/// The property Envoy's fail-open default asks for: a request whose
+/// descriptors match the rules, whatever values and costs the client put
+/// in them, gets a decision, never an error.
+#[test]
+fn matching_requests_get_a_decision_whatever_the_client_sent() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(Tollgate::start(&[("fuzz.yaml", RULES)], &[]));
+    let channel = rt.block_on(async {
+        Channel::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .unwrap()
+    });
+    let config = ProptestConfig {
+        cases: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(
+        descriptors in prop::collection::vec(matching_descriptor(), 1..8),
+        hits_addend in any::<u32>(),
+    )| {
+        let request = LenientRequest {
+            domain: "fuzz".into(),
+            descriptors,
+            hits_addend,
+        };
+        let answer = rt.block_on(send(channel.clone(), request.encode_to_vec()));
+        match answer {
+            Ok(body) => {
+                let response = RateLimitResponse::decode(&body[..]).unwrap();
+                prop_assert!(response.overall_code == 1 || response.overall_code == 2);
+                prop_assert_eq!(response.statuses.len(), request.descriptors.len());
+            }
+            Err(status) => prop_assert!(false, "an error for a matching request: {:?}", status),
+        }
+    });
     rt.block_on(server.stop());
 }
 

@@ -353,7 +353,9 @@ fn register_observers(meter: &Meter, s: Sources) {
     let service = s.service.clone();
     meter
         .u64_observable_counter("tollgate.requests.refused")
-        .with_description("Calls refused before the engine: invalid input, or over max_in_flight")
+        .with_description(
+            "Calls failed on their input (invalid) or past max_in_flight with on_overload=error (overloaded)",
+        )
         .with_callback(move |o| {
             use std::sync::atomic::Ordering::Relaxed;
             o.observe(
@@ -379,6 +381,23 @@ fn register_observers(meter: &Meter, s: Sources) {
                 ("error", &engine.store_errors_failed),
                 ("allow", &engine.store_errors_allowed),
                 ("deny", &engine.store_errors_denied),
+            ] {
+                o.observe(n.load(Relaxed), &[KeyValue::new("policy", policy)]);
+            }
+        })
+        .build();
+    let engine = s.engine.clone();
+    meter
+        .u64_observable_counter("tollgate.overload.answered")
+        .with_description(
+            "Store calls past max_in_flight by the answer on_overload gave: failed, allowed or denied",
+        )
+        .with_callback(move |o| {
+            use std::sync::atomic::Ordering::Relaxed;
+            for (policy, n) in [
+                ("error", &engine.overloaded_failed),
+                ("allow", &engine.overloaded_allowed),
+                ("deny", &engine.overloaded_denied),
             ] {
                 o.observe(n.load(Relaxed), &[KeyValue::new("policy", policy)]);
             }

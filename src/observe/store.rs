@@ -29,6 +29,7 @@ fn outcome(result: &Result<Decision, StoreError>) -> &'static str {
         Err(StoreError::Unavailable(_)) => "unavailable",
         Err(StoreError::Protocol(_)) => "protocol",
         Err(StoreError::CircuitOpen) => "circuit_open",
+        Err(StoreError::Overloaded(_)) => "overloaded",
     }
 }
 

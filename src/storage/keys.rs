@@ -37,6 +37,15 @@
 //!   plain one. Here the hash stands for the identity, so it must resist
 //!   collisions.
 //!
+//! * Before any of this, a descriptor value longer than `max_value_bytes`
+//!   (a setting, 256 by default) enters the identity as [`DIGEST_MARK`],
+//!   `sha256:` and the SHA-256 of all its bytes in hex ([`identity_value`]).
+//!   Values come from clients (headers, paths), so any length must be
+//!   decided, never refused; the digest keeps every layer's memory per
+//!   limiter bounded. A value that itself starts with the mark is digested
+//!   too, so a digest never equals a value sent as it is: two long values
+//!   differing in their last byte are two limiters, equal ones share one.
+//!
 //! A key is built in one buffer, its tag written in place once the identity
 //! after it is known: one allocation per key, since every decision builds
 //! one.
@@ -47,6 +56,49 @@ use sha2::{Digest, Sha256};
 
 use crate::limit::{Algorithm, DEFAULT_BUCKETS};
 use crate::storage::{Hit, Shard};
+
+/// Starts a value that stands for a longer one (see the module docs): a
+/// control character, which no ordinary value begins with.
+pub const DIGEST_MARK: char = '\u{1}';
+
+/// Default for the longest descriptor value kept as it is in an identity.
+pub const DEFAULT_MAX_VALUE_BYTES: usize = 256;
+
+/// The value as it enters a limiter's identity: itself when at most `max`
+/// bytes, else its digest (see the module docs).
+pub fn identity_value(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if value.len() <= max && !value.starts_with(DIGEST_MARK) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let digest = Sha256::digest(value.as_bytes());
+    let mut out = String::with_capacity(8 + 64);
+    out.push(DIGEST_MARK);
+    out.push_str("sha256:");
+    for b in digest.iter() {
+        let _ = write!(out, "{b:02x}");
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `entries` with every value as it enters an identity: borrowed as they
+/// are when none needs a digest (the common case: no allocation).
+pub fn identity_entries(
+    entries: &[(String, String)],
+    max_value: usize,
+) -> std::borrow::Cow<'_, [(String, String)]> {
+    if entries
+        .iter()
+        .all(|(_, v)| v.len() <= max_value && !v.starts_with(DIGEST_MARK))
+    {
+        return std::borrow::Cow::Borrowed(entries);
+    }
+    std::borrow::Cow::Owned(
+        entries
+            .iter()
+            .map(|(k, v)| (k.clone(), identity_value(v, max_value).into_owned()))
+            .collect(),
+    )
+}
 
 /// Longest identity kept verbatim in a key.
 pub const MAX_IDENTITY: usize = 256;

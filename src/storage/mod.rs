@@ -8,6 +8,7 @@
 pub mod breaker;
 pub mod cache;
 pub mod coalesce;
+pub mod gate;
 pub mod hotkeys;
 pub mod keys;
 pub mod memory;
@@ -25,6 +26,7 @@ use crate::limit::{Algorithm, Unit};
 pub use breaker::{Breaker, BreakerConfig};
 pub use cache::{CacheConfig, CacheCounts, LimiterId, OverLimitCache};
 pub use coalesce::{CoalesceCounts, Coalescing};
+pub use gate::Gate;
 pub use hotkeys::{HotKeyStore, HotKeys};
 pub use memory::MemoryStore;
 pub use redis::{RedisConfig, RedisStore};
@@ -120,6 +122,10 @@ pub enum StoreError {
     /// The backend answered something this version does not understand.
     #[error("store protocol error: {0}")]
     Protocol(String),
+    /// Over `max_in_flight` store calls were already waiting: refused at
+    /// once, without trying the store (see [`gate`]).
+    #[error("over max_in_flight={0}: too many store calls in flight")]
+    Overloaded(usize),
 }
 
 impl StoreError {
@@ -186,6 +192,8 @@ impl FailureCounters {
             StoreError::Unavailable(_) => &self.unavailable,
             StoreError::Protocol(_) => &self.protocol,
             StoreError::CircuitOpen => &self.circuit_open,
+            // Not the backend's failure: it was never asked.
+            StoreError::Overloaded(_) => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -1,0 +1,130 @@
+//! The in-flight gate: at most `max_in_flight` store calls wait at once.
+//! Past it a call fails at once with [`StoreError::Overloaded`], and the
+//! engine answers it by `on_overload` (error, allow or deny), so work never
+//! queues without bound when the store slows down.
+//!
+//! It sits below the over-limit cache and above the backend: a refusal the
+//! cache can give locally never waits for a slot, so a flood on an
+//! exhausted limiter keeps getting decisions (not errors, which Envoy lets
+//! through) however busy the store is; requests that match no limit never
+//! reach a store at all.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
+
+pub struct Gate {
+    inner: Arc<dyn Store>,
+    max: usize,
+    in_flight: AtomicUsize,
+}
+
+/// One call holding a slot; the slot is freed when the call ends, answered
+/// or dropped (the caller's deadline passed).
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Gate {
+    /// `max` is at least 1.
+    pub fn new(inner: Arc<dyn Store>, max: usize) -> Self {
+        Self {
+            inner,
+            max: max.max(1),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Calls waiting on the store now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+impl Store for Gate {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+            let _slot = Slot(&self.in_flight);
+            if now > self.max {
+                // Refuse at once: waiting past this only adds latency that
+                // the caller's deadline turns into an error anyway.
+                return Err(StoreError::Overloaded(self.max));
+            }
+            self.inner.hit(hit).await
+        })
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Algorithm, Unit};
+    use crate::storage::Shard;
+    use std::time::Duration;
+
+    /// A store whose calls wait until released.
+    struct Held(tokio::sync::Semaphore);
+
+    impl Store for Held {
+        fn hit<'a>(&'a self, _hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            Box::pin(async move {
+                let _permit = self.0.acquire().await;
+                Ok(Decision {
+                    admitted: true,
+                    remaining: 1,
+                    reset_micros: 1,
+                })
+            })
+        }
+    }
+
+    fn hit(entries: &[(String, String)]) -> Hit<'_> {
+        Hit {
+            domain: "d",
+            entries,
+            algorithm: Algorithm::FixedWindow,
+            limit: 10,
+            unit: Unit::Second,
+            hits: 1,
+            negative: false,
+            buckets: 2,
+            shard: Shard::NONE,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_max_fails_at_once_and_slots_come_back() {
+        let held = Arc::new(Held(tokio::sync::Semaphore::new(0)));
+        let gate = Arc::new(Gate::new(held.clone(), 2));
+        let entries = vec![("k".to_owned(), "v".to_owned())];
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let (gate, entries) = (gate.clone(), entries.clone());
+                tokio::spawn(async move { gate.hit(hit(&entries)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(gate.in_flight(), 2);
+        let third = gate.hit(hit(&entries)).await;
+        assert!(matches!(third, Err(StoreError::Overloaded(2))), "{third:?}");
+        // The refused call gave its slot back at once.
+        assert_eq!(gate.in_flight(), 2);
+        held.0.add_permits(2);
+        for w in waiting {
+            assert!(w.await.unwrap().is_ok());
+        }
+        assert_eq!(gate.in_flight(), 0);
+        held.0.add_permits(1);
+        assert!(gate.hit(hit(&entries)).await.is_ok());
+    }
+}
