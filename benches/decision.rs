@@ -113,6 +113,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         unit: Unit::Second,
         hits: 1,
         negative: false,
+        usage_reports: false,
         buckets: tollgate::limit::DEFAULT_BUCKETS,
         shard: tollgate::storage::Shard::NONE,
     };

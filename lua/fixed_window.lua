@@ -7,20 +7,25 @@
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them
 -- ARGV[5]  unused (the counter's bucket count)
--- ARGV[6], ARGV[7], ...  optional further (hits, negative) pairs: hits
+-- ARGV[6]  1 to record every positive cost, also one that takes the
+--          limiter over or is above the limit (usage reported after the
+--          response); 0 or absent: see below
+-- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
 --          same atomic step
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order.
 -- Every counted hit stays counted in its window, admitted or not, except a
--- cost above the limit, which can never pass and is not recorded.
+-- cost above the limit, which can never pass and is not recorded unless
+-- ARGV[6] is 1.
 -- The clock is the server's (TIME), never the caller's.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
+local reports = ARGV[6] == '1'
 
 -- Integer division on doubles (exact below 2^53), corrected for rounding.
 local idx = math.floor(now / w)
@@ -44,7 +49,7 @@ local function decide(hits, negative)
   if negative then
     count = count - hits
     if count < 0 then count = 0 end
-  elseif hits > limit then
+  elseif hits > limit and not reports then
     admitted = 0
   else
     count = count + hits
@@ -60,7 +65,7 @@ while ARGV[i] do
   out[#out + 1] = admitted
   out[#out + 1] = remaining()
   out[#out + 1] = reset
-  if i == 3 then i = 6 else i = i + 2 end
+  if i == 3 then i = 7 else i = i + 2 end
 end
 
 if count ~= before then

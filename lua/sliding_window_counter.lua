@@ -15,18 +15,24 @@
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them
 -- ARGV[5]  N, the number of buckets (2..60; absent means 2)
--- ARGV[6], ARGV[7], ...  optional further (hits, negative) pairs: hits
+-- ARGV[6]  1 to record every positive cost, also one that takes the
+--          limiter over or is above the limit (usage reported after the
+--          response); 0 or absent: see below
+-- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
 --          same atomic step
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order.
--- Only admitted hits are recorded. The clock is the server's (TIME).
+-- Only admitted hits are recorded, unless ARGV[6] is 1: then every positive
+-- cost is, and the answer is refused while the estimate is over the limit.
+-- The clock is the server's (TIME).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
+local reports = ARGV[6] == '1'
 local n = tonumber(ARGV[5]) or 2
 if n < 2 then n = 2 end
 if n > 60 then n = 60 end
@@ -115,6 +121,30 @@ end
 
 local dirty = false
 
+-- Refused: the first bucket (k buckets on) where the full ones fit a hit of
+-- `cost`, then the moment in it when the oldest has lost enough weight:
+-- oldest * (w - e) / w <= room  holds from  e = w - floor(w * room / oldest).
+local function wait_for(cost)
+  local need = limit - cost
+  for k = 0, n - 1 do
+    local full = sum_full(n - 1 - k)
+    if full <= need then
+      local oldest = counts[n - k]
+      local at = 0
+      if oldest > 0 then at = w - math.min(math.floor(w * (need - full) / oldest), w) end
+      if k == 0 then
+        local wait = at - elapsed
+        if wait < 0 then wait = 0 end
+        wait = real(wait)
+        if wait < 1 then wait = 1 end
+        return wait
+      end
+      return real(k * w + at - elapsed)
+    end
+  end
+  return w
+end
+
 local function decide(hits, negative)
   if negative then
     local back = hits
@@ -128,7 +158,7 @@ local function decide(hits, negative)
   end
 
   local est = estimate()
-  if hits > limit then
+  if hits > limit and not reports then
     return {0, remaining(est), w}
   end
   if est + hits <= limit then
@@ -138,30 +168,13 @@ local function decide(hits, negative)
     end
     return {1, remaining(estimate()), ok_reset()}
   end
-
-  -- Refused: the first bucket (k buckets on) where the full ones fit, then
-  -- the moment in it when the oldest has lost enough weight:
-  -- oldest * (w - e) / w <= room  holds from  e = w - floor(w * room / oldest).
-  local need = limit - hits
-  local wait = w
-  for k = 0, n - 1 do
-    local full = sum_full(n - 1 - k)
-    if full <= need then
-      local oldest = counts[n - k]
-      local at = 0
-      if oldest > 0 then at = w - math.min(math.floor(w * (need - full) / oldest), w) end
-      if k == 0 then
-        wait = at - elapsed
-        if wait < 0 then wait = 0 end
-        wait = real(wait)
-        if wait < 1 then wait = 1 end
-      else
-        wait = real(k * w + at - elapsed)
-      end
-      break
-    end
+  if reports and hits > 0 then
+    -- Recorded all the same; refused until a check would pass.
+    counts[1] = counts[1] + hits
+    dirty = true
+    return {0, remaining(estimate()), wait_for(0)}
   end
-  return {0, remaining(est), wait}
+  return {0, remaining(est), wait_for(hits)}
 end
 
 local out = {}
@@ -171,7 +184,7 @@ while ARGV[i] do
   out[#out + 1] = d[1]
   out[#out + 1] = d[2]
   out[#out + 1] = d[3]
-  if i == 3 then i = 6 else i = i + 2 end
+  if i == 3 then i = 7 else i = i + 2 end
 end
 if dirty then save() end
 return out

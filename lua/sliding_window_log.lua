@@ -12,13 +12,19 @@
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them
 -- ARGV[5]  unused (the counter's bucket count)
--- ARGV[6], ARGV[7], ...  optional further (hits, negative) pairs: hits
+-- ARGV[6]  1 to record every positive cost, also one that takes the
+--          limiter over or is above the limit (usage reported after the
+--          response); 0 or absent: see below
+-- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
 --          same atomic step
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order.
--- Only admitted hits are recorded; a hit at time ts counts while
+-- Only admitted hits are recorded, unless ARGV[6] is 1: then every positive
+-- cost is; while the log is already at or past its limit such a cost is
+-- added to the newest member, which takes the report's time, so a log never
+-- holds more members than its limit. A hit at time ts counts while
 -- ts > now - window. Both keys expire when the newest hit stops counting.
 -- The clock is the server's (TIME), never the caller's.
 
@@ -26,6 +32,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
+local reports = ARGV[6] == '1'
 local log, meta = KEYS[1], KEYS[2]
 
 -- Scores and counts go out as integer strings: the default number to string
@@ -99,6 +106,25 @@ local function save()
   redis.call('PEXPIRE', meta, ttl)
 end
 
+-- Refused: the first moment enough of the oldest hits have left for a hit
+-- of `cost`.
+local function wait_for(cost)
+  local freed = 0
+  local batch = 128
+  local from = 0
+  while true do
+    local page = redis.call('ZRANGE', log, from, from + batch - 1, 'WITHSCORES')
+    if #page == 0 then return w end
+    for i = 1, #page, 2 do
+      freed = freed + cost_of(page[i])
+      if sum - freed + cost <= limit then
+        return tonumber(page[i + 1]) + w - now
+      end
+    end
+    from = from + batch
+  end
+end
+
 local function decide(hits, negative)
   if negative then
     -- Give back from the newest hits.
@@ -121,7 +147,7 @@ local function decide(hits, negative)
     return {1, remaining(), oldest_reset()}
   end
 
-  if hits > limit then
+  if hits > limit and not reports then
     return {0, remaining(), w}
   end
 
@@ -135,26 +161,20 @@ local function decide(hits, negative)
     return {1, limit - sum, oldest_reset()}
   end
 
-  -- Refused: the first moment enough of the oldest hits have left.
-  local wait = w
-  local freed = 0
-  local batch = 128
-  local from = 0
-  local found = false
-  while not found do
-    local page = redis.call('ZRANGE', log, from, from + batch - 1, 'WITHSCORES')
-    if #page == 0 then break end
-    for i = 1, #page, 2 do
-      freed = freed + cost_of(page[i])
-      if sum - freed + hits <= limit then
-        wait = tonumber(page[i + 1]) + w - now
-        found = true
-        break
-      end
+  if reports and hits > 0 then
+    local last = redis.call('ZRANGE', log, -1, -1)
+    if sum >= limit and #last > 0 then
+      redis.call('ZREM', log, last[1])
+      redis.call('ZADD', log, int(now), member(seq_of(last[1]), cost_of(last[1]) + hits))
+    else
+      seq = seq + 1
+      redis.call('ZADD', log, int(now), member(seq, hits))
     end
-    from = from + batch
+    sum = sum + hits
+    dirty = true
+    return {0, 0, wait_for(0)}
   end
-  return {0, remaining(), wait}
+  return {0, remaining(), wait_for(hits)}
 end
 
 local out = {}
@@ -164,7 +184,7 @@ while ARGV[i] do
   out[#out + 1] = d[1]
   out[#out + 1] = d[2]
   out[#out + 1] = d[3]
-  if i == 3 then i = 6 else i = i + 2 end
+  if i == 3 then i = 7 else i = i + 2 end
 end
 if dirty then save() end
 return out

@@ -63,6 +63,8 @@ pub struct AppliedLimit {
     /// Sub-limiters the limit is split over (`rate_limit.shards`; 1 when
     /// not sharded).
     pub shards: u16,
+    /// Every positive cost is recorded (see `storage::Hit::usage_reports`).
+    pub usage_reports: bool,
 }
 
 /// The answer for one descriptor.
@@ -134,6 +136,11 @@ pub struct EngineOptions {
     /// Longest value kept as it is in a limiter's identity; longer ones
     /// enter it as a digest (`storage::keys::identity_value`).
     pub max_value_bytes: usize,
+    /// `usage_reports` of rules that do not say. `None`: rules that name
+    /// no algorithm record every positive cost, as the reference's fixed
+    /// window does (Envoy Gateway's rules name none, and its cost reports
+    /// must close a budget); rules that name one record admitted hits.
+    pub usage_reports: Option<bool>,
 }
 
 impl Default for EngineOptions {
@@ -147,6 +154,7 @@ impl Default for EngineOptions {
             near_limit_ratio: 0.8,
             detailed_metric_max_series: 100,
             max_value_bytes: crate::storage::keys::DEFAULT_MAX_VALUE_BYTES,
+            usage_reports: None,
         }
     }
 }
@@ -330,6 +338,7 @@ impl Engine {
                     unit: limit.unit,
                     hits: d.hits.unwrap_or(request_hits),
                     negative: d.negative,
+                    usage_reports: limit.usage_reports,
                     buckets: limit.buckets,
                     shard: crate::storage::Shard {
                         index: 0,
@@ -498,6 +507,11 @@ impl Engine {
         rule.stats
             .counts()
             .record(hits, max, threshold, d.admitted, d.remaining, shadow);
+        // A zero limit never reaches the store, which records nothing.
+        let recorded_over = limit.usage_reports && !d.admitted && hits > 0 && max > 0;
+        if recorded_over {
+            rule.stats.counts().record_reported_over(hits);
+        }
         if rule.detailed_metric {
             let value = detailed_value(entries);
             rule.stats
@@ -552,6 +566,8 @@ impl Engine {
                             algorithm: self.options.default_algorithm,
                             buckets: DEFAULT_BUCKETS,
                             shards: 1,
+                            // Names no algorithm.
+                            usage_reports: self.options.usage_reports.unwrap_or(true),
                         },
                         policy: self.options.on_store_error,
                     };
@@ -576,6 +592,10 @@ impl Engine {
                             algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
                             buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
                             shards: rule.shards.unwrap_or(1),
+                            usage_reports: rule
+                                .usage_reports
+                                .or(self.options.usage_reports)
+                                .unwrap_or(rule.algorithm.is_none()),
                         },
                         policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
                     },

@@ -195,6 +195,7 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
             near_limit_ratio: settings.metrics.near_limit_ratio,
             detailed_metric_max_series: settings.metrics.detailed_max_series,
             max_value_bytes: settings.limits.max_value_bytes,
+            usage_reports: settings.usage_reports,
         },
     ))
 }

@@ -11,6 +11,7 @@
 //! | `default_algorithm` | `TOLLGATE_DEFAULT_ALGORITHM` | `sliding_window_counter` | algorithm of rules that name none |
 //! | `on_store_error` | `TOLLGATE_ON_STORE_ERROR` | `error` | `error`, `allow` or `deny` when the store fails |
 //! | `on_overload` | `TOLLGATE_ON_OVERLOAD` | as `on_store_error` | `error` (`RESOURCE_EXHAUSTED`), `allow` or `deny` for a store call past `max_in_flight`; answers the over-limit cache gives locally never wait for it |
+//! | `usage_reports` | `TOLLGATE_USAGE_REPORTS` | unset | `usage_reports` of rules that do not say: `true` records every positive cost, also past the limit (costs reported after the response); `false` only admitted hits. Unset: rules that name no algorithm record every cost, as the reference does; rules that name one record admitted hits |
 //! | `shadow_mode` | `TOLLGATE_SHADOW_MODE` | `false` | count, but always answer OK overall |
 //! | `rate_limit_headers` | `TOLLGATE_RATE_LIMIT_HEADERS` | `false` | add `RateLimit-*` response headers |
 //! | `header_limit` / `header_remaining` / `header_reset` | `TOLLGATE_HEADER_*` | `RateLimit-Limit` ... | their names |
@@ -160,6 +161,9 @@ pub struct Settings {
     pub on_store_error: FailurePolicy,
     /// What a store call past `max_in_flight` answers.
     pub on_overload: FailurePolicy,
+    /// `usage_reports` of rules that do not say; `None`: by whether the
+    /// rule names an algorithm.
+    pub usage_reports: Option<bool>,
     pub shadow_mode: bool,
     /// `Some` when `RateLimit-*` headers are enabled.
     pub rate_limit_headers: Option<HeaderNames>,
@@ -222,6 +226,7 @@ struct Raw {
     default_algorithm: Option<String>,
     on_store_error: Option<String>,
     on_overload: Option<String>,
+    usage_reports: Option<String>,
     shadow_mode: Option<String>,
     rate_limit_headers: Option<String>,
     header_limit: Option<String>,
@@ -304,6 +309,7 @@ pub const KEYS: &[&str] = &[
     "default_algorithm",
     "on_store_error",
     "on_overload",
+    "usage_reports",
     "shadow_mode",
     "rate_limit_headers",
     "header_limit",
@@ -638,6 +644,10 @@ impl Raw {
         // Past max_in_flight no count can be made in time, as when the
         // store fails: the same answer unless the operator says otherwise.
         let on_overload = parse(src, "on_overload", &self.on_overload, on_store_error)?;
+        let usage_reports = match &self.usage_reports {
+            None => None,
+            Some(_) => Some(parse(src, "usage_reports", &self.usage_reports, false)?),
+        };
         let shadow_mode = parse(src, "shadow_mode", &self.shadow_mode, false)?;
         let headers_on = parse(src, "rate_limit_headers", &self.rate_limit_headers, false)?;
         let header =
@@ -1044,6 +1054,7 @@ impl Raw {
             default_algorithm,
             on_store_error,
             on_overload,
+            usage_reports,
             shadow_mode,
             rate_limit_headers: headers_on.then_some(names),
             store,

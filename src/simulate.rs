@@ -131,6 +131,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         unit: Unit::Second,
         hits: 1,
         negative: false,
+        usage_reports: false,
         buckets,
         shard: crate::storage::Shard::NONE,
     };

@@ -43,6 +43,7 @@ impl Fixture {
                 unit: Unit::Minute,
                 hits,
                 negative,
+                usage_reports: false,
                 buckets: 2,
                 shard: tollgate::storage::Shard::NONE,
             })
@@ -266,6 +267,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             unit: Unit::Hour,
             hits,
             negative: false,
+            usage_reports: false,
             buckets: 2,
             shard: tollgate::storage::Shard::NONE,
         })
@@ -352,6 +354,7 @@ async fn expired_limiters_are_reclaimed() {
                     unit: Unit::Second,
                     hits: 1,
                     negative: false,
+                    usage_reports: false,
                     buckets: 2,
                     shard: tollgate::storage::Shard::NONE,
                 })
@@ -384,6 +387,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     unit: Unit::Minute,
                     hits,
                     negative: false,
+                    usage_reports: false,
                     buckets: 4,
                     shard: tollgate::storage::Shard::NONE,
                 })

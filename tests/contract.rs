@@ -29,6 +29,7 @@ struct Limiter {
     limit: u64,
     unit: Unit,
     buckets: u8,
+    usage_reports: bool,
 }
 
 impl Limiter {
@@ -40,6 +41,15 @@ impl Limiter {
             limit,
             unit,
             buckets: 2,
+            usage_reports: false,
+        }
+    }
+
+    /// One that records every positive cost (usage reports).
+    fn reports(case: &str, algorithm: Algorithm, limit: u64, unit: Unit) -> Limiter {
+        Limiter {
+            usage_reports: true,
+            ..Limiter::new(case, algorithm, limit, unit)
         }
     }
 
@@ -76,6 +86,7 @@ impl Limiter {
                 unit: self.unit,
                 hits,
                 negative,
+                usage_reports: self.usage_reports,
                 buckets: self.buckets,
                 shard: tollgate::storage::Shard::NONE,
             })
@@ -92,6 +103,7 @@ impl Limiter {
             unit: self.unit,
             hits: costs[0].hits,
             negative: costs[0].negative,
+            usage_reports: self.usage_reports,
             buckets: self.buckets,
             shard: tollgate::storage::Shard::NONE,
         };
@@ -214,6 +226,54 @@ async fn cost_above_the_limit_is_refused_and_not_recorded(store: &dyn Store, alg
         ctx(store, algorithm)
     );
     assert_eq!(d.remaining, 0, "{}", ctx(store, algorithm));
+}
+
+/// A limiter that takes usage reports records every positive cost, also
+/// past the limit and above it: the answer says over, checks are refused
+/// until enough is given back (or ages out), and the total is exact.
+async fn reports_are_recorded_past_the_limit(store: &dyn Store, algorithm: Algorithm) {
+    let c = ctx(store, algorithm);
+    let l = Limiter::reports("reports", algorithm, 10, Unit::Day);
+    let d = l.hit(store, 7).await;
+    assert!(d.admitted && d.remaining == 3, "{c}: {d:?}");
+    let d = l.hit(store, 5).await;
+    assert!(!d.admitted, "{c}: 12 of 10: {d:?}");
+    assert_eq!(d.remaining, 0, "{c}");
+    l.assert_reset_in_range(store, &d, "a report past the limit");
+    let check = l.hit(store, 0).await;
+    assert!(!check.admitted, "{c}: check at 12 of 10: {check:?}");
+    l.assert_reset_in_range(store, &check, "a check past the limit");
+    let d = l.hit(store, 1).await;
+    assert!(!d.admitted, "{c}: 13 of 10");
+    // 13 recorded: 3 back leaves 10 (a check passes at the limit, with
+    // nothing left), 1 more leaves 9.
+    l.give_back(store, 3).await;
+    let check = l.hit(store, 0).await;
+    assert!(
+        check.admitted && check.remaining == 0,
+        "{c}: 10 of 10: {check:?}"
+    );
+    l.give_back(store, 1).await;
+    let check = l.hit(store, 0).await;
+    assert!(
+        check.admitted && check.remaining == 1,
+        "{c}: 9 of 10: {check:?}"
+    );
+
+    let big = Limiter::reports("reports-big", algorithm, 10, Unit::Day);
+    let d = big.hit(store, 50).await;
+    assert!(!d.admitted && d.remaining == 0, "{c}: 50 of 10: {d:?}");
+    big.assert_reset_in_range(store, &d, "a report above the limit");
+    assert!(
+        !big.hit(store, 0).await.admitted,
+        "{c}: check after 50 of 10"
+    );
+    big.give_back(store, 45).await;
+    let check = big.hit(store, 0).await;
+    assert!(
+        check.admitted && check.remaining == 5,
+        "{c}: 5 of 10: {check:?}"
+    );
 }
 
 async fn zero_hits_check_without_counting(store: &dyn Store, algorithm: Algorithm) {
@@ -428,7 +488,11 @@ async fn concurrent_hits_never_over_admit(store: DynStore, algorithm: Algorithm)
 /// A batch of costs is decided as the same costs one call at a time: the
 /// same admissions and remaining, in order (resets within the time between
 /// the calls), with give-backs, checks and a cost above the limit mixed in.
-async fn a_batch_decides_like_one_call_at_a_time(store: &dyn Store, algorithm: Algorithm) {
+async fn a_batch_decides_like_one_call_at_a_time(
+    store: &dyn Store,
+    algorithm: Algorithm,
+    usage_reports: bool,
+) {
     let take = |hits| Cost {
         hits,
         negative: false,
@@ -450,9 +514,12 @@ async fn a_batch_decides_like_one_call_at_a_time(store: &dyn Store, algorithm: A
         back(1),
         take(2),
     ];
-    let batched = Limiter::new("batched", algorithm, 10, Unit::Day);
-    let single = Limiter::new("single", algorithm, 10, Unit::Day);
-    let c = ctx(store, algorithm);
+    let limiter = |case| Limiter {
+        usage_reports,
+        ..Limiter::new(case, algorithm, 10, Unit::Day)
+    };
+    let (batched, single) = (limiter("batched"), limiter("single"));
+    let c = format!("{}, usage_reports {usage_reports}", ctx(store, algorithm));
     let from_batch = batched.batch(store, &costs).await;
     assert_eq!(from_batch.len(), costs.len(), "{c}");
     for (i, (cost, b)) in costs.iter().zip(&from_batch).enumerate() {
@@ -765,6 +832,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         unit: l.unit,
         hits: 1,
         negative: false,
+        usage_reports: false,
         buckets: 2,
         shard: tollgate::storage::Shard::NONE,
     };
@@ -880,7 +948,9 @@ async fn run_suite(store: DynStore) {
         awkward_descriptors_get_separate_counters(s, algorithm).await;
         concurrent_hits_never_over_admit(store.clone(), algorithm).await;
         answers_the_expected_table(s, algorithm).await;
-        a_batch_decides_like_one_call_at_a_time(s, algorithm).await;
+        a_batch_decides_like_one_call_at_a_time(s, algorithm, false).await;
+        a_batch_decides_like_one_call_at_a_time(s, algorithm, true).await;
+        reports_are_recorded_past_the_limit(s, algorithm).await;
     }
     bucketed_counter_answers_the_expected_table(&*store).await;
     log_reset_is_when_the_oldest_hit_leaves(&*store).await;

@@ -78,6 +78,7 @@ impl Placement<'_> {
                 unit: Unit::Hour,
                 hits: 1,
                 negative: false,
+                usage_reports: false,
                 buckets: 2,
                 shard: tollgate::storage::Shard::NONE,
             })

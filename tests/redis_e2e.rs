@@ -271,6 +271,7 @@ async fn a_cluster_failover_under_load_is_answered_per_policy() {
             unit: Unit::Second,
             hits: 1,
             negative: false,
+            usage_reports: false,
             buckets: 2,
             shard: tollgate::storage::Shard::NONE,
         })

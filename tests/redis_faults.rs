@@ -50,6 +50,7 @@ impl Limiter {
             unit: Unit::Minute,
             hits: 1,
             negative: false,
+            usage_reports: false,
             buckets: 2,
             shard: tollgate::storage::Shard::NONE,
         }

@@ -115,6 +115,7 @@ fn limits_and_flags_are_parsed() {
             buckets: None,
             shards: None,
             on_store_error: Some(FailurePolicy::Allow),
+            usage_reports: Some(true),
             shadow_mode: true,
             quota_mode: true,
             detailed_metric: true,

@@ -272,7 +272,7 @@ impl Telemetry {
 /// The instruments read at collection time.
 fn register_observers(meter: &Meter, s: Sources) {
     type Pick = fn(&CountsSnapshot) -> u64;
-    let per_rule: [(&'static str, &'static str, Pick); 5] = [
+    let per_rule: [(&'static str, &'static str, Pick); 6] = [
         ("hits", "Hits counted against the rule", |c| c.total_hits),
         ("within_limit", "Hits admitted by the rule", |c| {
             c.within_limit
@@ -287,6 +287,11 @@ fn register_observers(meter: &Meter, s: Sources) {
             "shadow_over_limit",
             "Hits over the limit of a shadow-mode rule (answered OK)",
             |c| c.shadow_mode,
+        ),
+        (
+            "usage_recorded_over_limit",
+            "Hits refused but recorded: usage reported past the limit of a usage_reports rule (also in over_limit)",
+            |c| c.recorded_over,
         ),
     ];
     for (name, help, pick) in per_rule {

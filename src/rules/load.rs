@@ -41,6 +41,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "buckets",
     "shards",
     "on_store_error",
+    "usage_reports",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -451,6 +452,7 @@ impl<'f> Walker<'f> {
                 buckets: limit.buckets,
                 shards: limit.shards,
                 on_store_error: limit.on_store_error,
+                usage_reports: limit.usage_reports,
                 shadow_mode,
                 quota_mode,
                 detailed_metric,
@@ -564,6 +566,10 @@ impl<'f> Walker<'f> {
         let shards = fields
             .get("shards")
             .and_then(|(_, v)| self.shards(v, limit.as_ref(), path));
+        let usage_reports = match fields.get("usage_reports") {
+            Some(_) => self.flag(&fields, path, "usage_reports"),
+            None => None,
+        };
 
         if self.errors.len() > errors_before {
             return None;
@@ -576,6 +582,7 @@ impl<'f> Walker<'f> {
             buckets,
             shards,
             on_store_error,
+            usage_reports,
         })
     }
 
@@ -790,6 +797,7 @@ struct RateLimit {
     buckets: Option<u8>,
     shards: Option<u16>,
     on_store_error: Option<FailurePolicy>,
+    usage_reports: Option<bool>,
 }
 
 /// A whole number from 0 to `u32::MAX`; `_` may separate digits, as in YAML.

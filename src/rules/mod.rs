@@ -42,6 +42,10 @@ pub struct Rule {
     pub shards: Option<u16>,
     /// `rate_limit.on_store_error`; `None` means the configured default.
     pub on_store_error: Option<FailurePolicy>,
+    /// `rate_limit.usage_reports`: record every positive cost, also one
+    /// that takes the limiter over (costs reported after the response);
+    /// `None` means the configured default.
+    pub usage_reports: Option<bool>,
     /// `shadow_mode`: counted, but the descriptor always answers OK.
     pub shadow_mode: bool,
     /// `quota_mode`: over only matters when every quota descriptor is over.

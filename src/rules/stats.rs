@@ -16,6 +16,9 @@ pub struct Counts {
     pub over_limit: AtomicU64,
     /// Over the limit, but answered OK because the rule is in shadow mode.
     pub shadow_mode: AtomicU64,
+    /// Refused, but recorded all the same: usage reported past the limit
+    /// of a rule that takes usage reports (also in `over_limit`).
+    pub recorded_over: AtomicU64,
 }
 
 /// A copy of [`Counts`] at one moment.
@@ -26,6 +29,7 @@ pub struct CountsSnapshot {
     pub near_limit: u64,
     pub over_limit: u64,
     pub shadow_mode: u64,
+    pub recorded_over: u64,
 }
 
 impl Counts {
@@ -36,6 +40,7 @@ impl Counts {
             near_limit: self.near_limit.load(Ordering::Relaxed),
             over_limit: self.over_limit.load(Ordering::Relaxed),
             shadow_mode: self.shadow_mode.load(Ordering::Relaxed),
+            recorded_over: self.recorded_over.load(Ordering::Relaxed),
         }
     }
 
@@ -83,6 +88,12 @@ impl Counts {
         if shadow {
             self.shadow_mode.fetch_add(hits, Ordering::Relaxed);
         }
+    }
+
+    /// Hits of a refused call that the store recorded anyway (usage
+    /// reports).
+    pub fn record_reported_over(&self, hits: u64) {
+        self.recorded_over.fetch_add(hits, Ordering::Relaxed);
     }
 }
 
@@ -174,6 +185,7 @@ mod tests {
                 near_limit: 2,
                 over_limit: 2,
                 shadow_mode: 0,
+                recorded_over: 0,
             }
         );
     }
@@ -197,6 +209,7 @@ mod tests {
                 near_limit: 2,
                 over_limit: 3,
                 shadow_mode: 4,
+                recorded_over: 0,
             }
         );
     }

@@ -38,6 +38,13 @@
 //! A hit costing more than the limit is never cached (the store does not
 //! record it, so its refusal says nothing about the count).
 //!
+//! A limiter that takes usage reports records every positive cost, so
+//! every positive cost goes to the store, refused or not: a cached refusal
+//! never hides a report. Only checks (cost 0) are answered here: any
+//! refusal it got (of a check, or of a report that took it over) holds for
+//! checks until its reset, which is when the recorded usage is back within
+//! the limit; a give-back goes to the store and drops the entry.
+//!
 //! The entry's end is this replica's clock when the call was sent plus the
 //! reset the store answered: never later than the store's own reset, at most
 //! one round trip earlier (the reset answered locally is that much shorter).
@@ -77,6 +84,8 @@ pub struct LimiterId {
     pub buckets: u8,
     /// The shard of a sharded limit (its `limit` is then the shard's share).
     pub shard: Shard,
+    /// Whether every positive cost is recorded ([`Hit::usage_reports`]).
+    pub usage_reports: bool,
 }
 
 /// A limiter's identity as the layers see it: owned ([`LimiterId`]) or
@@ -101,6 +110,7 @@ fn fingerprint_of(
     unit: Unit,
     buckets: u8,
     shard: Shard,
+    usage_reports: bool,
 ) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
@@ -111,6 +121,7 @@ fn fingerprint_of(
     unit.hash(&mut h);
     buckets.hash(&mut h);
     shard.hash(&mut h);
+    usage_reports.hash(&mut h);
     h.finish()
 }
 
@@ -124,6 +135,7 @@ impl Limiter for Hit<'_> {
             self.unit,
             self.buckets,
             self.shard,
+            self.usage_reports,
         )
     }
 
@@ -135,6 +147,7 @@ impl Limiter for Hit<'_> {
             && id.unit == self.unit
             && id.buckets == self.buckets
             && id.shard == self.shard
+            && id.usage_reports == self.usage_reports
     }
 
     fn to_id(&self) -> LimiterId {
@@ -152,6 +165,7 @@ impl Limiter for LimiterId {
             self.unit,
             self.buckets,
             self.shard,
+            self.usage_reports,
         )
     }
 
@@ -174,6 +188,7 @@ impl LimiterId {
             unit: hit.unit,
             buckets: hit.buckets,
             shard: hit.shard,
+            usage_reports: hit.usage_reports,
         }
     }
 }
@@ -189,6 +204,7 @@ impl LimiterId {
             unit: self.unit,
             hits: cost.hits,
             negative: cost.negative,
+            usage_reports: self.usage_reports,
             buckets: self.buckets,
             shard: self.shard,
         }
@@ -329,6 +345,18 @@ impl OverLimitCache {
             remaining: r.remaining,
             reset_micros: r.until - now,
         };
+        if hit.usage_reports {
+            // Reports are recorded whatever the answer: only checks are
+            // answered here.
+            if hit.negative {
+                map.remove(&id);
+                return Plan::Forward(hit.hits);
+            }
+            return match entry.refusals.iter().find(|r| r.cost == 0) {
+                Some(r) if hit.hits == 0 => Plan::Answer(refused(r)),
+                _ => Plan::Forward(hit.hits),
+            };
+        }
         match hit.algorithm {
             Algorithm::FixedWindow => {
                 let r = entry.refusals[0];
@@ -365,13 +393,15 @@ impl OverLimitCache {
     /// Keeps a refusal the store just gave, when the cache may answer it
     /// (see the module docs).
     fn fill(&self, id: u64, hit: &Hit<'_>, d: &Decision, sent_at: u64) {
-        if d.admitted || hit.negative || hit.hits == 0 || hit.hits > hit.limit {
-            return;
-        }
-        if d.reset_micros == 0 {
+        if d.admitted || hit.negative || d.reset_micros == 0 {
             return;
         }
         let cost = match hit.algorithm {
+            // Whatever refused it (a check, or a report that took the
+            // limiter over), checks are refused until its reset: only
+            // time or a give-back lowers the recorded usage.
+            _ if hit.usage_reports => 0,
+            _ if hit.hits == 0 || hit.hits > hit.limit => return,
             Algorithm::FixedWindow if d.remaining == 0 => 0,
             Algorithm::SlidingWindowLog if hit.hits == 1 && d.remaining == 0 => 1,
             Algorithm::SlidingWindowCounter => hit.hits,
@@ -513,6 +543,7 @@ mod tests {
             Hit {
                 hits: 9,
                 negative: true,
+                usage_reports: false,
                 ..h
             }
             .is(&id)
@@ -533,6 +564,7 @@ mod tests {
             unit: Unit::Second,
             hits,
             negative,
+            usage_reports: false,
             buckets: crate::limit::DEFAULT_BUCKETS,
             shard: crate::storage::Shard::NONE,
         }

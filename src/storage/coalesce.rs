@@ -298,6 +298,7 @@ mod tests {
             unit: Unit::Hour,
             hits,
             negative: false,
+            usage_reports: false,
             buckets: 2,
             shard: Shard::NONE,
         }

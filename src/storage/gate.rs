@@ -97,6 +97,7 @@ mod tests {
             unit: Unit::Second,
             hits: 1,
             negative: false,
+            usage_reports: false,
             buckets: 2,
             shard: Shard::NONE,
         }

@@ -261,6 +261,7 @@ mod tests {
             unit: Unit::Second,
             buckets: crate::limit::DEFAULT_BUCKETS,
             shard: crate::storage::Shard::NONE,
+            usage_reports: false,
         }
     }
 

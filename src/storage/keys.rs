@@ -420,6 +420,7 @@ mod tests {
             unit: Unit::Minute,
             hits: 1,
             negative: false,
+            usage_reports: false,
             buckets: 2,
             shard: crate::storage::Shard::NONE,
         })
@@ -505,6 +506,7 @@ mod tests {
             unit,
             hits: 1,
             negative: false,
+            usage_reports: false,
             buckets: DEFAULT_BUCKETS,
             shard: crate::storage::Shard::NONE,
         };
@@ -559,6 +561,7 @@ mod tests {
             unit: Unit::Hour,
             hits: 1,
             negative: false,
+            usage_reports: false,
             buckets: 2,
             shard,
         };

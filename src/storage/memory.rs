@@ -229,7 +229,8 @@ impl Store for MemoryStore {
 
 /// Epoch-aligned fixed window. Every counted hit stays counted, admitted or
 /// not (as the reference service does), except a cost above the limit, which
-/// can never pass and is not recorded.
+/// can never pass and is not recorded unless the limiter takes usage
+/// reports.
 fn fixed_window(
     now: u64,
     w: u64,
@@ -249,7 +250,7 @@ fn fixed_window(
         *count = count.saturating_sub(hit.hits);
         return (decision(true, limit.saturating_sub(*count), reset), end);
     }
-    if hit.hits > limit {
+    if hit.hits > limit && !hit.usage_reports {
         return (decision(false, limit.saturating_sub(*count), reset), end);
     }
     *count += hit.hits;
@@ -260,7 +261,9 @@ fn fixed_window(
 /// `n` epoch-aligned buckets of `w / (n - 1)` each: the current one, `n - 2`
 /// full ones, and the oldest, which weighs what is left of it in the
 /// trailing window. With `n = 2` that is the classic previous-and-current
-/// pair. Only admitted hits are recorded.
+/// pair. Only admitted hits are recorded, unless the limiter takes usage
+/// reports: then every positive cost is, and the answer is refused while
+/// the estimate is over the limit.
 ///
 /// Time is counted in units of `1 / (n - 1)` microsecond ("scaled"), so a
 /// bucket is exactly `w` scaled units long whatever `n` is and no bucket
@@ -320,8 +323,33 @@ fn sliding_counter(
         let est = estimate(counts);
         return (decision(true, remaining(est), ok_reset(counts)), expires);
     }
+    // Refused: the first bucket (j buckets on) where the full ones fit a
+    // hit of `cost`, then the moment in it when the oldest has lost enough
+    // weight: oldest x (w - e) / w <= room  holds from
+    // e = w - floor(w x room / oldest).
+    let wait_for = |counts: &[u64], cost: u64| {
+        let need = (limit - cost) as f64;
+        for j in 0..n {
+            let full: u64 = counts[..n - 1 - j].iter().sum();
+            if full as f64 > need {
+                continue;
+            }
+            let oldest = counts[n - 1 - j];
+            let at = if oldest == 0 {
+                0
+            } else {
+                w - ((wf * (need - full as f64) / oldest as f64).floor() as u64).min(w)
+            };
+            return if j == 0 {
+                real(at.saturating_sub(elapsed)).max(1)
+            } else {
+                real(j as u64 * w + at - elapsed)
+            };
+        }
+        w
+    };
     let est = estimate(counts);
-    if hit.hits > limit {
+    if hit.hits > limit && !hit.usage_reports {
         return (decision(false, remaining(est), w), expires);
     }
     if est + hit.hits as f64 <= limit as f64 {
@@ -329,33 +357,23 @@ fn sliding_counter(
         let est = estimate(counts);
         return (decision(true, remaining(est), ok_reset(counts)), expires);
     }
-    // Refused: the first bucket (j buckets on) where the full ones fit, then
-    // the moment in it when the oldest has lost enough weight:
-    // oldest x (w - e) / w <= room  holds from  e = w - floor(w x room / oldest).
-    let need = (limit - hit.hits) as f64;
-    let mut wait = w;
-    for j in 0..n {
-        let full: u64 = counts[..n - 1 - j].iter().sum();
-        if full as f64 > need {
-            continue;
-        }
-        let oldest = counts[n - 1 - j];
-        let at = if oldest == 0 {
-            0
-        } else {
-            w - ((wf * (need - full as f64) / oldest as f64).floor() as u64).min(w)
-        };
-        wait = if j == 0 {
-            real(at.saturating_sub(elapsed)).max(1)
-        } else {
-            real(j as u64 * w + at - elapsed)
-        };
-        break;
+    if hit.usage_reports {
+        // Recorded all the same; refused until a check would pass.
+        counts[0] += hit.hits;
+        let d = decision(false, remaining(estimate(counts)), wait_for(counts, 0));
+        return (d, expires);
     }
-    (decision(false, remaining(est), wait), expires)
+    (
+        decision(false, remaining(est), wait_for(counts, hit.hits)),
+        expires,
+    )
 }
 
 /// The exact trailing window: every admitted hit with its time and cost.
+/// A limiter that takes usage reports also records the costs that take it
+/// over (or are over the limit themselves); while the log is already at or
+/// past its limit such a cost is added to the newest entry, which takes the
+/// report's time, so a log never holds more entries than its limit.
 fn sliding_log(
     now: u64,
     w: u64,
@@ -394,7 +412,7 @@ fn sliding_log(
         let d = decision(true, limit.saturating_sub(*sum), oldest_reset(entries));
         return (d, expires(entries));
     }
-    if hit.hits > limit {
+    if hit.hits > limit && !hit.usage_reports {
         let d = decision(false, limit.saturating_sub(*sum), w);
         return (d, expires(entries));
     }
@@ -406,17 +424,32 @@ fn sliding_log(
         let d = decision(true, limit - *sum, oldest_reset(entries));
         return (d, expires(entries));
     }
-    // Refused: the first moment enough of the oldest hits have left.
-    let mut freed = 0;
-    let mut wait = w;
-    for &(ts, cost) in entries.iter() {
-        freed += cost;
-        if *sum - freed + hit.hits <= limit {
-            wait = ts + w - now;
-            break;
+    // Refused: the first moment enough of the oldest hits have left for a
+    // hit of `cost`.
+    let wait_for = |entries: &VecDeque<(u64, u64)>, sum: u64, cost: u64| {
+        let mut freed = 0;
+        for &(ts, c) in entries.iter() {
+            freed += c;
+            if sum - freed + cost <= limit {
+                return ts + w - now;
+            }
         }
+        w
+    };
+    if hit.usage_reports && hit.hits > 0 {
+        match entries.back_mut() {
+            Some(last) if *sum >= limit => *last = (now, last.1 + hit.hits),
+            _ => entries.push_back((now, hit.hits)),
+        }
+        *sum += hit.hits;
+        let d = decision(false, 0, wait_for(entries, *sum, 0));
+        return (d, expires(entries));
     }
-    let d = decision(false, limit.saturating_sub(*sum), wait);
+    let d = decision(
+        false,
+        limit.saturating_sub(*sum),
+        wait_for(entries, *sum, hit.hits),
+    );
     (d, expires(entries))
 }
 

@@ -50,6 +50,14 @@ pub struct Hit<'a> {
     pub hits: u64,
     /// Give `hits` back instead of taking them (never below zero).
     pub negative: bool,
+    /// Record every positive cost, also one that takes the limiter over its
+    /// limit or is above the limit itself (usage reported after the
+    /// response, which Envoy sends whatever the answer): the answer is
+    /// still OVER_LIMIT when the total is over, and checks are refused
+    /// until enough of it has aged out. Otherwise only admitted hits are
+    /// recorded (the fixed window also records refused ones up to the
+    /// limit, as the reference does).
+    pub usage_reports: bool,
     /// Buckets of a `sliding_window_counter` (2..=60; part of the limiter's
     /// identity). Other algorithms ignore it.
     pub buckets: u8,

@@ -467,13 +467,14 @@ impl RedisStore {
         };
         // Integers go out as their decimal text, as the scripts read ARGV;
         // all are below 2^53, so they fit an i64.
-        let mut args = Vec::with_capacity(5 + 2 * more.len());
+        let mut args = Vec::with_capacity(6 + 2 * more.len());
         args.extend([
             hit.limit.min(MAX_EXACT) as i64,
             hit.unit.micros().min(MAX_EXACT) as i64,
             hit.hits.min(MAX_EXACT) as i64,
             i64::from(hit.negative),
             i64::from(hit.buckets),
+            i64::from(hit.usage_reports),
         ]);
         for cost in more {
             args.push(cost.hits.min(MAX_EXACT) as i64);
@@ -1079,6 +1080,7 @@ mod tests {
                     unit: crate::limit::Unit::Second,
                     hits: 1,
                     negative: false,
+                    usage_reports: false,
                     buckets: 2,
                     shard: crate::storage::Shard::NONE,
                 })

@@ -27,7 +27,11 @@
 //!
 //! A give-back (`negative`) goes to one shard, clamped at zero there. A hit
 //! whose cost exceeds a shard's share can never be admitted; rules are
-//! refused at load when a share would be 0.
+//! refused at load when a share would be 0. On a limiter that takes usage
+//! reports a positive cost is recorded by the one shard it goes to, refused
+//! or not, and is not passed on (it would be recorded twice); checks (cost
+//! 0) are passed on as other hits are, so a check is admitted while some
+//! shard is within its share.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,7 +69,10 @@ impl Sharded {
             shard: Shard { index, count },
             ..hit
         };
-        if hit.negative {
+        // A give-back goes to one shard. So does a positive cost on a
+        // limiter that takes usage reports: the shard records it whatever
+        // it answers, so passing it on would record it twice.
+        if hit.negative || (hit.usage_reports && hit.hits > 0) {
             return self.inner.hit(shard_hit(start)).await;
         }
         let mut soonest: Option<u64> = None;
