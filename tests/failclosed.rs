@@ -279,7 +279,8 @@ fn hold(
 async fn overload_answers_by_on_overload() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let cases: [(&[(&str, &str)], Result<i32, GrpcCode>); 4] = [
+    type Extra<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Extra, Result<i32, GrpcCode>); 4] = [
         (&[("on_overload", "allow")], Ok(OK)),
         (&[("on_overload", "deny")], Ok(OVER)),
         (&[("on_store_error", "deny")], Ok(OVER)),

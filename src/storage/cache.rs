@@ -102,32 +102,16 @@ pub trait Limiter {
 /// Hashes the parts of an identity. Fixed keys (std's SipHash with zero
 /// keys): a fingerprint is only a lookup shortcut, always confirmed by
 /// comparing the parts, so a collision costs a miss, never a wrong answer.
-fn fingerprint_of(
-    domain: &str,
-    entries: &[(String, String)],
-    algorithm: Algorithm,
-    limit: u64,
-    unit: Unit,
-    buckets: u8,
-    shard: Shard,
-    usage_reports: bool,
-) -> u64 {
-    use std::hash::{Hash, Hasher};
+fn fingerprint_of(parts: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
     let mut h = std::hash::DefaultHasher::new();
-    domain.hash(&mut h);
-    entries.hash(&mut h);
-    algorithm.hash(&mut h);
-    limit.hash(&mut h);
-    unit.hash(&mut h);
-    buckets.hash(&mut h);
-    shard.hash(&mut h);
-    usage_reports.hash(&mut h);
+    parts.hash(&mut h);
     h.finish()
 }
 
 impl Limiter for Hit<'_> {
     fn fingerprint(&self) -> u64 {
-        fingerprint_of(
+        fingerprint_of((
             self.domain,
             self.entries,
             self.algorithm,
@@ -136,7 +120,7 @@ impl Limiter for Hit<'_> {
             self.buckets,
             self.shard,
             self.usage_reports,
-        )
+        ))
     }
 
     fn is(&self, id: &LimiterId) -> bool {
@@ -157,16 +141,16 @@ impl Limiter for Hit<'_> {
 
 impl Limiter for LimiterId {
     fn fingerprint(&self) -> u64 {
-        fingerprint_of(
-            &self.domain,
-            &self.entries,
+        fingerprint_of((
+            &*self.domain,
+            &*self.entries,
             self.algorithm,
             self.limit,
             self.unit,
             self.buckets,
             self.shard,
             self.usage_reports,
-        )
+        ))
     }
 
     fn is(&self, id: &LimiterId) -> bool {
