@@ -52,7 +52,8 @@ local function decide(hits, negative)
   elseif hits > limit and not reports then
     admitted = 0
   else
-    count = count + hits
+    -- Recorded usage saturates at 2^53 (doubles stay exact below it).
+    count = math.min(count + hits, 9007199254740992)
     if count > limit then admitted = 0 end
   end
   return admitted

@@ -169,8 +169,9 @@ local function decide(hits, negative)
     return {1, remaining(estimate()), ok_reset()}
   end
   if reports and hits > 0 then
-    -- Recorded all the same; refused until a check would pass.
-    counts[1] = counts[1] + hits
+    -- Recorded all the same (saturating at 2^53, where doubles stay
+    -- exact); refused until a check would pass.
+    counts[1] = math.min(counts[1] + hits, 9007199254740992)
     dirty = true
     return {0, remaining(estimate()), wait_for(0)}
   end

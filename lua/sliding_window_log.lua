@@ -162,15 +162,17 @@ local function decide(hits, negative)
   end
 
   if reports and hits > 0 then
+    -- The sum saturates at 2^53, where doubles stay exact.
+    local add = math.min(hits, 9007199254740992 - sum)
     local last = redis.call('ZRANGE', log, -1, -1)
     if sum >= limit and #last > 0 then
       redis.call('ZREM', log, last[1])
-      redis.call('ZADD', log, int(now), member(seq_of(last[1]), cost_of(last[1]) + hits))
-    else
+      redis.call('ZADD', log, int(now), member(seq_of(last[1]), cost_of(last[1]) + add))
+    elseif add > 0 then
       seq = seq + 1
-      redis.call('ZADD', log, int(now), member(seq, hits))
+      redis.call('ZADD', log, int(now), member(seq, add))
     end
-    sum = sum + hits
+    sum = sum + add
     dirty = true
     return {0, 0, wait_for(0)}
   end

@@ -292,7 +292,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, buckets, shards, on_store_error)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, buckets, shards, on_store_error, usage_reports)",
     );
 }
 

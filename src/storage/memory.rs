@@ -227,6 +227,11 @@ impl Store for MemoryStore {
     }
 }
 
+/// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
+/// doubles, exact below 2^53): a usage report may carry any cost, and a
+/// limiter that far over its limit is refused for its whole window anyway.
+const MAX_COUNT: u64 = 1 << 53;
+
 /// Epoch-aligned fixed window. Every counted hit stays counted, admitted or
 /// not (as the reference service does), except a cost above the limit, which
 /// can never pass and is not recorded unless the limiter takes usage
@@ -253,7 +258,7 @@ fn fixed_window(
     if hit.hits > limit && !hit.usage_reports {
         return (decision(false, limit.saturating_sub(*count), reset), end);
     }
-    *count += hit.hits;
+    *count = count.saturating_add(hit.hits).min(MAX_COUNT);
     let admitted = *count <= limit;
     (decision(admitted, limit.saturating_sub(*count), reset), end)
 }
@@ -359,7 +364,7 @@ fn sliding_counter(
     }
     if hit.usage_reports {
         // Recorded all the same; refused until a check would pass.
-        counts[0] += hit.hits;
+        counts[0] = counts[0].saturating_add(hit.hits).min(MAX_COUNT);
         let d = decision(false, remaining(estimate(counts)), wait_for(counts, 0));
         return (d, expires);
     }
@@ -437,11 +442,13 @@ fn sliding_log(
         w
     };
     if hit.usage_reports && hit.hits > 0 {
+        let add = hit.hits.min(MAX_COUNT - *sum);
         match entries.back_mut() {
-            Some(last) if *sum >= limit => *last = (now, last.1 + hit.hits),
-            _ => entries.push_back((now, hit.hits)),
+            Some(last) if *sum >= limit => *last = (now, last.1 + add),
+            _ if add == 0 => {}
+            _ => entries.push_back((now, add)),
         }
-        *sum += hit.hits;
+        *sum += add;
         let d = decision(false, 0, wait_for(entries, *sum, 0));
         return (d, expires(entries));
     }
