@@ -3,7 +3,7 @@
 //! types, and the one place where errors become gRPC statuses ([`to_status`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -37,15 +37,7 @@ pub struct ServiceOptions {
     pub deadline_margin: Duration,
 }
 
-/// Requests refused before reaching the engine, counted instead of logged.
-#[derive(Debug, Default)]
-pub struct ServiceStats {
-    /// Refused with `INVALID_ARGUMENT` (bad or oversized requests).
-    pub invalid: AtomicU64,
-    /// Failed with `RESOURCE_EXHAUSTED`: a store call past `max_in_flight`
-    /// with `on_overload: error`.
-    pub overloaded: AtomicU64,
-}
+pub use crate::observe::ServiceStats;
 
 /// The `RateLimitService` implementation.
 #[derive(Clone)]

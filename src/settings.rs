@@ -64,6 +64,7 @@ use serde::Deserialize;
 
 use crate::limit::{Algorithm, FailurePolicy};
 use crate::storage::{BreakerConfig, CacheConfig, RedisConfig};
+pub use crate::tls::GrpcTls;
 
 /// Where a store's counters live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,17 +114,6 @@ impl Default for RequestLimits {
             max_in_flight: 8192,
         }
     }
-}
-
-/// TLS on the gRPC listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrpcTls {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-    /// When set, clients must present a certificate signed by one of these.
-    pub client_ca_file: Option<PathBuf>,
-    /// How often the files are checked for changes; `None` = never.
-    pub reload: Option<Duration>,
 }
 
 /// How log lines are written.

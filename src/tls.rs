@@ -25,7 +25,16 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::settings::GrpcTls;
+/// TLS on the gRPC listener, as the settings give it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// When set, clients must present a certificate signed by one of these.
+    pub client_ca_file: Option<PathBuf>,
+    /// How often the files are checked for changes; `None` = never.
+    pub reload: Option<Duration>,
+}
 
 /// How long a client has to finish its handshake after connecting.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

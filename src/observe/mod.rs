@@ -31,7 +31,6 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use crate::engine::{EngineStats, RulesHandle};
 use crate::reload::ReloadCounts;
 use crate::rules::{CountsSnapshot, OVERFLOW};
-use crate::service::ServiceStats;
 use crate::settings::Settings;
 use crate::storage::{NodeId, Store};
 
@@ -45,6 +44,18 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0,
 ];
+
+/// Calls the gRPC face failed before or around the engine, counted
+/// instead of logged. Declared here, below the service that counts them,
+/// so telemetry reads them without knowing the service.
+#[derive(Debug, Default)]
+pub struct ServiceStats {
+    /// Refused with `INVALID_ARGUMENT` (bad or oversized requests).
+    pub invalid: std::sync::atomic::AtomicU64,
+    /// Failed with `RESOURCE_EXHAUSTED`: a store call past `max_in_flight`
+    /// with `on_overload: error`.
+    pub overloaded: std::sync::atomic::AtomicU64,
+}
 
 /// Where the observable instruments read their counts.
 #[derive(Clone)]
