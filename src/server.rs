@@ -29,7 +29,8 @@ use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
 use crate::storage::hotkeys::{self, HotKeyStore, HotKeys};
 use crate::storage::{
-    Breaker, Coalescing, Gate, MemoryStore, OverLimitCache, RedisStore, Sharded, Store,
+    Breaker, Coalescing, Gate, MemoryBounds, MemoryStore, OverLimitCache, RedisStore, Sharded,
+    Store,
 };
 
 /// The health service names answered besides the overall "".
@@ -213,9 +214,12 @@ pub fn rule_options(settings: &Settings) -> rules::LoadOptions {
 /// answers too).
 async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<dyn Store>> {
     let backend: Arc<dyn Store> = match &settings.store {
-        StoreSetting::Memory => Arc::new(MemoryStore::with_max_limiters(
+        StoreSetting::Memory => Arc::new(MemoryStore::with_bounds(
             clock.clone(),
-            settings.memory_max_limiters,
+            MemoryBounds {
+                max_limiters: settings.memory_max_limiters,
+                max_bytes: settings.memory_max_bytes,
+            },
         )),
         StoreSetting::Redis(url) => {
             let store = RedisStore::connect(settings.redis.connection.clone())

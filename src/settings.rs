@@ -34,6 +34,7 @@
 //! | `max_message_bytes` | `TOLLGATE_MAX_MESSAGE_BYTES` | `4194304` | bytes of one decoded request (`RESOURCE_EXHAUSTED` past it); 4 MiB, gRPC's default, which Envoy's own limits stay under |
 //! | `max_log_limit` | `TOLLGATE_MAX_LOG_LIMIT` | `10000` | largest `requests_per_unit` a `sliding_window_log` limit may have |
 //! | `memory.max_limiters` | `TOLLGATE_MEMORY__MAX_LIMITERS` | `1000000` | limiters the embedded store holds; least recently used evicted past it |
+//! | `memory.max_bytes` | `TOLLGATE_MEMORY__MAX_BYTES` | `134217728` (128 MiB) | estimated bytes the embedded store's limiters take (identities, state, log members, map overhead); least recently used evicted past it. Half the Helm chart's 256 MiB memory limit: the rest is for the runtime, connections, the over-limit cache and the allocator's slack. At least 1 MiB |
 //! | `over_limit_cache.enabled` | `TOLLGATE_OVER_LIMIT_CACHE__ENABLED` | `true` | once the store refuses a limiter until a reset, answer it locally until then, without the store |
 //! | `over_limit_cache.max_entries` | `TOLLGATE_OVER_LIMIT_CACHE__MAX_ENTRIES` | `100000` | limiters the over-limit cache holds; least recently used evicted past it |
 //! | `grpc_tls.cert_file` / `key_file` | `TOLLGATE_GRPC_TLS__CERT_FILE` ... | none | PEM certificate chain and key: serve gRPC over TLS |
@@ -166,6 +167,9 @@ pub struct Settings {
     pub max_log_limit: u32,
     /// Limiters the embedded store holds before evicting the least recently used.
     pub memory_max_limiters: usize,
+    /// Estimated bytes the embedded store holds before evicting the least
+    /// recently used limiters.
+    pub memory_max_bytes: usize,
     /// The local over-limit cache in front of the store.
     pub over_limit_cache: CacheConfig,
     pub grpc_tls: Option<GrpcTls>,
@@ -278,6 +282,7 @@ struct RawOverLimitCache {
 #[serde(deny_unknown_fields)]
 struct RawMemory {
     max_limiters: Option<String>,
+    max_bytes: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -327,6 +332,7 @@ pub const KEYS: &[&str] = &[
     "max_message_bytes",
     "max_log_limit",
     "memory.max_limiters",
+    "memory.max_bytes",
     "over_limit_cache.enabled",
     "over_limit_cache.max_entries",
     "grpc_tls.cert_file",
@@ -979,6 +985,15 @@ impl Raw {
             1_000_000,
             1..=usize::MAX,
         )?;
+        // Below a megabyte the store would hold too little to be worth
+        // running: a few thousand limiters, and short logs.
+        let memory_max_bytes = bounded(
+            src,
+            "memory.max_bytes",
+            &self.memory.max_bytes,
+            128 << 20,
+            1 << 20..=usize::MAX,
+        )?;
         let over_limit_cache = CacheConfig {
             enabled: parse(
                 src,
@@ -1053,6 +1068,7 @@ impl Raw {
             limits,
             max_log_limit,
             memory_max_limiters,
+            memory_max_bytes,
             over_limit_cache,
             grpc_tls,
             startup_wait: millis(src, "startup_wait_ms", &self.startup_wait_ms, 5000)?,
@@ -1383,12 +1399,18 @@ mod tests {
             ("TOLLGATE_MAX_DESCRIPTORS", "5"),
             ("TOLLGATE_MAX_IN_FLIGHT", "7"),
             ("TOLLGATE_MEMORY__MAX_LIMITERS", "100"),
+            ("TOLLGATE_MEMORY__MAX_BYTES", "16777216"),
             ("TOLLGATE_MAX_LOG_LIMIT", "50"),
         ]);
         let s = Settings::load(&src).unwrap();
         assert_eq!(s.limits.max_descriptors, 5);
         assert_eq!(s.limits.max_in_flight, 7);
         assert_eq!(s.memory_max_limiters, 100);
+        assert_eq!(s.memory_max_bytes, 16 << 20);
+        assert_eq!(
+            Settings::load(&env(&[])).unwrap().memory_max_bytes,
+            128 << 20
+        );
         assert_eq!(s.max_log_limit, 50);
         assert_eq!(s.over_limit_cache, CacheConfig::default());
         assert!(s.over_limit_cache.enabled);
@@ -1416,6 +1438,14 @@ mod tests {
             (
                 ("TOLLGATE_OVER_LIMIT_CACHE__ENABLED", "maybe"),
                 "over_limit_cache.enabled=maybe is not valid",
+            ),
+            (
+                ("TOLLGATE_MEMORY__MAX_BYTES", "1000"),
+                "memory.max_bytes=1000 is not valid: must be between 1048576",
+            ),
+            (
+                ("TOLLGATE_MEMORY__MAX_BYTES", "256MiB"),
+                "memory.max_bytes=256MiB is not valid",
             ),
         ] {
             let err = Settings::load(&env(&[pair])).unwrap_err().to_string();

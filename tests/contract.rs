@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, join_all};
+use tollgate::clock::SystemClock;
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::keys::{KeyBuilder, Role};
 use tollgate::storage::{
-    Coalescing, Cost, Decision, Hit, MemoryStore, RedisConfig, RedisStore, Store, StoreError,
+    Coalescing, Cost, Decision, Hit, MemoryBounds, MemoryStore, RedisConfig, RedisStore, Store,
+    StoreError,
 };
 
 use support::redis::{RedisCluster, RedisSentinel, RedisServer};
@@ -999,6 +1001,16 @@ fn coalesced(store: DynStore) -> DynStore {
 async fn memory_store_contract() {
     run_suite(Arc::new(MemoryStore::default())).await;
     run_suite(coalesced(Arc::new(MemoryStore::default()))).await;
+    // The smallest byte budget settings accept: bounded the same behaviour.
+    let bounds = MemoryBounds {
+        max_limiters: 1_000_000,
+        max_bytes: 1 << 20,
+    };
+    run_suite(Arc::new(MemoryStore::with_bounds(
+        Arc::new(SystemClock),
+        bounds,
+    )))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

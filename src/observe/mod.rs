@@ -468,6 +468,16 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
+    let store = s.store.clone();
+    meter
+        .u64_observable_gauge("tollgate.store.bytes")
+        .with_description("Bytes the embedded store's limiters take, by its estimate (bounded by memory.max_bytes)")
+        .with_callback(move |o| {
+            if let Some(n) = store.gauges().bytes {
+                o.observe(n, &[]);
+            }
+        })
+        .build();
     for (name, description, read) in [
         (
             "tollgate.over_limit_cache.hits",
@@ -533,7 +543,7 @@ fn register_observers(meter: &Meter, s: Sources) {
     let store = s.store;
     meter
         .u64_observable_counter("tollgate.store.evictions")
-        .with_description("Limiters the embedded store forgot to stay within memory.max_limiters")
+        .with_description("Limiters the embedded store forgot to stay within memory.max_limiters and memory.max_bytes")
         .with_callback(move |o| {
             if let Some(n) = store.gauges().evictions {
                 o.observe(n, &[]);

@@ -32,7 +32,9 @@
 //!   descriptors produce the same identity: `a_b`+`c` and `a`+`b_c` differ, and
 //!   no value can open or close a hash tag.
 //! * An identity longer than [`MAX_IDENTITY`] bytes is replaced by `%H`
-//!   followed by the full SHA-256 of it in hex, which keeps keys bounded; `%H`
+//!   followed by the full SHA-256 of it in hex, which keeps keys bounded
+//!   (Redis keys and the embedded store's alike, so that a long descriptor
+//!   value does not make a limiter heavy in either); `%H`
 //!   cannot occur in an escaped identity, so a hashed identity never equals a
 //!   plain one. Here the hash stands for the identity, so it must resist
 //!   collisions.
@@ -225,30 +227,44 @@ impl KeyBuilder {
             role_at += suffix.len();
             identity_at += suffix.len();
         }
-        if text.len() - identity_at > MAX_IDENTITY {
-            let digest = Sha256::digest(&text.as_bytes()[identity_at..]);
-            text.truncate(identity_at);
-            text.push_str("%H");
-            for b in digest.iter() {
-                let _ = write!(text, "{b:02x}");
-            }
-        }
+        hash_long_identity(&mut text, identity_at);
         LimiterKeys { text, role_at, tag }
     }
 
     /// The key of a limiter held in this process (the embedded store): the
     /// algorithm, window and identity, without prefix or tag, which only
-    /// matter to a shared server.
+    /// matter to a shared server. A long identity is hashed as in Redis
+    /// keys, so a held limiter's key stays within a few hundred bytes.
     pub fn local(&self, hit: &Hit<'_>) -> String {
         let mut text = String::with_capacity(8 + identity_len(hit));
         push_algo(&mut text, hit);
         text.push(':');
+        let identity_at = text.len();
         push_identity(&mut text, hit);
+        if hash_long_identity(&mut text, identity_at) {
+            // The store keeps the key and is charged for its capacity.
+            text.shrink_to_fit();
+        }
         text
     }
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Replaces an identity (from `identity_at` to the end of `text`) longer
+/// than [`MAX_IDENTITY`] by `%H` and its SHA-256 in hex; true when it did.
+fn hash_long_identity(text: &mut String, identity_at: usize) -> bool {
+    if text.len() - identity_at <= MAX_IDENTITY {
+        return false;
+    }
+    let digest = Sha256::digest(&text.as_bytes()[identity_at..]);
+    text.truncate(identity_at);
+    text.push_str("%H");
+    for b in digest.iter() {
+        let _ = write!(text, "{b:02x}");
+    }
+    true
+}
 
 /// The algorithm, window and (for a counter with other than the default
 /// buckets) the bucket count: what must change the key when it changes.
@@ -526,6 +542,18 @@ mod tests {
             fixed,
             b.local(&hit(Algorithm::SlidingWindowCounter, Unit::Second))
         );
+        // Long identities are hashed, bounded and still apart.
+        let long = |last: &str| {
+            let entries = vec![("k".to_owned(), format!("{}{last}", "a".repeat(10_000)))];
+            b.local(&Hit {
+                entries: &entries,
+                ..hit(Algorithm::FixedWindow, Unit::Second)
+            })
+        };
+        let (a, z) = (long("a"), long("z"));
+        assert!(a.starts_with("f1:%H") && a.len() == 5 + 64, "{a}");
+        assert_eq!(a.capacity(), a.len());
+        assert_ne!(a, z);
     }
 
     #[test]

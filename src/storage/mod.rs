@@ -28,7 +28,7 @@ pub use cache::{CacheConfig, CacheCounts, LimiterId, OverLimitCache};
 pub use coalesce::{CoalesceCounts, Coalescing};
 pub use gate::Gate;
 pub use hotkeys::{HotKeyStore, HotKeys};
-pub use memory::MemoryStore;
+pub use memory::{MemoryBounds, MemoryStore};
 pub use redis::{RedisConfig, RedisStore};
 pub use shards::Sharded;
 
@@ -222,8 +222,10 @@ impl FailureCounters {
 pub struct StoreGauges {
     /// Limiters held (embedded store).
     pub limiters: Option<u64>,
-    /// Limiters forgotten to stay within the cap (embedded store).
+    /// Limiters forgotten to stay within the caps (embedded store).
     pub evictions: Option<u64>,
+    /// Estimated bytes of the limiters held (embedded store).
+    pub bytes: Option<u64>,
     /// Every server a circuit knows of, and whether calls to it are refused.
     pub circuits: Vec<(NodeId, bool)>,
     /// Times the scripts were loaded into a server (Redis: at connect and
