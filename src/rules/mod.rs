@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
-pub use load::{LoadOptions, load_dir, parse_file};
+pub use load::{LoadOptions, MAX_DEPTH, load_dir, parse_file};
 pub use stats::{Counts, CountsSnapshot, OVERFLOW, RuleStats};
 
 /// The limit a rule gives.
