@@ -1,6 +1,12 @@
 //! Rule reloading: the rules directory is checked every interval; when any
 //! file changed, the whole directory is loaded again and swapped in at once.
 //! A directory with errors keeps the old rules and logs every error.
+//!
+//! The look at the directory is a [`fingerprint`] (paths, sizes,
+//! modification times), read by the same bounded walk as the loader, which
+//! enters each directory once, so a symlink loop costs one directory read.
+//! The fingerprint reads hidden entries and linked directories too (the
+//! loader does not), to see a ConfigMap's `..data` link change.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::engine::RulesHandle;
-use crate::rules::{self, LoadOptions};
+use crate::rules::{self, LoadOptions, RuleError, WalkOptions};
 
 /// How many changed rule directories were loaded and how many refused since
 /// startup: the only outside sign that a refused edit was seen at all.
@@ -26,30 +32,27 @@ impl ReloadCounts {
     }
 }
 
-/// Paths, sizes and modification times of every file under `dir`: enough to
-/// notice an edit, and cheap compared with parsing.
-pub fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            // Follow symlinks: Kubernetes swaps a ConfigMap by relinking.
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-            } else {
-                out.push((path, meta.len(), meta.modified().ok()));
-            }
-        }
-    }
+/// What a poll sees of the rules directory: the path, size and modification
+/// time of every file under it, in path order, or the error that stopped the
+/// walk (an unreadable directory, a bound passed), which is a state too.
+pub type Fingerprint = Result<Vec<(PathBuf, u64, Option<SystemTime>)>, RuleError>;
+
+/// The directory's [`Fingerprint`]: enough to notice an edit, and cheap
+/// compared with parsing.
+pub fn fingerprint(dir: &Path) -> Fingerprint {
+    let found = rules::walk(
+        dir,
+        WalkOptions {
+            hidden: true,
+            linked_dirs: true,
+        },
+    )?;
+    let mut out: Vec<_> = found
+        .into_iter()
+        .map(|f| (f.path, f.meta.len(), f.meta.modified().ok()))
+        .collect();
     out.sort();
-    out
+    Ok(out)
 }
 
 /// Checks `dir` every `every` until `stop` resolves, swapping good rule sets

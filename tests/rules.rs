@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use tollgate::limit::{Algorithm, FailurePolicy, Unit};
 use tollgate::rules::{
-    LimitSpec, LoadOptions, MAX_DEPTH, Rule, RuleErrors, RuleSet, load_dir, parse_file,
+    LimitSpec, LoadOptions, MAX_DEPTH, MAX_DIR_DEPTH, MAX_ENTRIES, Rule, RuleErrors, RuleSet,
+    WalkOptions, load_dir, parse_file, walk,
 };
 
 fn fixtures() -> PathBuf {
@@ -872,6 +873,116 @@ fn deepest_allowed_rule_loads() {
         parse_file(Path::new("deeper.yaml"), &one_more, &LoadOptions::default()).unwrap_err();
     assert!(
         errors.to_string().contains("nested deeper than 64 levels"),
+        "{errors}"
+    );
+}
+
+// ---- Directory walks: each directory once, bounded. ----
+
+/// Two links back to the rules directory and one from a subdirectory up to
+/// it: every file loads once, under its real path, and the walk ends.
+#[cfg(unix)]
+#[test]
+fn symlink_loops_are_walked_once() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |d: &str| format!("domain: {d}\ndescriptors:\n  - key: k\n");
+    std::fs::write(dir.path().join("one.yaml"), rule("one")).unwrap();
+    std::fs::create_dir(dir.path().join("team")).unwrap();
+    std::fs::write(dir.path().join("team/two.yaml"), rule("two")).unwrap();
+    symlink(".", dir.path().join("a")).unwrap();
+    symlink(".", dir.path().join("b")).unwrap();
+    symlink("..", dir.path().join("team/up")).unwrap();
+
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["one", "two"]);
+    assert_eq!(set.domains["two"].file, dir.path().join("team/two.yaml"));
+
+    // Following linked directories too (as the reload fingerprint does),
+    // each file is still found once, by the first path in name order.
+    let all = walk(
+        dir.path(),
+        WalkOptions {
+            hidden: true,
+            linked_dirs: true,
+        },
+    )
+    .unwrap();
+    let paths: Vec<_> = all.iter().map(|f| f.path.clone()).collect();
+    assert_eq!(
+        paths,
+        [
+            dir.path().join("one.yaml"),
+            dir.path().join("team/two.yaml")
+        ]
+    );
+
+    // A linked directory that is not a loop is entered by the fingerprint
+    // only (the loader enters real directories, as it always has).
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("three.yaml"), rule("three")).unwrap();
+    symlink(outside.path(), dir.path().join("linked")).unwrap();
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(set.len(), 2);
+    let all = walk(
+        dir.path(),
+        WalkOptions {
+            hidden: true,
+            linked_dirs: true,
+        },
+    )
+    .unwrap();
+    assert!(
+        all.iter()
+            .any(|f| f.path == dir.path().join("linked/three.yaml"))
+    );
+}
+
+#[test]
+fn directories_nested_too_deep_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut deepest = dir.path().to_path_buf();
+    for level in 0..MAX_DIR_DEPTH {
+        deepest.push(format!("d{level}"));
+    }
+    std::fs::create_dir_all(&deepest).unwrap();
+    std::fs::write(
+        deepest.join("ok.yaml"),
+        "domain: ok\ndescriptors:\n  - key: k\n",
+    )
+    .unwrap();
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(set.has_domain("ok"));
+
+    std::fs::create_dir(deepest.join("one_more")).unwrap();
+    let errors = load_dir(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].file, deepest.join("one_more"));
+    assert!(
+        errors
+            .to_string()
+            .contains("rule directories nested deeper than 16 levels"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn too_many_entries_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    // Hidden entries count: they are read all the same.
+    for i in 0..MAX_ENTRIES {
+        std::fs::write(dir.path().join(format!(".n{i}")), "").unwrap();
+    }
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(set.is_empty());
+    std::fs::write(dir.path().join("one_more.txt"), "").unwrap();
+    let errors = load_dir(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].file, dir.path());
+    assert!(
+        errors.to_string().contains("more than 10000 entries"),
         "{errors}"
     );
 }

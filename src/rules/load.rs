@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoadError, LoaderOptions, Node as Yaml};
 
+use super::walk::{WalkOptions, walk};
 use super::{Domain, Level, LimitSpec, Node, Rule, RuleError, RuleErrors, RuleSet};
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS, Unit};
 
@@ -84,12 +85,26 @@ impl Default for LoadOptions {
 /// names that start with `.`), one domain per file. All files are checked and
 /// all their errors returned together; a domain defined twice is an error on
 /// the later file (in path order). An empty directory gives an empty set.
+///
+/// Files may be symlinks (a Kubernetes ConfigMap mount links `x.yaml` to
+/// `..data/x.yaml`); directories are entered only if they are real
+/// directories, each once, and dot-names are skipped, which keeps `..data`
+/// from giving every file twice. The walk is bounded (`rules::walk`).
 pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors> {
     let mut errors = Vec::new();
-    let mut files = Vec::new();
-    if let Err(e) = collect_files(dir, &mut files) {
-        return Err(RuleErrors(vec![e]));
-    }
+    let walked = walk(
+        dir,
+        WalkOptions {
+            hidden: false,
+            linked_dirs: false,
+        },
+    )
+    .map_err(|e| RuleErrors(vec![e]))?;
+    let mut files: Vec<PathBuf> = walked
+        .into_iter()
+        .filter(|f| f.meta.is_file() && is_rule_file(&f.path))
+        .map(|f| f.path)
+        .collect();
     files.sort();
 
     let mut set = RuleSet::default();
@@ -134,35 +149,6 @@ pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors
     } else {
         Err(RuleErrors(errors))
     }
-}
-
-/// Rule files under `dir`. Files may be symlinks (a Kubernetes ConfigMap
-/// mount links `x.yaml` to `..data/x.yaml`); directories are entered only if
-/// they are real directories, which avoids symlink cycles, and dot-names are
-/// skipped, which keeps `..data` from giving every file twice.
-fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), RuleError> {
-    let dir_error = |e: std::io::Error| RuleError {
-        file: dir.to_path_buf(),
-        line: None,
-        path: String::new(),
-        reason: format!("cannot read rule directory: {e}"),
-    };
-    for entry in fs::read_dir(dir).map_err(dir_error)? {
-        let entry = entry.map_err(dir_error)?;
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let path = entry.path();
-        let Ok(kind) = entry.file_type() else {
-            continue;
-        };
-        if kind.is_dir() {
-            collect_files(&path, out)?;
-        } else if is_rule_file(&path) && fs::metadata(&path).is_ok_and(|m| m.is_file()) {
-            out.push(path);
-        }
-    }
-    Ok(())
 }
 
 fn is_rule_file(path: &Path) -> bool {
