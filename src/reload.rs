@@ -1,6 +1,12 @@
-//! Rule reloading: the rules directory is checked every interval; when any
-//! file changed, the whole directory is loaded again and swapped in at once.
-//! A directory with errors keeps the old rules and logs every error.
+//! Rule reloading: the rules directory is checked every interval, and a
+//! change is loaded once the directory has looked the same on two polls in
+//! a row, then swapped in whole. A file caught mid-write (truncated, half
+//! its descriptors there) changes between polls, so it is never loaded; a
+//! write that pauses longer than one interval can still be seen twice the
+//! same, which no polling can tell from a finished one. A directory with
+//! errors keeps the old rules, logs every error, and counts one refusal per
+//! distinct state. Startup does not wait: `server::build_engine` loads at
+//! once.
 //!
 //! The look at the directory is a [`fingerprint`] (paths, sizes,
 //! modification times), read by the same bounded walk as the loader, which
@@ -66,7 +72,10 @@ pub async fn watch(
     counts: ReloadCounts,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let mut seen = fingerprint(&dir);
+    // The state last loaded or refused, and a different state seen on the
+    // previous poll, waiting for a second look.
+    let mut settled = fingerprint(&dir);
+    let mut pending: Option<Fingerprint> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stop);
@@ -76,11 +85,25 @@ pub async fn watch(
             _ = tick.tick() => {}
         }
         let now = fingerprint(&dir);
-        if now == seen {
+        if now == settled {
+            pending = None;
             continue;
         }
-        seen = now;
-        match rules::load_dir(&dir, &options) {
+        if pending.as_ref() != Some(&now) {
+            pending = Some(now);
+            continue;
+        }
+        pending = None;
+        let loaded = rules::load_dir(&dir, &options);
+        // A write that began between the second look and the read may have
+        // been read half done: keep nothing, and wait for it to settle.
+        let after = fingerprint(&dir);
+        if after != now {
+            pending = Some(after);
+            continue;
+        }
+        settled = now;
+        match loaded {
             Ok(mut set) => {
                 set.keep_stats(&handle.current());
                 tracing::info!(dir = %dir.display(), domains = set.len(), "rules reloaded");
