@@ -27,7 +27,7 @@ use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_S
 /// top-level mapping as 1. The YAML parser recurses once per level while it
 /// builds its tree (and dropping the tree recurses again), so a file nested
 /// a few thousand levels deep would overflow a thread's stack and take the
-/// whole server down; [`too_deep`] checks this bound first. A real rule file
+/// whole server down; `too_deep` checks this bound first. A real rule file
 /// nests descriptors maybe ten deep, two levels each (a list, then its
 /// mapping), plus the root, a `rate_limit` and a `replaces` list: about 25.
 /// 64 allows 31 levels of descriptors with a `rate_limit` on the deepest.
