@@ -1,6 +1,18 @@
-//! Rule reloading: the rules directory is checked every interval; when any
-//! file changed, the whole directory is loaded again and swapped in at once.
-//! A directory with errors keeps the old rules and logs every error.
+//! Rule reloading: the rules directory is checked every interval, and a
+//! change is loaded once the directory has looked the same on two polls in
+//! a row, then swapped in whole. A file caught mid-write (truncated, half
+//! its descriptors there) changes between polls, so it is never loaded; a
+//! write that pauses longer than one interval can still be seen twice the
+//! same, which no polling can tell from a finished one. A directory with
+//! errors keeps the old rules, logs every error, and counts one refusal per
+//! distinct state. Startup does not wait: `server::build_engine` loads at
+//! once.
+//!
+//! The look at the directory is a [`fingerprint`] (paths, sizes,
+//! modification times), read by the same bounded walk as the loader, which
+//! enters each directory once, so a symlink loop costs one directory read.
+//! The fingerprint reads hidden entries and linked directories too (the
+//! loader does not), to see a ConfigMap's `..data` link change.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::engine::RulesHandle;
-use crate::rules::{self, LoadOptions};
+use crate::rules::{self, LoadOptions, RuleError, WalkOptions};
 
 /// How many changed rule directories were loaded and how many refused since
 /// startup: the only outside sign that a refused edit was seen at all.
@@ -26,30 +38,27 @@ impl ReloadCounts {
     }
 }
 
-/// Paths, sizes and modification times of every file under `dir`: enough to
-/// notice an edit, and cheap compared with parsing.
-pub fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            // Follow symlinks: Kubernetes swaps a ConfigMap by relinking.
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(path);
-            } else {
-                out.push((path, meta.len(), meta.modified().ok()));
-            }
-        }
-    }
+/// What a poll sees of the rules directory: the path, size and modification
+/// time of every file under it, in path order, or the error that stopped the
+/// walk (an unreadable directory, a bound passed), which is a state too.
+pub type Fingerprint = Result<Vec<(PathBuf, u64, Option<SystemTime>)>, RuleError>;
+
+/// The directory's [`Fingerprint`]: enough to notice an edit, and cheap
+/// compared with parsing.
+pub fn fingerprint(dir: &Path) -> Fingerprint {
+    let found = rules::walk(
+        dir,
+        WalkOptions {
+            hidden: true,
+            linked_dirs: true,
+        },
+    )?;
+    let mut out: Vec<_> = found
+        .into_iter()
+        .map(|f| (f.path, f.meta.len(), f.meta.modified().ok()))
+        .collect();
     out.sort();
-    out
+    Ok(out)
 }
 
 /// Checks `dir` every `every` until `stop` resolves, swapping good rule sets
@@ -63,7 +72,10 @@ pub async fn watch(
     counts: ReloadCounts,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let mut seen = fingerprint(&dir);
+    // The state last loaded or refused, and a different state seen on the
+    // previous poll, waiting for a second look.
+    let mut settled = fingerprint(&dir);
+    let mut pending: Option<Fingerprint> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stop);
@@ -73,11 +85,25 @@ pub async fn watch(
             _ = tick.tick() => {}
         }
         let now = fingerprint(&dir);
-        if now == seen {
+        if now == settled {
+            pending = None;
             continue;
         }
-        seen = now;
-        match rules::load_dir(&dir, &options) {
+        if pending.as_ref() != Some(&now) {
+            pending = Some(now);
+            continue;
+        }
+        pending = None;
+        let loaded = rules::load_dir(&dir, &options);
+        // A write that began between the second look and the read may have
+        // been read half done: keep nothing, and wait for it to settle.
+        let after = fingerprint(&dir);
+        if after != now {
+            pending = Some(after);
+            continue;
+        }
+        settled = now;
+        match loaded {
             Ok(mut set) => {
                 set.keep_stats(&handle.current());
                 tracing::info!(dir = %dir.display(), domains = set.len(), "rules reloaded");

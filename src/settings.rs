@@ -7,7 +7,7 @@
 //! | `grpc_addr` | `TOLLGATE_GRPC_ADDR` | `0.0.0.0:8081` | RLS gRPC listen address |
 //! | `http_addr` | `TOLLGATE_HTTP_ADDR` | `0.0.0.0:8080` | HTTP (`/healthcheck`) listen address |
 //! | `rules_dir` | `TOLLGATE_RULES_DIR` | none | directory of rule files; none = no rules |
-//! | `rules_reload_ms` | `TOLLGATE_RULES_RELOAD_MS` | `2000` | how often the rules directory is checked for changes; 0 = never |
+//! | `rules_reload_ms` | `TOLLGATE_RULES_RELOAD_MS` | `2000` | how often the rules directory is checked for changes (a change applies once two checks in a row see it); 0 = never |
 //! | `default_algorithm` | `TOLLGATE_DEFAULT_ALGORITHM` | `sliding_window_counter` | algorithm of rules that name none |
 //! | `on_store_error` | `TOLLGATE_ON_STORE_ERROR` | `error` | `error`, `allow` or `deny` when the store fails |
 //! | `on_overload` | `TOLLGATE_ON_OVERLOAD` | as `on_store_error` | `error` (`RESOURCE_EXHAUSTED`), `allow` or `deny` for a store call past `max_in_flight`; answers the over-limit cache gives locally never wait for it |

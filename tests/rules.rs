@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use tollgate::limit::{Algorithm, FailurePolicy, Unit};
-use tollgate::rules::{LimitSpec, LoadOptions, Rule, RuleErrors, RuleSet, load_dir, parse_file};
+use tollgate::rules::{
+    LimitSpec, LoadOptions, MAX_DEPTH, MAX_DIR_DEPTH, MAX_ENTRIES, Rule, RuleErrors, RuleSet,
+    WalkOptions, load_dir, parse_file, walk,
+};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/rules")
@@ -689,6 +692,300 @@ fn several_errors() {
     ] {
         assert_error("several_errors.yaml", line, "", reason);
     }
+}
+
+// ---- Nesting: bounded before the YAML parser, which recurses, runs. ----
+
+/// `descriptors[0].descriptors[0]...`, `levels` deep.
+fn descriptor_path(levels: usize) -> String {
+    vec!["descriptors[0]"; levels].join(".")
+}
+
+#[test]
+fn nested_too_deep() {
+    assert_eq!(MAX_DEPTH, 64);
+    // The 32nd descriptor, on line 68, is the 65th level.
+    assert_error(
+        "nested_too_deep.yaml",
+        68,
+        &format!("{}: ", descriptor_path(32)),
+        "nested deeper than 64 levels",
+    );
+    assert_eq!(errors_of("nested_too_deep.yaml").0.len(), 1);
+}
+
+/// Parses `text` (a file nested far too deep) and asserts its one error:
+/// on `line`, at `path`, about the depth. Before the bound, the deep block
+/// files overflowed the test thread's stack (and so the whole process).
+#[track_caller]
+fn assert_too_deep(text: &str, line: usize, path: &str) {
+    let file = Path::new("deep.yaml");
+    let errors = parse_file(file, text, &LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    let e = &errors.0[0];
+    assert_eq!(e.file, file);
+    assert_eq!(e.line, Some(line), "{errors}");
+    assert_eq!(e.path, path, "{errors}");
+    assert_eq!(e.reason, "nested deeper than 64 levels");
+}
+
+/// A file of `depth` levels of block mappings (the root included), one
+/// space of indentation per level.
+fn block_mappings(depth: usize) -> String {
+    let mut text = String::from("domain: deep\n");
+    for level in 0..depth - 1 {
+        text.push_str(&" ".repeat(level));
+        text.push_str("n:\n");
+    }
+    text.push_str(&" ".repeat(depth - 1));
+    text.push_str("n: end\n");
+    text
+}
+
+#[test]
+fn block_mappings_1500_deep() {
+    // Level d starts on line d + 1; the path is every key above level 65.
+    assert_too_deep(&block_mappings(1500), 66, &vec!["n"; 64].join("."));
+}
+
+#[test]
+fn block_mappings_5000_deep() {
+    assert_too_deep(&block_mappings(5000), 66, &vec!["n"; 64].join("."));
+}
+
+#[test]
+fn block_descriptors_1500_deep() {
+    // As a rule file nests: a list and a mapping per descriptor.
+    let mut text = String::from("domain: deep\ndescriptors:\n");
+    for level in 0..750 {
+        let indent = " ".repeat(2 + 4 * level);
+        text.push_str(&format!(
+            "{indent}- key: k{level}\n{indent}  descriptors:\n"
+        ));
+    }
+    assert_too_deep(&text, 3 + 2 * 31, &descriptor_path(32));
+}
+
+#[test]
+fn compact_lists_5000_deep() {
+    let text = format!("domain: deep\ndescriptors: \n{}x\n", "- ".repeat(5000));
+    assert_too_deep(&text, 3, &format!("descriptors{}", "[0]".repeat(63)));
+}
+
+#[test]
+fn flow_lists_5000_deep() {
+    let text = format!(
+        "domain: deep\ndescriptors: {}{}\n",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    // Past 255 brackets the scanner, which reads them ahead of the parser,
+    // stops first: the path is where they begin.
+    assert_too_deep(&text, 2, "descriptors[0]");
+    let text = format!(
+        "domain: deep\ndescriptors: {}{}\n",
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    assert_too_deep(&text, 2, &format!("descriptors{}", "[0]".repeat(63)));
+}
+
+#[test]
+fn flow_mappings_5000_deep() {
+    let text = format!(
+        "domain: deep\ndescriptors: {}x{}\n",
+        "{a: ".repeat(5000),
+        "}".repeat(5000)
+    );
+    assert_too_deep(
+        &text,
+        2,
+        &format!("descriptors.{}", vec!["a"; 63].join(".")),
+    );
+}
+
+#[test]
+fn mixed_styles_deep() {
+    // 20 block mappings, 20 compact lists, then flow mappings and lists.
+    let mut text = String::from("domain: deep\n");
+    for level in 0..20 {
+        text.push_str(&format!("{}m:\n", " ".repeat(level)));
+    }
+    text.push_str(&" ".repeat(20));
+    text.push_str(&"- ".repeat(20));
+    text.push_str(&"{f: [".repeat(50));
+    text.push_str(&"]}".repeat(50));
+    text.push('\n');
+    // The root and 19 mappings under it hold the 20 keys `m`, then come 20
+    // lists: 40 levels. 24 more are 12 flow pairs, so the 65th is the 13th
+    // flow mapping, the first item of the 12th flow list.
+    let path = format!(
+        "{}{}{}",
+        vec!["m"; 20].join("."),
+        "[0]".repeat(20),
+        ".f[0]".repeat(12)
+    );
+    assert_too_deep(&text, 22, &path);
+}
+
+/// The deepest rule the bound allows loads, matches and is described: 31
+/// descriptor levels with a limit on the last is 64 levels exactly.
+#[test]
+fn deepest_allowed_rule_loads() {
+    let mut text = String::from("domain: deep\ndescriptors:\n");
+    for level in 0..31 {
+        let indent = " ".repeat(2 + 4 * level);
+        text.push_str(&format!("{indent}- key: k{level}\n"));
+        if level < 30 {
+            text.push_str(&format!("{indent}  descriptors:\n"));
+        } else {
+            text.push_str(&format!(
+                "{indent}  rate_limit: {{unit: second, requests_per_unit: 3}}\n"
+            ));
+        }
+    }
+    let domain = parse_file(Path::new("deepest.yaml"), &text, &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let set = RuleSet {
+        domains: [("deep".to_string(), domain)].into(),
+    };
+    let keys: Vec<String> = (0..31).map(|l| format!("k{l}")).collect();
+    let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "")).collect();
+    let rule = find(&set, "deep", &pairs).expect("the deepest rule matches");
+    assert_eq!(
+        rule.limit,
+        LimitSpec::PerUnit {
+            requests_per_unit: 3,
+            unit: Unit::Second
+        }
+    );
+    assert_eq!(rule.path, keys.join("."));
+    assert!(
+        set.describe()
+            .contains(&format!("deep.{}: 3/second", keys.join(".")))
+    );
+
+    // One more level (a list under the deepest rule) is refused.
+    let one_more = text.replace(
+        "rate_limit: {unit: second, requests_per_unit: 3}",
+        "rate_limit: {unit: second, requests_per_unit: 3, replaces: [{name: x}]}",
+    );
+    let errors =
+        parse_file(Path::new("deeper.yaml"), &one_more, &LoadOptions::default()).unwrap_err();
+    assert!(
+        errors.to_string().contains("nested deeper than 64 levels"),
+        "{errors}"
+    );
+}
+
+// ---- Directory walks: each directory once, bounded. ----
+
+/// Two links back to the rules directory and one from a subdirectory up to
+/// it: every file loads once, under its real path, and the walk ends.
+#[cfg(unix)]
+#[test]
+fn symlink_loops_are_walked_once() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |d: &str| format!("domain: {d}\ndescriptors:\n  - key: k\n");
+    std::fs::write(dir.path().join("one.yaml"), rule("one")).unwrap();
+    std::fs::create_dir(dir.path().join("team")).unwrap();
+    std::fs::write(dir.path().join("team/two.yaml"), rule("two")).unwrap();
+    symlink(".", dir.path().join("a")).unwrap();
+    symlink(".", dir.path().join("b")).unwrap();
+    symlink("..", dir.path().join("team/up")).unwrap();
+
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["one", "two"]);
+    assert_eq!(set.domains["two"].file, dir.path().join("team/two.yaml"));
+
+    // Following linked directories too (as the reload fingerprint does),
+    // each file is still found once, by the first path in name order.
+    let all = walk(
+        dir.path(),
+        WalkOptions {
+            hidden: true,
+            linked_dirs: true,
+        },
+    )
+    .unwrap();
+    let paths: Vec<_> = all.iter().map(|f| f.path.clone()).collect();
+    assert_eq!(
+        paths,
+        [
+            dir.path().join("one.yaml"),
+            dir.path().join("team/two.yaml")
+        ]
+    );
+
+    // A linked directory that is not a loop is entered by the fingerprint
+    // only (the loader enters real directories, as it always has).
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("three.yaml"), rule("three")).unwrap();
+    symlink(outside.path(), dir.path().join("linked")).unwrap();
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(set.len(), 2);
+    let all = walk(
+        dir.path(),
+        WalkOptions {
+            hidden: true,
+            linked_dirs: true,
+        },
+    )
+    .unwrap();
+    assert!(
+        all.iter()
+            .any(|f| f.path == dir.path().join("linked/three.yaml"))
+    );
+}
+
+#[test]
+fn directories_nested_too_deep_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut deepest = dir.path().to_path_buf();
+    for level in 0..MAX_DIR_DEPTH {
+        deepest.push(format!("d{level}"));
+    }
+    std::fs::create_dir_all(&deepest).unwrap();
+    std::fs::write(
+        deepest.join("ok.yaml"),
+        "domain: ok\ndescriptors:\n  - key: k\n",
+    )
+    .unwrap();
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(set.has_domain("ok"));
+
+    std::fs::create_dir(deepest.join("one_more")).unwrap();
+    let errors = load_dir(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].file, deepest.join("one_more"));
+    assert!(
+        errors
+            .to_string()
+            .contains("rule directories nested deeper than 16 levels"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn too_many_entries_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    // Hidden entries count: they are read all the same.
+    for i in 0..MAX_ENTRIES {
+        std::fs::write(dir.path().join(format!(".n{i}")), "").unwrap();
+    }
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(set.is_empty());
+    std::fs::write(dir.path().join("one_more.txt"), "").unwrap();
+    let errors = load_dir(dir.path(), &LoadOptions::default()).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].file, dir.path());
+    assert!(
+        errors.to_string().contains("more than 10000 entries"),
+        "{errors}"
+    );
 }
 
 /// Every fixture has a test above, and a directory load reports the errors

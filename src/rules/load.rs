@@ -9,7 +9,8 @@
 //!
 //! Limits of the YAML subset: anchors, aliases and tags are refused, and a
 //! duplicate mapping key stops the file at the parser (so it is the only
-//! error reported for that file).
+//! error reported for that file). Nesting is bounded ([`MAX_DEPTH`]) before
+//! the parser runs, because the parser recurses once per level.
 
 use std::collections::HashMap;
 use std::fs;
@@ -18,8 +19,22 @@ use std::path::{Path, PathBuf};
 use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoadError, LoaderOptions, Node as Yaml};
 
+use super::walk::{WalkOptions, walk};
 use super::{Domain, Level, LimitSpec, Node, Rule, RuleError, RuleErrors, RuleSet};
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS, Unit};
+
+/// Deepest nesting of mappings and lists a rule file may have, counting the
+/// top-level mapping as 1. The YAML parser recurses once per level while it
+/// builds its tree (and dropping the tree recurses again), so a file nested
+/// a few thousand levels deep would overflow a thread's stack and take the
+/// whole server down; `too_deep` checks this bound first. A real rule file
+/// nests descriptors maybe ten deep, two levels each (a list, then its
+/// mapping), plus the root, a `rate_limit` and a `replaces` list: about 25.
+/// 64 allows 31 levels of descriptors with a `rate_limit` on the deepest.
+/// Whatever else recurses over a rule tree (`Walker::level`, matching,
+/// naming, describing) goes down one descriptor, two YAML levels, per call,
+/// so this bounds it too.
+pub const MAX_DEPTH: usize = 64;
 
 const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -71,12 +86,26 @@ impl Default for LoadOptions {
 /// names that start with `.`), one domain per file. All files are checked and
 /// all their errors returned together; a domain defined twice is an error on
 /// the later file (in path order). An empty directory gives an empty set.
+///
+/// Files may be symlinks (a Kubernetes ConfigMap mount links `x.yaml` to
+/// `..data/x.yaml`); directories are entered only if they are real
+/// directories, each once, and dot-names are skipped, which keeps `..data`
+/// from giving every file twice. The walk is bounded (`rules::walk`).
 pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors> {
     let mut errors = Vec::new();
-    let mut files = Vec::new();
-    if let Err(e) = collect_files(dir, &mut files) {
-        return Err(RuleErrors(vec![e]));
-    }
+    let walked = walk(
+        dir,
+        WalkOptions {
+            hidden: false,
+            linked_dirs: false,
+        },
+    )
+    .map_err(|e| RuleErrors(vec![e]))?;
+    let mut files: Vec<PathBuf> = walked
+        .into_iter()
+        .filter(|f| f.meta.is_file() && is_rule_file(&f.path))
+        .map(|f| f.path)
+        .collect();
     files.sort();
 
     let mut set = RuleSet::default();
@@ -123,35 +152,6 @@ pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors
     }
 }
 
-/// Rule files under `dir`. Files may be symlinks (a Kubernetes ConfigMap
-/// mount links `x.yaml` to `..data/x.yaml`); directories are entered only if
-/// they are real directories, which avoids symlink cycles, and dot-names are
-/// skipped, which keeps `..data` from giving every file twice.
-fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), RuleError> {
-    let dir_error = |e: std::io::Error| RuleError {
-        file: dir.to_path_buf(),
-        line: None,
-        path: String::new(),
-        reason: format!("cannot read rule directory: {e}"),
-    };
-    for entry in fs::read_dir(dir).map_err(dir_error)? {
-        let entry = entry.map_err(dir_error)?;
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        let path = entry.path();
-        let Ok(kind) = entry.file_type() else {
-            continue;
-        };
-        if kind.is_dir() {
-            collect_files(&path, out)?;
-        } else if is_rule_file(&path) && fs::metadata(&path).is_ok_and(|m| m.is_file()) {
-            out.push(path);
-        }
-    }
-    Ok(())
-}
-
 fn is_rule_file(path: &Path) -> bool {
     path.extension()
         .and_then(|e| e.to_str())
@@ -167,6 +167,14 @@ pub fn parse_file(file: &Path, text: &str, options: &LoadOptions) -> Result<Doma
 /// The domain and the line of its `domain` value.
 fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usize), RuleErrors> {
     let mut w = Walker::new(file, options);
+    if let Some((line, path)) = too_deep(text) {
+        w.error(
+            Some(line),
+            &path,
+            format!("nested deeper than {MAX_DEPTH} levels"),
+        );
+        return Err(RuleErrors(w.errors));
+    }
     let options = LoaderOptions::default()
         .error_on_duplicate_keys(true)
         // Keeps `may_coerce()` true only for plain scalars, so a quoted
@@ -207,6 +215,98 @@ fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usiz
             domain_line,
         )),
         _ => Err(RuleErrors(w.errors)),
+    }
+}
+
+/// The line and YAML path of the first mapping or list nested deeper than
+/// [`MAX_DEPTH`], if any. This reads the event stream of the parser that
+/// marked-yaml builds on, which keeps its state on the heap and builds
+/// nothing, so it is safe at any depth and sees the nesting exactly as the
+/// real parse will, whatever the style (block, compact `- - -`, flow
+/// `[[` / `{{`, or mixed). It stops at the first collection too deep. On a
+/// YAML error it gives up: the real parse stops at the same error, after no
+/// deeper nesting than was read here.
+fn too_deep(text: &str) -> Option<(usize, String)> {
+    use yaml_rust2::Event;
+    use yaml_rust2::parser::Parser;
+
+    /// An open collection and where in it the parser is.
+    enum Open {
+        /// `key` is the last key read; `in_value` while its value is read.
+        Mapping { key: String, in_value: bool },
+        /// The index of the item being read.
+        List { index: usize },
+    }
+
+    /// A node ended inside the innermost collection: a mapping moves from
+    /// key to value or back, a list to its next item.
+    fn node_done(open: &mut [Open], scalar: Option<String>) {
+        match open.last_mut() {
+            Some(Open::Mapping { key, in_value }) => {
+                if !*in_value {
+                    // A key that is not a scalar is refused by the real parse.
+                    *key = scalar.unwrap_or_else(|| "?".into());
+                }
+                *in_value = !*in_value;
+            }
+            Some(Open::List { index }) => *index += 1,
+            None => {}
+        }
+    }
+
+    /// The YAML path of the node being read.
+    fn path_of(open: &[Open]) -> String {
+        let mut path = String::new();
+        for o in open {
+            match o {
+                Open::Mapping {
+                    key,
+                    in_value: true,
+                } => path = join(&path, key),
+                Open::Mapping { .. } => {}
+                Open::List { index } => path = format!("{path}[{index}]"),
+            }
+        }
+        path
+    }
+
+    let mut open: Vec<Open> = Vec::new();
+    let mut parser = Parser::new(text.chars());
+    loop {
+        let (event, mark) = match parser.next_token() {
+            Ok(next) => next,
+            // The scanner reads a flow collection's brackets ahead of their
+            // events, and stops past 255 of them with this error: far too
+            // deep, but only its own position is known, and the path of
+            // the collection that holds them.
+            Err(e) if e.info() == "recursion limit exceeded" => {
+                return Some((e.marker().line(), path_of(&open)));
+            }
+            Err(_) => return None,
+        };
+        match event {
+            Event::MappingStart(..) | Event::SequenceStart(..) => {
+                if open.len() >= MAX_DEPTH {
+                    return Some((mark.line(), path_of(&open)));
+                }
+                open.push(match event {
+                    Event::MappingStart(..) => Open::Mapping {
+                        key: String::new(),
+                        in_value: false,
+                    },
+                    _ => Open::List { index: 0 },
+                });
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                open.pop();
+                node_done(&mut open, None);
+            }
+            Event::Scalar(value, ..) => node_done(&mut open, Some(value)),
+            Event::Alias(_) => node_done(&mut open, None),
+            // marked-yaml reads the first document only.
+            Event::DocumentEnd | Event::StreamEnd => return None,
+            Event::StreamStart | Event::DocumentStart | Event::Nothing => {}
+        }
     }
 }
 

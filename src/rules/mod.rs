@@ -1,11 +1,17 @@
 //! Which limit applies? Rule files in the reference service's YAML format are
 //! parsed once into an immutable [`RuleSet`]; matching a descriptor is a pure
-//! function over it. This module does no I/O except reading rule files in
-//! [`RuleSet::load_dir`], and knows nothing of Envoy's protocol or of stores.
+//! function over it. This module does no I/O except reading the rules
+//! directory ([`load_dir`]; [`walk`], which the reload watcher's fingerprint
+//! shares), and knows nothing of Envoy's protocol or of stores. Both the
+//! files and the directory are read with bounds ([`MAX_DEPTH`] on nesting
+//! in a file, [`MAX_DIR_DEPTH`] and [`MAX_ENTRIES`] on the walk, which
+//! enters each directory once), so no rules directory can exhaust the
+//! stack, the CPU or the memory of whoever loads it.
 
 mod load;
 mod matcher;
 mod stats;
+mod walk;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,8 +19,9 @@ use std::path::PathBuf;
 
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
-pub use load::{LoadOptions, load_dir, parse_file};
+pub use load::{LoadOptions, MAX_DEPTH, load_dir, parse_file};
 pub use stats::{Counts, CountsSnapshot, OVERFLOW, RuleStats};
+pub use walk::{Found, MAX_DIR_DEPTH, MAX_ENTRIES, WalkOptions, walk};
 
 /// The limit a rule gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
