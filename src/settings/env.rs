@@ -1,0 +1,52 @@
+//! What a `TOLLGATE_*` variable is: a setting, a Kubernetes service link
+//! (ignored without a word), or a stray (a warning naming it).
+
+use super::keys;
+use super::table::{ENV_PREFIX, env_name};
+
+/// What a `TOLLGATE_*` variable is to us.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum EnvVar {
+    /// Sets this setting.
+    Setting(&'static str),
+    /// Put there by Kubernetes for a Service whose name starts with
+    /// `tollgate` (service links): not ours, ignored without a word.
+    ServiceLink,
+    Unknown,
+}
+
+pub(super) fn classify_env(var: &str, value: &str) -> EnvVar {
+    let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+        return EnvVar::Unknown;
+    };
+    if let Some(key) = keys().find(|k| env_name(k) == var) {
+        return EnvVar::Setting(key);
+    }
+    // The kubelet's service-link names, for a Service `tollgate[-x]` with
+    // ports: X_SERVICE_HOST, X_SERVICE_PORT, X_SERVICE_PORT_<NAME>, X_PORT
+    // (tcp://ip:port), X_PORT_<n>_<PROTO>, and that with _PROTO/_PORT/_ADDR.
+    let words: Vec<&str> = rest.split('_').collect();
+    let is_proto = |w: &str| matches!(w, "TCP" | "UDP" | "SCTP");
+    let is_number = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
+    for (i, w) in words.iter().enumerate() {
+        let tail = &words[i + 1..];
+        match (*w, tail) {
+            ("SERVICE", ["HOST"]) | ("SERVICE", ["PORT", ..]) => return EnvVar::ServiceLink,
+            ("PORT", [])
+                if ["tcp://", "udp://", "sctp://"]
+                    .iter()
+                    .any(|p| value.starts_with(p)) =>
+            {
+                return EnvVar::ServiceLink;
+            }
+            ("PORT", [n, proto]) if is_number(n) && is_proto(proto) => {
+                return EnvVar::ServiceLink;
+            }
+            ("PORT", [n, proto, "PROTO" | "PORT" | "ADDR"]) if is_number(n) && is_proto(proto) => {
+                return EnvVar::ServiceLink;
+            }
+            _ => {}
+        }
+    }
+    EnvVar::Unknown
+}

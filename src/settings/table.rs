@@ -1,0 +1,489 @@
+//! Every setting, declared once: its name in the settings file, its default,
+//! the values it takes, and what it means. The variable that sets it, the
+//! list of known names (which tells a mistyped `TOLLGATE_*` variable from a
+//! Kubernetes service link), the checks a given value meets and the
+//! settings table people read are all derived from [`SETTINGS`]; README's
+//! table of the common ones is checked against it by a test.
+
+/// The values a setting takes; a given value (or the default) that is not
+/// one of them is refused as `name=value is not valid: reason`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    /// A socket address, `host:port`.
+    Addr,
+    /// A whole number of milliseconds.
+    Millis,
+    /// A whole number from `min` to `max`.
+    Count { min: u64, max: u64 },
+    /// A whole number of at least this.
+    AtLeast(u64),
+    /// `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
+    Bool,
+    /// A number from `min` to `max`; `open_min` excludes `min` itself.
+    Number { min: f64, max: f64, open_min: bool },
+    /// One of these words.
+    Choice(&'static [&'static str]),
+    /// Free text, checked where it is used (URLs, names, file paths).
+    Text,
+}
+
+/// One setting.
+#[derive(Debug, Clone, Copy)]
+pub struct Setting {
+    /// Its key in the settings file, `.` between levels: `redis.pool_size`.
+    pub name: &'static str,
+    /// `None`: unset unless given (the meaning says what that means).
+    pub default: Option<&'static str>,
+    pub kind: Kind,
+    pub meaning: &'static str,
+}
+
+const fn s(
+    name: &'static str,
+    default: Option<&'static str>,
+    kind: Kind,
+    meaning: &'static str,
+) -> Setting {
+    Setting {
+        name,
+        default,
+        kind,
+        meaning,
+    }
+}
+
+const POLICY: Kind = Kind::Choice(&["error", "allow", "deny"]);
+const ALGORITHM: Kind = Kind::Choice(&[
+    "fixed_window",
+    "sliding_window_counter",
+    "sliding_window_log",
+]);
+const fn count(min: u64, max: u64) -> Kind {
+    Kind::Count { min, max }
+}
+
+/// The one declaration of every setting, in the order people read them.
+pub const SETTINGS: &[Setting] = &[
+    s(
+        "grpc_addr",
+        Some("0.0.0.0:8081"),
+        Kind::Addr,
+        "RLS gRPC listen address",
+    ),
+    s(
+        "http_addr",
+        Some("0.0.0.0:8080"),
+        Kind::Addr,
+        "HTTP listen address: `/healthcheck`, `/metrics`, `POST /json`",
+    ),
+    s(
+        "rules_dir",
+        None,
+        Kind::Text,
+        "directory of rule files; unset: no rules",
+    ),
+    s(
+        "rules_reload_ms",
+        Some("2000"),
+        Kind::Millis,
+        "how often the rules directory is checked for changes (a change applies once two checks in a row see it); 0 = never",
+    ),
+    s(
+        "default_algorithm",
+        Some("sliding_window_counter"),
+        ALGORITHM,
+        "algorithm of rules that name none",
+    ),
+    s(
+        "on_store_error",
+        Some("error"),
+        POLICY,
+        "`error`, `allow` or `deny` when the store fails",
+    ),
+    s(
+        "on_overload",
+        None,
+        POLICY,
+        "`error` (`RESOURCE_EXHAUSTED`), `allow` or `deny` for a store call past `max_in_flight`; unset: as `on_store_error`. Answers the over-limit cache gives locally never wait for it",
+    ),
+    s(
+        "usage_reports",
+        None,
+        Kind::Bool,
+        "`usage_reports` of rules that do not say: `true` records every positive cost, also past the limit (costs reported after the response); `false` only admitted hits. Unset: rules that name no algorithm record every cost, as the reference does; rules that name one record admitted hits",
+    ),
+    s(
+        "shadow_mode",
+        Some("false"),
+        Kind::Bool,
+        "count, but always answer OK overall",
+    ),
+    s(
+        "rate_limit_headers",
+        Some("false"),
+        Kind::Bool,
+        "add `RateLimit-*` response headers",
+    ),
+    s(
+        "header_limit",
+        Some("RateLimit-Limit"),
+        Kind::Text,
+        "name of the limit header",
+    ),
+    s(
+        "header_remaining",
+        Some("RateLimit-Remaining"),
+        Kind::Text,
+        "name of the remaining header",
+    ),
+    s(
+        "header_reset",
+        Some("RateLimit-Reset"),
+        Kind::Text,
+        "name of the reset header",
+    ),
+    s(
+        "store",
+        Some("memory"),
+        Kind::Text,
+        "`memory` or a Redis URL (`redis://`, `rediss://`, `redis-cluster://`, `redis-sentinel://`)",
+    ),
+    s(
+        "redis.username",
+        None,
+        Kind::Text,
+        "Redis user (overrides the URL's)",
+    ),
+    s(
+        "redis.password",
+        None,
+        Kind::Text,
+        "Redis password (overrides the URL's)",
+    ),
+    s(
+        "redis.tls_ca_file",
+        None,
+        Kind::Text,
+        "PEM CAs that sign the Redis servers' certificates",
+    ),
+    s(
+        "redis.tls_cert_file",
+        None,
+        Kind::Text,
+        "PEM client certificate for Redis",
+    ),
+    s(
+        "redis.tls_key_file",
+        None,
+        Kind::Text,
+        "PEM client key for Redis",
+    ),
+    s(
+        "redis.pool_size",
+        Some("4"),
+        count(1, 256),
+        "connections per node",
+    ),
+    s(
+        "redis.connect_timeout_ms",
+        Some("1000"),
+        Kind::Millis,
+        "connect timeout",
+    ),
+    s(
+        "redis.command_timeout_ms",
+        Some("500"),
+        Kind::AtLeast(1),
+        "upper bound on one Redis call in milliseconds; the caller's own deadline (`grpc-timeout`) shortens it. 500 ms is about 2.5x the slowest answer of a healthy Redis on a busy 2-core machine (47-205 ms measured; 10 ms failed a third of the calls): see `docs/benchmarks.md#overload`",
+    ),
+    s(
+        "redis.key_prefix",
+        Some("tg2"),
+        Kind::Text,
+        "prefix of every key",
+    ),
+    s(
+        "redis.breaker_failures",
+        Some("5"),
+        count(0, u32::MAX as u64),
+        "consecutive failures that open the circuit",
+    ),
+    s(
+        "redis.breaker_cooldown_ms",
+        Some("500"),
+        Kind::Millis,
+        "how long it stays open before a probe",
+    ),
+    s(
+        "redis.coalesce",
+        Some("true"),
+        Kind::Bool,
+        "while a limiter's script call is in flight, queue further hits on it and decide them all in the next call",
+    ),
+    s(
+        "deadline_margin_ms",
+        Some("2"),
+        Kind::Millis,
+        "kept back from the caller's `grpc-timeout` for the answer's way back",
+    ),
+    s(
+        "max_in_flight",
+        Some("8192"),
+        count(1, 1 << 20),
+        "store calls waiting at once; past it `on_overload` answers at once",
+    ),
+    s(
+        "max_descriptors",
+        Some("64"),
+        count(1, 4096),
+        "descriptors per request (`INVALID_ARGUMENT` past it)",
+    ),
+    s(
+        "max_entries",
+        Some("32"),
+        count(1, 1024),
+        "entries per descriptor",
+    ),
+    s(
+        "max_key_bytes",
+        Some("256"),
+        count(1, 1 << 20),
+        "bytes of one entry key",
+    ),
+    s(
+        "max_value_bytes",
+        Some("256"),
+        count(1, 1 << 20),
+        "longest entry value kept as it is in a limiter's identity; a longer one enters it as the SHA-256 of all its bytes. Never refused: values come from clients",
+    ),
+    s(
+        "max_message_bytes",
+        Some("4194304"),
+        count(64, 64 << 20),
+        "bytes of one decoded request (`RESOURCE_EXHAUSTED` past it); 4 MiB, gRPC's default, which Envoy's own limits stay under",
+    ),
+    s(
+        "max_log_limit",
+        Some("10000"),
+        Kind::AtLeast(1),
+        "largest `requests_per_unit` a `sliding_window_log` limit may have",
+    ),
+    s(
+        "memory.max_limiters",
+        Some("1000000"),
+        count(1, u64::MAX),
+        "limiters the embedded store holds; least recently used evicted past it",
+    ),
+    s(
+        "memory.max_bytes",
+        Some("134217728"),
+        count(1 << 20, u64::MAX),
+        "estimated bytes the embedded store's limiters take (identities, state, log members, map overhead); least recently used evicted past it. 128 MiB, half the Helm chart's 256 MiB memory limit: the rest is for the runtime, connections, the over-limit cache and the allocator's slack",
+    ),
+    s(
+        "over_limit_cache.enabled",
+        Some("true"),
+        Kind::Bool,
+        "once the store refuses a limiter until a reset, answer it locally until then, without the store",
+    ),
+    s(
+        "over_limit_cache.max_entries",
+        Some("100000"),
+        count(1, 100_000_000),
+        "limiters the over-limit cache holds; least recently used evicted past it",
+    ),
+    s(
+        "grpc_tls.cert_file",
+        None,
+        Kind::Text,
+        "PEM certificate chain: serve gRPC over TLS (with `grpc_tls.key_file`)",
+    ),
+    s(
+        "grpc_tls.key_file",
+        None,
+        Kind::Text,
+        "PEM private key of that certificate",
+    ),
+    s(
+        "grpc_tls.client_ca_file",
+        None,
+        Kind::Text,
+        "PEM CAs: require and verify client certificates (mTLS)",
+    ),
+    s(
+        "grpc_tls.reload_ms",
+        Some("5000"),
+        Kind::Millis,
+        "how often the TLS files are checked for changes; 0 = never",
+    ),
+    s(
+        "startup_wait_ms",
+        Some("5000"),
+        Kind::Millis,
+        "at startup, gRPC answers once the store is ready or after this long (then `on_store_error` applies to a store still down); 0 = at once. Five connect timeouts: enough for a healthy Redis on a busy machine",
+    ),
+    s(
+        "shutdown_drain_ms",
+        Some("5000"),
+        Kind::Millis,
+        "on SIGTERM: health says NOT_SERVING and calls are still answered this long",
+    ),
+    s(
+        "shutdown_grace_ms",
+        Some("5000"),
+        Kind::Millis,
+        "then: listeners closed, in-flight calls get this long to finish",
+    ),
+    s(
+        "log",
+        Some("info"),
+        Kind::Text,
+        "log filter (tracing `EnvFilter` syntax); `RUST_LOG` stands in when unset",
+    ),
+    s(
+        "log_format",
+        Some("text"),
+        Kind::Choice(&["text", "json"]),
+        "`text` or `json` (one object per line)",
+    ),
+    s(
+        "metrics.enabled",
+        Some("true"),
+        Kind::Bool,
+        "serve `GET /metrics` (Prometheus text) on the HTTP address",
+    ),
+    s(
+        "metrics.near_limit_ratio",
+        Some("0.8"),
+        Kind::Number {
+            min: 0.0,
+            max: 1.0,
+            open_min: true,
+        },
+        "share of a limit past which hits count as `near_limit`",
+    ),
+    s(
+        "metrics.detailed_max_series",
+        Some("100"),
+        count(1, 10_000),
+        "distinct descriptor values a `detailed_metric` rule exports; the rest share the `_overflow` series",
+    ),
+    s(
+        "otel.endpoint",
+        None,
+        Kind::Text,
+        "OTLP/gRPC collector (`http://host:4317`): traces and metrics are exported there; unset = off. `OTEL_EXPORTER_OTLP_ENDPOINT` stands in when unset",
+    ),
+    s(
+        "otel.service_name",
+        Some("tollgate"),
+        Kind::Text,
+        "`service.name` of spans and metrics; `OTEL_SERVICE_NAME` stands in when unset",
+    ),
+    s(
+        "otel.sampling_ratio",
+        Some("1.0"),
+        Kind::Number {
+            min: 0.0,
+            max: 1.0,
+            open_min: false,
+        },
+        "share of new traces sampled (0 to 1); a caller's sampled flag is followed. `OTEL_TRACES_SAMPLER_ARG` stands in when unset; `OTEL_TRACES_SAMPLER=always_on`/`always_off` mean 1/0",
+    ),
+    s(
+        "otel.metrics_interval_ms",
+        Some("60000"),
+        Kind::AtLeast(10),
+        "how often metrics are pushed over OTLP, in milliseconds; `OTEL_METRIC_EXPORT_INTERVAL` stands in when unset",
+    ),
+];
+
+/// The variable prefix.
+pub const ENV_PREFIX: &str = "TOLLGATE_";
+
+/// The variable that sets `name`: `redis.pool_size` -> `TOLLGATE_REDIS__POOL_SIZE`.
+pub fn env_name(name: &str) -> String {
+    format!("{ENV_PREFIX}{}", name.replace('.', "__").to_uppercase())
+}
+
+/// The declaration of `name`, if it is a setting.
+pub fn find(name: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.name == name)
+}
+
+/// The settings table as Markdown, one row per setting: what
+/// `tollgate serve --help` points to and README links.
+pub fn markdown() -> String {
+    let mut out = String::from("| setting | variable | default | meaning |\n|---|---|---|---|\n");
+    for s in SETTINGS {
+        let default = s.default.map_or("unset".to_string(), |d| format!("`{d}`"));
+        out.push_str(&format!(
+            "| `{}` | `{}` | {default} | {} |\n",
+            s.name,
+            env_name(s.name),
+            s.meaning
+        ));
+    }
+    out
+}
+
+/// Whether `text` is a value of `kind`; the reason when it is not.
+pub fn check(kind: Kind, text: &str) -> Result<(), String> {
+    let t = text.trim();
+    match kind {
+        Kind::Addr => t
+            .parse::<std::net::SocketAddr>()
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Kind::Millis => t.parse::<u64>().map(|_| ()).map_err(|e| e.to_string()),
+        Kind::Count { min, max } => {
+            let n = t.parse::<u64>().map_err(|e| e.to_string())?;
+            if (min..=max).contains(&n) {
+                Ok(())
+            } else {
+                Err(format!("must be between {min} and {max}"))
+            }
+        }
+        Kind::AtLeast(min) => {
+            let n = t.parse::<u64>().map_err(|e| e.to_string())?;
+            if n >= min {
+                Ok(())
+            } else {
+                Err(format!("must be at least {min}"))
+            }
+        }
+        Kind::Bool => parse_bool(t).map(|_| ()),
+        Kind::Number { min, max, open_min } => {
+            let x = t.parse::<f64>().map_err(|e| e.to_string())?;
+            let above_min = if open_min { x > min } else { x >= min };
+            if above_min && x <= max {
+                Ok(())
+            } else if open_min {
+                Err(format!("must be above {min} and at most {max}"))
+            } else {
+                Err(format!("must be between {min} and {max}"))
+            }
+        }
+        Kind::Choice(words) => {
+            if words.contains(&t) {
+                return Ok(());
+            }
+            let (last, rest) = words.split_last().unwrap_or((&"", &[]));
+            if rest.is_empty() {
+                Err(format!("expected {last}"))
+            } else {
+                Err(format!("expected {} or {last}", rest.join(", ")))
+            }
+        }
+        Kind::Text => Ok(()),
+    }
+}
+
+/// The spellings of true and false a settings file or variable may use.
+pub fn parse_bool(t: &str) -> Result<bool, String> {
+    match t.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        other => Err(format!("expected true or false, found {other:?}")),
+    }
+}
