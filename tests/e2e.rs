@@ -404,7 +404,7 @@ async fn health_reflection_and_http_healthcheck() {
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.ends_with("OK\n"), "{body}");
 
-    let body = http_get(t.http, "/rlconfig").await;
+    let body = http_get(t.debug, "/rlconfig").await;
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     for line in [
         "shop.log: 3/minute sliding_window_log name=log_limit (shop.yaml:",
@@ -480,7 +480,7 @@ async fn rules_reload_and_a_bad_reload_keeps_the_old_rules() {
 
 /// The reload counts `/rlconfig` reports: (loaded, refused).
 async fn reload_counts(t: &Tollgate) -> (u64, u64) {
-    let response = http_get(t.http, "/rlconfig").await;
+    let response = http_get(t.debug, "/rlconfig").await;
     let header = |name: &str| -> u64 {
         response
             .lines()
@@ -727,6 +727,8 @@ fn serve_and_check_binaries() {
             &format!("127.0.0.1:{}", free_port()),
         ])
         .env("TOLLGATE_SHUTDOWN_DRAIN_MS", "0")
+        // Tests run side by side: no fixed debug port.
+        .env("TOLLGATE_DEBUG_ADDR", "127.0.0.1:0")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

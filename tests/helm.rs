@@ -360,6 +360,26 @@ fn variants() -> Vec<Variant> {
                 assert_eq!(r.all("Service").len(), 1, "no headless Service");
                 assert!(r.env_value("TOLLGATE_RULES_DIR").is_none(), "no rules yet");
                 assert!(!r.env().keys().any(|k| k.starts_with("OTEL_")));
+                // Envoy needs gRPC only; the debug views stay on loopback
+                // with values as digests.
+                let svc = r.service("tollgate");
+                let names: Vec<&str> = svc["spec"]["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| p["name"].as_str().unwrap())
+                    .collect();
+                assert_eq!(names, ["grpc"], "only gRPC on the Service by default");
+                assert!(r.env_value("TOLLGATE_DEBUG_ADDR").is_none());
+                assert_eq!(
+                    r.env_value("TOLLGATE_DEBUG_SHOW_VALUES").as_deref(),
+                    Some("false")
+                );
+                assert!(r.env_value("TOLLGATE_ON_OVERLOAD").is_none());
+                assert_eq!(
+                    r.env_value("TOLLGATE_STARTUP_WAIT_MS").as_deref(),
+                    Some("5000")
+                );
             },
         },
         Variant {
@@ -435,6 +455,37 @@ fn variants() -> Vec<Variant> {
             },
         },
         Variant {
+            name: "closed: peers per port, overload denied, HTTP on the Service",
+            args: sets(&[
+                "networkPolicy.enabled=true",
+                "networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.role=edge",
+                "networkPolicy.httpFrom[0].namespaceSelector.matchLabels.role=monitoring",
+                "tollgate.onOverload=deny",
+                "tollgate.debugShowValues=true",
+                "service.exposeHttp=true",
+            ]),
+            check: |r| {
+                let np = r.one("NetworkPolicy");
+                let rule = |i: usize| &np["spec"]["ingress"][i];
+                assert_eq!(rule(0)["ports"][0]["port"], "grpc");
+                assert_eq!(
+                    rule(0)["from"][0]["namespaceSelector"]["matchLabels"]["role"],
+                    "edge"
+                );
+                assert_eq!(rule(1)["ports"][0]["port"], "http");
+                assert_eq!(
+                    rule(1)["from"][0]["namespaceSelector"]["matchLabels"]["role"],
+                    "monitoring"
+                );
+                assert_eq!(r.env_value("TOLLGATE_ON_OVERLOAD").as_deref(), Some("deny"));
+                assert_eq!(
+                    r.env_value("TOLLGATE_DEBUG_SHOW_VALUES").as_deref(),
+                    Some("true")
+                );
+                assert_eq!(r.service("tollgate")["spec"]["ports"][1]["name"], "http");
+            },
+        },
+        Variant {
             name: "HPA, PDB, NetworkPolicy, headless Service, monitoring with its API",
             args: {
                 let mut a = with(
@@ -482,13 +533,18 @@ fn variants() -> Vec<Variant> {
                 assert_eq!(pdb["spec"]["maxUnavailable"], 1);
                 let np = r.one("NetworkPolicy");
                 assert!(selects(&np["spec"]["podSelector"]["matchLabels"]));
-                let ports: Vec<&Value> = np["spec"]["ingress"][0]["ports"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|p| &p["port"])
-                    .collect();
-                assert_eq!(ports, ["grpc", "http"]);
+                let ports = |rule: usize| -> Vec<&Value> {
+                    np["spec"]["ingress"][rule]["ports"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| &p["port"])
+                        .collect()
+                };
+                assert_eq!(ports(0), ["grpc"]);
+                assert_eq!(ports(1), ["http"]);
+                // The ServiceMonitor needs the HTTP port on the Service.
+                assert_eq!(r.service("tollgate")["spec"]["ports"][1]["name"], "http");
                 assert_eq!(
                     np["spec"]["policyTypes"],
                     serde_json::json!(["Ingress", "Egress"])
@@ -710,8 +766,10 @@ fn check_invariants(r: &Rendered) {
     assert_eq!(svc_ports["grpc"]["port"], 8081);
     assert_eq!(svc_ports["grpc"]["targetPort"], "grpc");
     assert_eq!(svc_ports["grpc"]["appProtocol"], "grpc");
-    assert_eq!(svc_ports["http"]["port"], 8080);
-    assert_eq!(svc_ports["http"]["targetPort"], "http");
+    if let Some(http) = svc_ports.get("http") {
+        assert_eq!(http["port"], 8080);
+        assert_eq!(http["targetPort"], "http");
+    }
     let labels = &pod_labels(r);
     for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
         assert_eq!(&labels[k], v, "the Service selects the pods");

@@ -189,10 +189,11 @@ async fn the_cache_holds_at_most_max_entries_limiters() {
 async fn hot_keys_lists_the_heaviest_limiter_first_with_its_share() {
     let domain = unique_domain("hot");
     let rules = rules(&domain, 500);
-    let t = Tollgate::start(&[("r.yaml", &rules)], &[]).await;
+    // Values in the clear: the operator opted in.
+    let t = Tollgate::start(&[("r.yaml", &rules)], &[("debug_show_values", "true")]).await;
     let mut client = t.client().await;
     // Before any traffic the report is empty, not an error.
-    let (status, body) = http_get(t.http, "/debug/hotkeys").await;
+    let (status, body) = http_get(t.debug, "/debug/hotkeys").await;
     assert_eq!(status, 200, "{body}");
     let empty: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(empty["hotKeys"].as_array().unwrap().len(), 0, "{body}");
@@ -211,7 +212,7 @@ async fn hot_keys_lists_the_heaviest_limiter_first_with_its_share() {
             .await
             .unwrap();
     }
-    let (status, body) = http_get(t.http, "/debug/hotkeys").await;
+    let (status, body) = http_get(t.debug, "/debug/hotkeys").await;
     assert_eq!(status, 200, "{body}");
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();
     let keys = report["hotKeys"].as_array().unwrap();
@@ -239,5 +240,60 @@ async fn hot_keys_lists_the_heaviest_limiter_first_with_its_share() {
         "{body}"
     );
     assert_eq!(second["overLimitShare"].as_f64().unwrap(), 0.0, "{body}");
+    t.stop().await;
+}
+
+/// The first 16 hex digits of a value's SHA-256, as the debug views show
+/// values by default; computed here independently of the server.
+fn digest(value: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(value.as_bytes());
+    let hex: String = d[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+#[tokio::test]
+async fn hot_keys_show_client_values_as_digests_by_default_and_only_on_the_debug_listener() {
+    let domain = unique_domain("hotmask");
+    let rules = rules(&domain, 500);
+    let t = Tollgate::start(&[("r.yaml", &rules)], &[]).await;
+    let mut client = t.client().await;
+    // Values a client chooses: an API key and a path with a token.
+    let secret = "/v1/items?access_token=s3cr3t-token-value";
+    for _ in 0..50 {
+        client
+            .should_rate_limit(request(&domain, "fixed", secret, None, false))
+            .await
+            .unwrap();
+        client
+            .should_rate_limit(request(&domain, "log", "api-key-123456", None, false))
+            .await
+            .unwrap();
+    }
+    let (status, body) = http_get(t.debug, "/debug/hotkeys").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !body.contains("s3cr3t"),
+        "a client value in the clear: {body}"
+    );
+    assert!(!body.contains("api-key-123456"), "{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let values: Vec<&str> = report["hotKeys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["limiter"]["entries"][0]["value"].as_str().unwrap())
+        .collect();
+    assert!(values.contains(&digest(secret).as_str()), "{body}");
+    assert!(
+        values.contains(&digest("api-key-123456").as_str()),
+        "{body}"
+    );
+    // The public listener does not serve the debug views at all.
+    for path in ["/debug/hotkeys", "/rlconfig"] {
+        let (status, body) = http_get(t.http, path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("debug listener"), "{path}: {body}");
+    }
     t.stop().await;
 }

@@ -397,11 +397,11 @@ async fn json_round_trip_and_rlconfig_as_json() {
         );
     }
 
-    let (status, response) = http(t.http, "GET", "/rlconfig?format=json", "", "").await;
+    let (status, response) = http(t.debug, "GET", "/rlconfig?format=json", "", "").await;
     assert_eq!(status, 200);
     let by_query: serde_json::Value = serde_json::from_str(body(&response)).unwrap();
     let (_, response) = http(
-        t.http,
+        t.debug,
         "GET",
         "/rlconfig",
         "Accept: application/json\r\n",
@@ -417,7 +417,7 @@ async fn json_round_trip_and_rlconfig_as_json() {
     assert_eq!(by_query["rules"][3]["requestsPerUnit"], 10);
     assert_eq!(by_query["rules"][3]["algorithm"], "fixed_window");
     // Plain text stays the default.
-    let (_, response) = http(t.http, "GET", "/rlconfig", "", "").await;
+    let (_, response) = http(t.debug, "GET", "/rlconfig", "", "").await;
     assert!(
         body(&response).contains("shop.user: 10/hour fixed_window"),
         "{response}"

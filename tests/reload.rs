@@ -96,8 +96,8 @@ async fn wait_for_limit(
 }
 
 /// The reload counts `/rlconfig` reports: (loaded, refused).
-async fn reload_counts(http: SocketAddr) -> (u64, u64) {
-    let (status, body) = support::http_get(http, "/rlconfig?format=json").await;
+async fn reload_counts(debug: SocketAddr) -> (u64, u64) {
+    let (status, body) = support::http_get(debug, "/rlconfig?format=json").await;
     assert_eq!(status, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     let count = |name: &str| {
@@ -109,10 +109,10 @@ async fn reload_counts(http: SocketAddr) -> (u64, u64) {
 }
 
 /// Waits until at least `n` reloads were refused.
-async fn wait_for_refusals(http: SocketAddr, n: u64, within: Duration) {
+async fn wait_for_refusals(debug: SocketAddr, n: u64, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
-        let (_, refused) = reload_counts(http).await;
+        let (_, refused) = reload_counts(debug).await;
         if refused >= n {
             return;
         }
@@ -141,13 +141,13 @@ async fn deep_files_are_refused_and_the_old_rules_stay() {
         .enumerate()
     {
         std::fs::write(&deep, text).unwrap();
-        wait_for_refusals(t.http, n as u64 + 1, Duration::from_secs(20)).await;
+        wait_for_refusals(t.debug, n as u64 + 1, Duration::from_secs(20)).await;
         assert!(!t.is_stopped(), "the server is still running");
         assert_eq!(limit_of(&mut client, "keep", "k").await, Some(5));
         assert_eq!(limit_of(&mut client, "deep", "n").await, None);
     }
     // A poll may also have caught a file half written, refused as well.
-    let (loaded, refused) = reload_counts(t.http).await;
+    let (loaded, refused) = reload_counts(t.debug).await;
     assert_eq!(loaded, 0);
     assert!(refused >= 3, "{refused}");
 
@@ -247,12 +247,14 @@ async fn symlink_loop_costs_nothing_and_edits_still_apply() {
     std::fs::write(rules.path().join("limits.yaml"), rule_file("loop", "k", 5)).unwrap();
     let grpc = format!("127.0.0.1:{}", free_port());
     let http = format!("127.0.0.1:{}", free_port());
+    let debug = format!("127.0.0.1:{}", free_port());
     let dir = rules.path().display().to_string();
     let server = Proc::spawn(
         &["serve"],
         &[
             ("TOLLGATE_GRPC_ADDR", grpc.as_str()),
             ("TOLLGATE_HTTP_ADDR", http.as_str()),
+            ("TOLLGATE_DEBUG_ADDR", debug.as_str()),
             ("TOLLGATE_RULES_DIR", dir.as_str()),
             ("TOLLGATE_RULES_RELOAD_MS", "50"),
             ("TOLLGATE_SHUTDOWN_DRAIN_MS", "0"),
@@ -260,7 +262,7 @@ async fn symlink_loop_costs_nothing_and_edits_still_apply() {
     );
     let pid = server.child.id();
     let grpc: SocketAddr = grpc.parse().unwrap();
-    let http: SocketAddr = http.parse().unwrap();
+    let debug: SocketAddr = debug.parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut client = loop {
         if let Ok(c) = RateLimitServiceClient::connect(format!("http://{grpc}")).await {
@@ -299,7 +301,7 @@ async fn symlink_loop_costs_nothing_and_edits_still_apply() {
         rss_after < rss_before + 16 * 1024,
         "resident memory grew from {rss_before} KiB to {rss_after} KiB"
     );
-    assert_eq!(reload_counts(http).await, (1, 0), "one edit, one reload");
+    assert_eq!(reload_counts(debug).await, (1, 0), "one edit, one reload");
     drop(server);
 }
 
@@ -379,7 +381,7 @@ async fn half_written_file_is_never_applied() {
         &without[..without.len().min(5)]
     );
     assert_eq!(
-        reload_counts(t.http).await,
+        reload_counts(t.debug).await,
         (1, 0),
         "only the finished file"
     );
@@ -421,10 +423,10 @@ async fn configmap_swap_is_applied() {
     std::fs::remove_dir_all(&first).unwrap();
     wait_for_limit(&mut client, "cm", "k", 7, Duration::from_secs(20)).await;
 
-    let (_, text) = support::http_get(t.http, "/rlconfig").await;
+    let (_, text) = support::http_get(t.debug, "/rlconfig").await;
     assert_eq!(text.lines().count(), 1, "{text}");
     assert!(text.starts_with("cm.k: 7/hour"), "{text}");
-    assert_eq!(reload_counts(t.http).await.1, 0);
+    assert_eq!(reload_counts(t.debug).await.1, 0);
     t.stop().await;
 }
 

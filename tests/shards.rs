@@ -76,10 +76,10 @@ async fn a_sharded_limit_admits_the_whole_limit_and_reports_it() {
         );
     }
     // /rlconfig shows the shard count, as text and as JSON.
-    let (status, text) = http_get(t.http, "/rlconfig").await;
+    let (status, text) = http_get(t.debug, "/rlconfig").await;
     assert_eq!(status, 200);
     assert!(text.contains("10/hour fixed_window shards=4"), "{text}");
-    let (_, json) = http_get(t.http, "/rlconfig?format=json").await;
+    let (_, json) = http_get(t.debug, "/rlconfig?format=json").await;
     let json: serde_json::Value = serde_json::from_str(&json).unwrap();
     let fixed = json["rules"]
         .as_array()
@@ -91,7 +91,7 @@ async fn a_sharded_limit_admits_the_whole_limit_and_reports_it() {
 
     // The hot-key report names the limiter with its configured limit and
     // shard count, not a shard's share.
-    let (status, body) = http_get(t.http, "/debug/hotkeys").await;
+    let (status, body) = http_get(t.debug, "/debug/hotkeys").await;
     assert_eq!(status, 200, "{body}");
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();
     let first = &report["hotKeys"][0]["limiter"];

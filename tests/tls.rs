@@ -650,6 +650,8 @@ fn serve_binary_over_mtls_and_check_with_client_flags() {
         .env("TOLLGATE_GRPC_TLS__KEY_FILE", files.key())
         .env("TOLLGATE_GRPC_TLS__CLIENT_CA_FILE", &client_ca_file)
         .env("TOLLGATE_SHUTDOWN_DRAIN_MS", "0")
+        // Tests run side by side: no fixed debug port.
+        .env("TOLLGATE_DEBUG_ADDR", "127.0.0.1:0")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

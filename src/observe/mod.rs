@@ -66,6 +66,18 @@ pub struct Sources {
     /// The store as the engine sees it, before any metrics wrapper.
     pub store: Arc<dyn Store>,
     pub reloads: ReloadCounts,
+    /// What the HTTP listeners turned away.
+    pub http: Arc<HttpCounts>,
+}
+
+/// What the HTTP listeners turned away, counted by the server's listeners
+/// and read here; declared below both.
+#[derive(Debug, Default)]
+pub struct HttpCounts {
+    /// Connections closed at once because `max_connections` were open.
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Connections closed after `idle_timeout` without a request.
+    pub idle_closed: std::sync::atomic::AtomicU64,
 }
 
 /// Instruments recorded on the request path. The common label sets are
@@ -382,6 +394,19 @@ fn register_observers(meter: &Meter, s: Sources) {
                 service.overloaded.load(Relaxed),
                 &[KeyValue::new("reason", "overloaded")],
             );
+        })
+        .build();
+
+    let http = s.http.clone();
+    meter
+        .u64_observable_counter("tollgate.http.connections_closed")
+        .with_description(
+            "HTTP connections the server closed: past max_connections (refused) or idle past idle_timeout (idle)",
+        )
+        .with_callback(move |o| {
+            use std::sync::atomic::Ordering::Relaxed;
+            o.observe(http.refused.load(Relaxed), &[KeyValue::new("reason", "refused")]);
+            o.observe(http.idle_closed.load(Relaxed), &[KeyValue::new("reason", "idle")]);
         })
         .build();
 

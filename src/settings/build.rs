@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::table::{self, Kind};
 use super::values::{Values, bad};
 use super::{
-    CacheConfig, FailurePolicy, GrpcTls, HeaderNames, LogFormat, MetricsSettings, OtelSettings,
-    RedisSettings, RequestLimits, Settings, SettingsError, Sources, StoreSetting,
+    CacheConfig, FailurePolicy, GrpcTls, HeaderNames, HttpSettings, LogFormat, MetricsSettings,
+    OtelSettings, RedisSettings, RequestLimits, Settings, SettingsError, Sources, StoreSetting,
 };
 use crate::storage::{BreakerConfig, RedisConfig};
 
@@ -92,6 +92,13 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
     Ok(Settings {
         grpc_addr: v.get("grpc_addr")?,
         http_addr: v.get("http_addr")?,
+        debug_addr: debug_addr(v)?,
+        debug_show_values: v.bool("debug_show_values")?,
+        http: HttpSettings {
+            header_read_timeout: v.millis("http.header_read_timeout_ms")?,
+            idle_timeout: v.millis("http.idle_timeout_ms")?,
+            max_connections: v.get("http.max_connections")?,
+        },
         rules_dir,
         rules_reload: v.every("rules_reload_ms")?,
         default_algorithm: v.get("default_algorithm")?,
@@ -352,4 +359,15 @@ fn grpc_tls(v: &Values<'_>) -> Result<Option<GrpcTls>, SettingsError> {
         return Err(bad(src, e.setting, &e.file.display().to_string(), e.reason));
     }
     Ok(tls)
+}
+
+/// `debug_addr`: an address, or empty or `off` for none.
+fn debug_addr(v: &Values<'_>) -> Result<Option<std::net::SocketAddr>, SettingsError> {
+    match v.opt_text("debug_addr")?.as_deref().map(str::trim) {
+        None | Some("off") => Ok(None),
+        Some(addr) => addr
+            .parse()
+            .map(Some)
+            .map_err(|e| bad(v.src, "debug_addr", addr, e)),
+    }
 }

@@ -110,11 +110,23 @@ pub struct OtelSettings {
     pub metrics_interval: Duration,
 }
 
+/// Bounds on the HTTP listeners (see `server::listen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpSettings {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// `None`: the debug views are not served.
+    pub debug_addr: Option<SocketAddr>,
+    pub debug_show_values: bool,
+    pub http: HttpSettings,
     pub rules_dir: Option<PathBuf>,
     pub rules_reload: Option<Duration>,
     pub default_algorithm: Algorithm,

@@ -77,6 +77,36 @@ pub const SETTINGS: &[Setting] = &[
         "HTTP listen address: `/healthcheck`, `/metrics`, `POST /json`",
     ),
     s(
+        "debug_addr",
+        Some("127.0.0.1:6070"),
+        Kind::Text,
+        "debug HTTP listen address: `/rlconfig`, `/debug/hotkeys`; loopback by default (reach it with `kubectl port-forward`); empty or `off`: not served",
+    ),
+    s(
+        "debug_show_values",
+        Some("false"),
+        Kind::Bool,
+        "show descriptor values in `/debug/hotkeys` as they are; otherwise as digests (`sha256:` and 16 hex digits), since they are client data (API keys, addresses, paths with tokens)",
+    ),
+    s(
+        "http.header_read_timeout_ms",
+        Some("10000"),
+        Kind::AtLeast(1),
+        "a request's headers must arrive within this, on the HTTP and debug listeners, or the connection is closed (slow clients)",
+    ),
+    s(
+        "http.idle_timeout_ms",
+        Some("60000"),
+        Kind::AtLeast(1),
+        "an HTTP connection with no request for this long is closed; longer than Prometheus's usual scrape interval, so scrapes keep their connection",
+    ),
+    s(
+        "http.max_connections",
+        Some("256"),
+        count(1, 1 << 20),
+        "open connections per HTTP listener (at most a quarter of the open-file limit); past it a new one is closed at once, so HTTP clients never take the file descriptors gRPC needs",
+    ),
+    s(
         "rules_dir",
         None,
         Kind::Text,

@@ -16,11 +16,7 @@ use super::{SettingsError, Sources};
 /// A merged configuration as one text per setting, keyed by its dotted
 /// name; a key that is not a declared setting is an error naming it.
 pub(super) fn flatten(config: Config) -> Result<HashMap<String, String>, String> {
-    fn walk(
-        prefix: &str,
-        value: Value,
-        out: &mut HashMap<String, String>,
-    ) -> Result<(), String> {
+    fn walk(prefix: &str, value: Value, out: &mut HashMap<String, String>) -> Result<(), String> {
         match value.kind {
             ValueKind::Table(table) => {
                 for (k, v) in table {

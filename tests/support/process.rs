@@ -17,12 +17,32 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Runs `tollgate <args>` with only `env` in its environment.
+    /// Runs `tollgate <args>` with only `env` in its environment, and a
+    /// debug listener on a free port unless `env` names one: tests run
+    /// side by side, and the default debug port is fixed.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
-        let mut child = Command::new(tollgate_bin())
-            .args(args)
+        let mut command = Command::new(tollgate_bin());
+        command.args(args);
+        Proc::spawn_command(command, env)
+    }
+
+    /// As `spawn`, with the open-file limit (`ulimit -n`) set to `files`.
+    pub fn spawn_with_open_files(args: &[&str], env: &[(&str, &str)], files: u32) -> Proc {
+        let mut command = Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(format!("ulimit -n {files} && exec \"$0\" \"$@\""))
+            .arg(tollgate_bin())
+            .args(args);
+        Proc::spawn_command(command, env)
+    }
+
+    fn spawn_command(mut command: Command, env: &[(&str, &str)]) -> Proc {
+        let debug = (!env.iter().any(|(k, _)| *k == "TOLLGATE_DEBUG_ADDR"))
+            .then_some(("TOLLGATE_DEBUG_ADDR", "127.0.0.1:0"));
+        let mut child = command
             .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().chain(debug.iter()).map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

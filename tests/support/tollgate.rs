@@ -17,6 +17,8 @@ use tonic::transport::{Channel, ClientTlsConfig};
 pub struct Tollgate {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The debug listener (`/rlconfig`, `/debug/hotkeys`).
+    pub debug: SocketAddr,
     pub rules: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -47,10 +49,17 @@ impl Tollgate {
             .unwrap();
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let debug = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+        let debug_addr = debug.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            tollgate::server::run(&settings, engine, grpc, http, async {
+            let listeners = tollgate::server::Listeners {
+                grpc,
+                http,
+                debug: Some(debug),
+            };
+            tollgate::server::run_with(&settings, engine, listeners, async {
                 let _ = stopped.await;
             })
             .await
@@ -58,6 +67,7 @@ impl Tollgate {
         Tollgate {
             grpc: grpc_addr,
             http: http_addr,
+            debug: debug_addr,
             rules,
             stop: Some(stop),
             task: Some(task),

@@ -1,0 +1,304 @@
+//! The HTTP surfaces, split by audience. The public router (on
+//! `http_addr`) serves what probes, Prometheus and the reference service's
+//! users expect there: `/healthcheck`, `/metrics`, `POST /json`. The debug
+//! router (on `debug_addr`, loopback by default) serves the views that show
+//! rules and the heaviest limiters: `/rlconfig` and `/debug/hotkeys`, with
+//! descriptor values as digests unless `debug_show_values` is set.
+
+use std::sync::Arc;
+
+use axum::http::header::{ACCEPT, CONTENT_TYPE};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::engine::Engine;
+use crate::observe::Telemetry;
+use crate::reload;
+use crate::rules::RuleSet;
+use crate::service::RateLimiter;
+use crate::storage::hotkeys;
+
+/// The public router: health, metrics and the JSON form of the protocol.
+pub fn public(
+    engine: &Engine,
+    limiter: RateLimiter,
+    telemetry: Option<Arc<Telemetry>>,
+    draining: watch::Receiver<bool>,
+    max_message_bytes: usize,
+) -> axum::Router {
+    let ready_store = engine.store().clone();
+    let router = axum::Router::new().route(
+        "/healthcheck",
+        axum::routing::get(move || {
+            let store = ready_store.clone();
+            let draining = *draining.borrow();
+            async move {
+                if draining {
+                    (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+                } else if store.is_ready() {
+                    (StatusCode::OK, "OK\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "store not ready\n")
+                }
+            }
+        }),
+    );
+    // A JSON form of ShouldRateLimit, for trying rules with curl.
+    let router = router.route(
+        "/json",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let limiter = limiter.clone();
+            async move { json_call(&limiter, headers, body, max_message_bytes).await }
+        }),
+    );
+    // The debug views answer here only with where they moved.
+    let moved = || async {
+        (
+            StatusCode::NOT_FOUND,
+            "moved to the debug listener (debug_addr, loopback by default: 127.0.0.1:6070)\n",
+        )
+    };
+    let router = router
+        .route("/rlconfig", axum::routing::get(moved))
+        .route("/debug/hotkeys", axum::routing::get(moved));
+    match telemetry {
+        Some(t) => router.route(
+            "/metrics",
+            axum::routing::get(move || {
+                let t = t.clone();
+                async move {
+                    (
+                        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                        t.prometheus_text(),
+                    )
+                }
+            }),
+        ),
+        None => router,
+    }
+}
+
+/// The debug router: the rules in force and the heaviest limiters.
+pub fn debug(engine: &Engine, reloads: reload::ReloadCounts, show_values: bool) -> axum::Router {
+    // The rules in force, as the reference service's /rlconfig shows them;
+    // the headers count reloads, so a refused edit is visible too.
+    let rules = engine.rules().clone();
+    let router = axum::Router::new().route(
+        "/rlconfig",
+        axum::routing::get(move |uri: Uri, headers: HeaderMap| {
+            let rules = rules.clone();
+            let reloads = reloads.clone();
+            async move {
+                let counts = [
+                    ("x-rules-reloaded", reloads.loaded().to_string()),
+                    ("x-rules-refused", reloads.refused().to_string()),
+                ];
+                if wants_json(&uri, &headers) {
+                    let body = rules_json(&rules.current(), &reloads);
+                    (counts, json_response(StatusCode::OK, &body)).into_response()
+                } else {
+                    (counts, rules.current().describe()).into_response()
+                }
+            }
+        }),
+    );
+    // The heaviest limiters of this replica, to tell which rule to shard.
+    let hot_store = engine.store().clone();
+    router.route(
+        "/debug/hotkeys",
+        axum::routing::get(move || {
+            let store = hot_store.clone();
+            async move {
+                match store.hot_keys() {
+                    Some(report) => {
+                        json_response(StatusCode::OK, &hot_keys_json(&report, show_values))
+                    }
+                    None => json_response(
+                        StatusCode::NOT_FOUND,
+                        &serde_json::json!({"error": "no hot-key tracker"}),
+                    ),
+                }
+            }
+        }),
+    )
+}
+
+/// A descriptor value as the debug views show it by default: enough of its
+/// SHA-256 to tell values apart and to match one a client is known to
+/// send, nothing that reads back. The empty value stays empty.
+pub fn masked(value: &str) -> String {
+    if value.is_empty() {
+        return String::new();
+    }
+    let digest = Sha256::digest(value.as_bytes());
+    let mut out = String::from("sha256:");
+    for b in &digest[..8] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+fn wants_json(uri: &Uri, headers: &HeaderMap) -> bool {
+    let by_query = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "format=json"));
+    let by_accept = headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/json"));
+    by_query || by_accept
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    let mut text = body.to_string();
+    text.push('\n');
+    (status, [(CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// `/debug/hotkeys`: rates per second over the trailing window, shares
+/// between 0 and 1. Descriptor values are client data (API keys, client
+/// addresses, paths with tokens): shown as digests unless `show_values`.
+fn hot_keys_json(report: &hotkeys::Report, show_values: bool) -> serde_json::Value {
+    let keys: Vec<serde_json::Value> = report
+        .hot_keys
+        .iter()
+        .map(|k| {
+            let entries: Vec<serde_json::Value> = k
+                .limiter
+                .entries
+                .iter()
+                .map(|(key, value)| {
+                    let value = if show_values {
+                        value.clone()
+                    } else {
+                        masked(value)
+                    };
+                    serde_json::json!({"key": key, "value": value})
+                })
+                .collect();
+            serde_json::json!({
+                "limiter": {
+                    "domain": &*k.limiter.domain,
+                    "entries": entries,
+                    "algorithm": k.limiter.algorithm.as_str(),
+                    "limit": k.limiter.limit,
+                    "unit": k.limiter.unit.as_str(),
+                    "shards": k.limiter.shard.count,
+                },
+                "rate": k.rate,
+                "rateError": k.rate_error,
+                "share": k.share,
+                "overLimitShare": k.over_limit_share,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "windowSeconds": report.window_seconds,
+        "totalRate": report.total_rate,
+        "hotKeys": keys,
+    })
+}
+
+/// The rules in force as JSON, sorted by domain and path.
+fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Value {
+    use crate::rules::LimitSpec;
+    let mut list = rules.rules();
+    list.sort_by(|a, b| (a.0, &a.1.path).cmp(&(b.0, &b.1.path)));
+    let rules: Vec<serde_json::Value> = list
+        .into_iter()
+        .map(|(domain, r)| {
+            let mut v = serde_json::json!({
+                "domain": domain,
+                "rule": r.path,
+                "name": r.name,
+                "algorithm": r.algorithm.map(|a| a.as_str()),
+                "buckets": r.buckets,
+                "shards": r.shards,
+                "onStoreError": r.on_store_error.map(|p| p.to_string()),
+                "replaces": r.replaces,
+                "shadowMode": r.shadow_mode,
+                "quotaMode": r.quota_mode,
+                "detailedMetric": r.detailed_metric,
+                "source": r.source,
+            });
+            match &r.limit {
+                LimitSpec::Unlimited => v["unlimited"] = true.into(),
+                LimitSpec::PerUnit {
+                    requests_per_unit,
+                    unit,
+                } => {
+                    v["requestsPerUnit"] = (*requests_per_unit).into();
+                    v["unit"] = unit.as_str().into();
+                }
+            }
+            v
+        })
+        .collect();
+    serde_json::json!({
+        "rules": rules,
+        "reloads": { "loaded": reloads.loaded(), "refused": reloads.refused() },
+    })
+}
+
+/// `POST /json`: 200 with the response when OK, 429 when OVER_LIMIT, 400
+/// with the reason for bad input; other failures by their gRPC status.
+async fn json_call(
+    limiter: &RateLimiter,
+    headers: HeaderMap,
+    body: Bytes,
+    max_bytes: usize,
+) -> Response {
+    let error = |status: StatusCode, grpc: &str, message: String| {
+        json_response(
+            status,
+            &serde_json::json!({ "error": message, "grpcStatus": grpc }),
+        )
+    };
+    if body.len() > max_bytes {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RESOURCE_EXHAUSTED",
+            format!(
+                "request of {} bytes, over max_message_bytes={max_bytes}",
+                body.len()
+            ),
+        );
+    }
+    let request = match crate::json::parse_request(&body) {
+        Ok(r) => r,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", reason),
+    };
+    // HTTP headers serve as metadata: `grpc-timeout`, `traceparent`, B3.
+    let metadata = tonic::metadata::MetadataMap::from_headers(headers);
+    match limiter.decide(&metadata, request).await {
+        Ok(response) => {
+            let status = if response.overall_code
+                == crate::proto::rate_limit_response::Code::OverLimit as i32
+            {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            json_response(status, &crate::json::response(&response))
+        }
+        Err(s) => {
+            let status = match s.code() {
+                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                tonic::Code::ResourceExhausted | tonic::Code::Unavailable => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(
+                status,
+                crate::service::code_name(s.code()),
+                s.message().to_string(),
+            )
+        }
+    }
+}

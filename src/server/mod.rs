@@ -1,0 +1,340 @@
+//! Wiring: build the engine from settings, then serve gRPC (RLS, health,
+//! reflection), the public HTTP surface and the debug one on listeners the
+//! caller bound, until `shutdown`. `grpc` builds the gRPC face, `admin` the
+//! HTTP routers, `listen` serves HTTP with its bounds, `lifecycle` starts
+//! and stops.
+
+mod admin;
+mod grpc;
+mod grpc_limits;
+mod lifecycle;
+pub mod listen;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures_util::FutureExt;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::clock::{Clock, SystemClock};
+use crate::engine::{Engine, EngineOptions, RulesHandle};
+use crate::observe::{self, ObservedStore, Telemetry};
+use crate::reload;
+use crate::rules::{self, RuleSet};
+use crate::service::{RateLimiter, ServiceOptions};
+use crate::settings::{Settings, StoreSetting};
+use crate::storage::hotkeys::{self, HotKeyStore, HotKeys};
+use crate::storage::{
+    Breaker, Coalescing, Gate, MemoryBounds, MemoryStore, OverLimitCache, RedisStore, Sharded,
+    Store,
+};
+
+pub use admin::masked;
+pub use grpc::HEALTH_SERVICES;
+
+/// How often the store's housekeeping runs.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
+
+/// Loads rules and opens the store. Rule errors are fatal at startup (a
+/// reload with errors is not); an unreachable Redis is not: the store keeps
+/// connecting and health says NOT_SERVING meanwhile.
+pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Engine> {
+    let rules = match &settings.rules_dir {
+        Some(dir) => {
+            rules::load_dir(dir, &rule_options(settings)).map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+        None => RuleSet::default(),
+    };
+    match &settings.rules_dir {
+        Some(dir) => {
+            let mut names: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
+            names.sort_unstable();
+            tracing::info!(dir = %dir.display(), domains = ?names, "rules loaded");
+        }
+        None => tracing::warn!("no rules directory: every descriptor is OK without a limit"),
+    }
+    let store = build_store(settings, clock.clone()).await?;
+    tracing::info!(
+        store = store.kind(),
+        default_algorithm = %settings.default_algorithm,
+        on_store_error = %settings.on_store_error,
+        "store opened"
+    );
+    Ok(Engine::new(
+        RulesHandle::new(rules),
+        store,
+        clock,
+        EngineOptions {
+            default_algorithm: settings.default_algorithm,
+            on_store_error: settings.on_store_error,
+            on_overload: settings.on_overload,
+            shadow_mode: settings.shadow_mode,
+            max_log_limit: settings.max_log_limit,
+            near_limit_ratio: settings.metrics.near_limit_ratio,
+            detailed_metric_max_series: settings.metrics.detailed_max_series,
+            max_value_bytes: settings.limits.max_value_bytes,
+            usage_reports: settings.usage_reports,
+        },
+    ))
+}
+
+/// What rule files are checked against, at startup and on every reload.
+pub fn rule_options(settings: &Settings) -> rules::LoadOptions {
+    rules::LoadOptions {
+        default_algorithm: settings.default_algorithm,
+        max_log_limit: settings.max_log_limit,
+    }
+}
+
+/// The backend, then the layers that hold for every store: the over-limit
+/// cache, and the hot-key tracker above it (so it sees the calls the cache
+/// answers too).
+async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Arc<dyn Store>> {
+    let backend: Arc<dyn Store> = match &settings.store {
+        StoreSetting::Memory => Arc::new(MemoryStore::with_bounds(
+            clock.clone(),
+            MemoryBounds {
+                max_limiters: settings.memory_max_limiters,
+                max_bytes: settings.memory_max_bytes,
+            },
+        )),
+        StoreSetting::Redis(url) => {
+            let store = RedisStore::connect(settings.redis.connection.clone())
+                .await
+                .map_err(|e| anyhow::anyhow!("store={url} is not usable: {e}"))?;
+            let breaker: Arc<dyn Store> = Arc::new(Breaker::with_clock(
+                store,
+                settings.redis.breaker,
+                clock.clone(),
+            ));
+            // Above the breaker: a batch is one call, one success or failure.
+            if settings.redis.coalesce {
+                Arc::new(Coalescing::new(breaker))
+            } else {
+                breaker
+            }
+        }
+    };
+    // The in-flight gate below the cache: refusals the cache answers never
+    // wait for a slot. Shards above the cache: a full shard's refusals are
+    // answered locally while the others are tried.
+    let gated: Arc<dyn Store> = Arc::new(Gate::new(backend, settings.limits.max_in_flight));
+    let cached = OverLimitCache::wrap(gated, clock.clone(), settings.over_limit_cache);
+    let sharded: Arc<dyn Store> = Arc::new(Sharded::new(cached));
+    let tracker = HotKeys::new(hotkeys::DEFAULT_CAPACITY, hotkeys::DEFAULT_WINDOW_MICROS);
+    Ok(Arc::new(HotKeyStore::new(sharded, clock, tracker)))
+}
+
+/// The listeners a server answers on, bound by the caller (tests bind
+/// port 0). No debug listener: the debug views are not served.
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub http: TcpListener,
+    pub debug: Option<TcpListener>,
+}
+
+/// Serves gRPC and the public HTTP surface until `shutdown` resolves, then
+/// drains for up to `settings.shutdown_grace`.
+pub async fn run(
+    settings: &Settings,
+    engine: Engine,
+    grpc: TcpListener,
+    http: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listeners = Listeners {
+        grpc,
+        http,
+        debug: None,
+    };
+    run_with(settings, engine, listeners, shutdown).await
+}
+
+/// Serves on every listener given until `shutdown` resolves, then drains
+/// for up to `settings.shutdown_grace`.
+pub async fn run_with(
+    settings: &Settings,
+    engine: Engine,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Set first on shutdown: health says NOT_SERVING while calls are still
+    // answered, so load balancers move away before the listeners close.
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let reloads = reload::ReloadCounts::default();
+    let http_counts = Arc::new(listen::HttpCounts::default());
+    let mut limiter = RateLimiter::new(
+        engine.clone(),
+        ServiceOptions {
+            headers: settings.rate_limit_headers.clone(),
+            limits: settings.limits,
+            deadline_margin: settings.deadline_margin,
+        },
+    );
+    let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
+        let telemetry = Telemetry::start(
+            settings,
+            observe::Sources {
+                rules: engine.rules().clone(),
+                engine: engine.stats().clone(),
+                service: limiter.stats().clone(),
+                store: engine.store().clone(),
+                reloads: reloads.clone(),
+                http: http_counts.clone(),
+            },
+        )
+        .context("starting metrics and traces")?;
+        let instruments = telemetry.instruments().clone();
+        let observed = ObservedStore::new(engine.store().clone(), instruments.clone());
+        limiter = limiter
+            .with_engine(engine.clone().with_store(Arc::new(observed)))
+            .with_instruments(instruments);
+        if let Some(otel) = &settings.otel {
+            tracing::info!(
+                endpoint = %otel.endpoint,
+                sampling_ratio = otel.sampling_ratio,
+                "exporting traces and metrics over OTLP"
+            );
+        }
+        Some(Arc::new(telemetry))
+    } else {
+        None
+    };
+
+    let health_task =
+        grpc::follow_store_health(engine.store().clone(), drain_rx.clone(), stopped());
+    let health = health_task.service;
+    let store = engine.store().clone();
+    let mut stop = Box::pin(stopped());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = tokio::time::sleep(MAINTAIN_EVERY) => store.maintain(),
+            }
+        }
+    });
+    if let (Some(dir), Some(every)) = (settings.rules_dir.clone(), settings.rules_reload) {
+        tokio::spawn(reload::watch(
+            dir,
+            every,
+            rule_options(settings),
+            engine.rules().clone(),
+            reloads.clone(),
+            stopped(),
+        ));
+    }
+
+    tracing::info!(
+        addr = %listeners.grpc.local_addr()?,
+        tls = settings.grpc_tls.is_some(),
+        "gRPC listening"
+    );
+    // gRPC is accepted only once the store can answer (or the startup wait
+    // is over): callers connecting meanwhile wait in the listen queue
+    // instead of getting UNAVAILABLE from a store still connecting. HTTP
+    // serves at once, its /healthcheck saying "store not ready".
+    let startup = lifecycle::wait_ready(engine.store().clone(), settings.startup_wait);
+    let grpc_server = grpc::serve(
+        settings,
+        limiter.clone(),
+        health,
+        listeners.grpc,
+        startup,
+        &stopped,
+    )?;
+
+    let limits = listen::HttpLimits {
+        header_read_timeout: settings.http.header_read_timeout,
+        idle_timeout: settings.http.idle_timeout,
+        max_connections: settings.http.max_connections,
+    };
+    let (limits, lowered) = limits.within_open_files();
+    if let Some(open_files) = lowered {
+        tracing::warn!(
+            open_files,
+            max_connections = limits.max_connections,
+            "http.max_connections lowered to a quarter of the open-file limit, so HTTP clients cannot take the descriptors gRPC needs"
+        );
+    }
+    tracing::info!(addr = %listeners.http.local_addr()?, "HTTP listening");
+    let public = admin::public(
+        &engine,
+        limiter,
+        telemetry.clone(),
+        drain_rx,
+        settings.limits.max_message_bytes,
+    );
+    let http_server = listen::serve(
+        listeners.http,
+        public,
+        limits,
+        http_counts.clone(),
+        stopped(),
+    );
+    let debug_server = match listeners.debug {
+        Some(listener) => {
+            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys)");
+            let router = admin::debug(&engine, reloads.clone(), settings.debug_show_values);
+            listen::serve(listener, router, limits, http_counts, stopped()).boxed()
+        }
+        None => futures_util::future::ready(()).boxed(),
+    };
+
+    let grace = settings.shutdown_grace;
+    let drain = settings.shutdown_drain;
+    let servers = async move {
+        let (g, (), ()) = tokio::join!(grpc_server, http_server, debug_server);
+        g.context("gRPC server")?;
+        anyhow::Ok(())
+    };
+    let result = lifecycle::drain_and_stop(
+        servers,
+        shutdown,
+        drain_tx,
+        stop_tx,
+        health_task.task,
+        drain,
+        grace,
+    )
+    .await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    result
+}
+
+/// Builds the engine on the real clock, binds the configured addresses and
+/// serves: what `tollgate serve` does.
+pub async fn serve(
+    settings: &Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let engine = build_engine(settings, Arc::new(SystemClock)).await?;
+    let grpc = TcpListener::bind(settings.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC address {}", settings.grpc_addr))?;
+    let http = TcpListener::bind(settings.http_addr)
+        .await
+        .with_context(|| format!("binding HTTP address {}", settings.http_addr))?;
+    let debug = match settings.debug_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding debug address {addr}"))?,
+        ),
+        None => None,
+    };
+    run_with(settings, engine, Listeners { grpc, http, debug }, shutdown).await
+}
