@@ -1,0 +1,445 @@
+//! The Redis store: one Lua script per algorithm (`lua/*.lua`), run with
+//! `EVALSHA` so deciding and recording is one atomic step on the server, on
+//! the server's clock. Standalone, Cluster and Sentinel deployments, with or
+//! without TLS. This is the only module that knows fred.
+//!
+//! Invariants:
+//! * A call never waits longer than `command_timeout`, connected or not: a
+//!   caller (Envoy, 20 ms by default) prefers a fast error to a late answer.
+//! * Nothing piles up while Redis is away: a call made while disconnected
+//!   fails at once, fred's command queue is bounded, and a command is written
+//!   at most once (`max_command_attempts = 1`), so a hit cut off by a dropped
+//!   connection is never counted twice by a silent retry.
+//! * [`RedisStore::connect`] never fails because Redis is down: the store
+//!   starts not ready and keeps reconnecting in the background.
+//! * Scripts are reloaded on `NOSCRIPT`, because a failed-over primary (or a
+//!   restarted server) has an empty script cache: Redis 7 does not replicate
+//!   `SCRIPT LOAD`.
+//! * One server's trouble stays with it. A cluster gets one client per
+//!   primary, routed by our own copy of `CLUSTER SLOTS` (see
+//!   [`CLUSTER_REFRESH`] for why not fred's cluster client), and
+//!   [`Store::node`] names the primary of a hit so the breaker keeps a
+//!   circuit per primary.
+//! * State changes are logged once each by the supervisor (connected, lost,
+//!   back, a primary unreachable or back, the routing changed); a failed
+//!   call is never logged here, only returned.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use fred::interfaces::ClusterInterface;
+use fred::prelude::{
+    Builder, Client, ClientLike, Config, Error as FredError, ErrorKind, EventInterface, Pool,
+    ReconnectPolicy, Server, ServerConfig, TlsConfig,
+};
+use fred::types::cluster::ClusterRouting;
+use fred::types::config::UnresponsiveConfig;
+use fred::types::scripts::Script;
+use tokio::sync::broadcast::Receiver;
+use tokio::sync::broadcast::error::TryRecvError;
+use tokio::task::AbortHandle;
+
+mod config;
+mod node;
+mod routing;
+mod supervise;
+
+pub use config::RedisConfig;
+pub(crate) use config::redact;
+use node::*;
+use routing::*;
+use supervise::*;
+
+use crate::limit::Algorithm;
+use crate::storage::keys::{self, KeyBuilder, Role};
+use crate::storage::{BoxFuture, Cost, Decision, Hit, NodeId, Store, StoreError, StoreGauges};
+
+const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
+const SLIDING_COUNTER_LUA: &str = include_str!("../../../lua/sliding_window_counter.lua");
+const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_window_log.lua");
+/// Lua numbers are doubles: integers are exact up to 2^53.
+const MAX_EXACT: u64 = 1 << 53;
+/// How long a cluster waits for every primary before it reports ready
+/// with those that answer.
+const STARTUP_GRACE: Duration = Duration::from_secs(5);
+
+/// A [`Store`] on Redis. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    deployment: Deployment,
+    fixed_window: Script,
+    sliding_counter: Script,
+    sliding_log: Script,
+    keys: KeyBuilder,
+    kind: &'static str,
+    command_timeout: Duration,
+    /// Which server each hit goes to; rebuilt by the supervisor, read on
+    /// every hit.
+    routing: RwLock<Arc<Routing>>,
+    /// A call met a slot that moved: look at the cluster again now.
+    stale: AtomicBool,
+    /// Script sets loaded into a server, for metrics.
+    script_loads: AtomicU64,
+    /// The supervisor; aborted on drop so a dropped store stops
+    /// reconnecting.
+    supervisor: Mutex<Option<AbortHandle>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+enum Deployment {
+    /// Standalone, or Sentinel (fred follows the primary).
+    Single(NodePool),
+    /// A Redis Cluster, with one pool per primary (see [`Routing`]) and
+    /// these to open them.
+    Cluster {
+        settings: PoolSettings,
+        seeds: Vec<Server>,
+    },
+}
+
+impl RedisStore {
+    /// Builds the store and starts connecting in the background. Fails only
+    /// on invalid settings (URL, TLS files), never because Redis is down;
+    /// see [`Store::is_ready`] and [`RedisStore::wait_ready`]. Needs a tokio
+    /// runtime.
+    pub async fn connect(config: RedisConfig) -> Result<RedisStore, StoreError> {
+        let (fred_config, kind) = config.to_fred()?;
+        let settings = PoolSettings {
+            config: fred_config.clone(),
+            pool_size: config.pool_size,
+            connect_timeout: config.connect_timeout,
+            command_timeout: config.command_timeout,
+        };
+        // A standalone server is named from the start, so a failure before
+        // the supervisor first looks is already counted against it.
+        let routing = match &fred_config.server {
+            ServerConfig::Centralized { server } => {
+                let name = server.to_string();
+                Routing {
+                    single: NodeId::named(&name),
+                    source: vec![(0, 0, name)],
+                    ..Routing::default()
+                }
+            }
+            _ => Routing::default(),
+        };
+        let deployment = match &fred_config.server {
+            ServerConfig::Clustered { hosts, .. } => Deployment::Cluster {
+                seeds: hosts.clone(),
+                settings,
+            },
+            _ => Deployment::Single(settings.open(fred_config, NodeId::SOLE)?),
+        };
+        let inner = Arc::new(Inner {
+            deployment,
+            fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
+            sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
+            sliding_log: Script::from_lua(SLIDING_LOG_LUA),
+            keys: KeyBuilder::new(config.key_prefix),
+            kind,
+            command_timeout: config.command_timeout,
+            routing: RwLock::new(Arc::new(routing)),
+            stale: AtomicBool::new(true),
+            script_loads: AtomicU64::new(0),
+            supervisor: Mutex::new(None),
+        });
+        let task = tokio::spawn(supervise(Arc::downgrade(&inner)));
+        *inner.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+        Ok(RedisStore { inner })
+    }
+
+    /// Waits until the store is ready or `timeout` passes; returns readiness.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.is_ready() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The script, keys and arguments of `hit`, followed by the further
+    /// costs `more` of the same limiter (decided after it, in order).
+    fn prepare(&self, hit: &Hit<'_>, more: &[Cost]) -> (u16, &Script, Vec<String>, Vec<i64>) {
+        let limiter = self.inner.keys.limiter(hit);
+        let slot = limiter.slot();
+        let (script, keys) = match hit.algorithm {
+            Algorithm::FixedWindow => (
+                &self.inner.fixed_window,
+                vec![limiter.into_key(Role::State)],
+            ),
+            Algorithm::SlidingWindowCounter => (
+                &self.inner.sliding_counter,
+                vec![limiter.into_key(Role::State)],
+            ),
+            Algorithm::SlidingWindowLog => (
+                &self.inner.sliding_log,
+                vec![limiter.key(Role::LogSet), limiter.into_key(Role::LogMeta)],
+            ),
+        };
+        // Integers go out as their decimal text, as the scripts read ARGV;
+        // all are below 2^53, so they fit an i64.
+        let mut args = Vec::with_capacity(6 + 2 * more.len());
+        args.extend([
+            hit.limit.min(MAX_EXACT) as i64,
+            hit.unit.micros().min(MAX_EXACT) as i64,
+            hit.hits.min(MAX_EXACT) as i64,
+            i64::from(hit.negative),
+            i64::from(hit.buckets),
+            i64::from(hit.usage_reports),
+        ]);
+        for cost in more {
+            args.push(cost.hits.min(MAX_EXACT) as i64);
+            args.push(i64::from(cost.negative));
+        }
+        (slot, script, keys, args)
+    }
+
+    /// Runs a script for `expected` hits: one `{admitted, remaining,
+    /// reset}` triple each.
+    async fn run(
+        &self,
+        slot: u16,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<i64>,
+        expected: usize,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let timeout = self.inner.command_timeout;
+        // fred applies the same timeout per command; this one also bounds a
+        // NOSCRIPT reload, a MOVED retry and any wait in fred's queue.
+        let reply = match tokio::time::timeout(timeout, self.call(slot, script, keys, args)).await {
+            Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
+            Ok(reply) => reply?,
+        };
+        let unexpected = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
+        if reply.len() != 3 * expected {
+            return Err(unexpected());
+        }
+        reply
+            .chunks_exact(3)
+            .map(|d| match *d {
+                [admitted, remaining, reset]
+                    if (0..=1).contains(&admitted) && remaining >= 0 && reset >= 0 =>
+                {
+                    Ok(Decision {
+                        admitted: admitted == 1,
+                        remaining: remaining as u64,
+                        reset_micros: reset as u64,
+                    })
+                }
+                _ => Err(unexpected()),
+            })
+            .collect()
+    }
+
+    /// Runs the script on the slot's primary. A `MOVED` reply (the slot has
+    /// just changed hands, ahead of our routing) is followed once, to a
+    /// primary we already know: the script did not run, so it is safe.
+    async fn call(
+        &self,
+        slot: u16,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<i64>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let timeout = self.inner.command_timeout;
+        let routing = self.inner.routing();
+        let node = match &self.inner.deployment {
+            Deployment::Single(node) => node,
+            Deployment::Cluster { .. } => match routing.owner(slot) {
+                Some(node) => node,
+                None if routing.nodes.is_empty() => {
+                    return Err(StoreError::Unavailable(
+                        "redis cluster routing not known yet".into(),
+                    ));
+                }
+                None => {
+                    return Err(StoreError::Unavailable(format!(
+                        "no redis primary serves slot {slot}"
+                    )));
+                }
+            },
+        };
+        let client = connected_client(node)?;
+        let retry = matches!(self.inner.deployment, Deployment::Cluster { .. })
+            .then(|| (keys.clone(), args.clone()));
+        let first = script
+            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args)
+            .await;
+        let e = match first {
+            Ok(reply) => return Ok(reply),
+            Err(e) => e,
+        };
+        if !["MOVED", "ASK", "CLUSTERDOWN"]
+            .iter()
+            .any(|p| e.details().starts_with(p))
+        {
+            return Err(store_error(e, timeout));
+        }
+        self.inner.stale.store(true, Ordering::Release);
+        // MOVED <slot> <host:port>
+        let target = e
+            .details()
+            .strip_prefix("MOVED ")
+            .and_then(|rest| rest.split_whitespace().nth(1));
+        let owner = target.and_then(|t| routing.nodes.iter().find(|n| n.id.name() == Some(t)));
+        match (owner, retry) {
+            (Some(owner), Some((keys, args))) => {
+                let client = connected_client(owner)?;
+                script
+                    .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args)
+                    .await
+                    .map_err(|e| store_error(e, timeout))
+            }
+            _ => Err(store_error(e, timeout)),
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        let (slot, script, keys, args) = self.prepare(&hit, &[]);
+        Box::pin(async move {
+            let mut decisions = self.run(slot, script, keys, args, 1).await?;
+            decisions
+                .pop()
+                .ok_or_else(|| StoreError::Protocol("empty script reply".into()))
+        })
+    }
+
+    fn hit_batch<'a>(
+        &'a self,
+        hit: Hit<'a>,
+        more: &'a [Cost],
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        let (slot, script, keys, args) = self.prepare(&hit, more);
+        Box::pin(self.run(slot, script, keys, args, 1 + more.len()))
+    }
+
+    fn is_ready(&self) -> bool {
+        match &self.inner.deployment {
+            Deployment::Single(node) => node.is_ready(),
+            // Ready once every primary has answered (or, with one down from
+            // the start, after a grace period), and then while some primary
+            // answers: the limiters of a lost primary follow their failure
+            // policy, which is no reason to take this instance out.
+            Deployment::Cluster { .. } => {
+                let routing = self.inner.routing();
+                let settled = routing.built.is_some_and(|t| t.elapsed() >= STARTUP_GRACE)
+                    || routing
+                        .nodes
+                        .iter()
+                        .all(|n| n.answered.load(Ordering::Acquire));
+                settled && routing.nodes.iter().any(|n| n.is_ready())
+            }
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind
+    }
+
+    fn gauges(&self) -> StoreGauges {
+        StoreGauges {
+            script_loads: Some(self.inner.script_loads.load(Ordering::Relaxed)),
+            ..StoreGauges::default()
+        }
+    }
+
+    fn node(&self, hit: &Hit<'_>) -> NodeId {
+        let routing = self.inner.routing();
+        match &self.inner.deployment {
+            Deployment::Single(_) => routing.single.clone(),
+            Deployment::Cluster { .. } => {
+                // Every key of a limiter shares its hash tag, so the tag's
+                // slot is the limiter's slot.
+                let slot = self.inner.keys.limiter(hit).slot();
+                routing
+                    .owner(slot)
+                    .map(|n| n.id.clone())
+                    .unwrap_or_default()
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn routing(&self) -> Arc<Routing> {
+        self.routing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_routing(&self, routing: Routing) {
+        *self.routing.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(routing);
+    }
+}
+
+fn store_error(e: FredError, timeout: Duration) -> StoreError {
+    match e.kind() {
+        ErrorKind::Timeout => StoreError::Timeout(timeout.as_millis() as u64),
+        ErrorKind::Protocol | ErrorKind::Parse => StoreError::Protocol(e.to_string()),
+        ErrorKind::Unknown | ErrorKind::InvalidArgument | ErrorKind::InvalidCommand => {
+            // An error reply from Redis: transient server states are
+            // "unavailable"; anything else (a script error, CROSSSLOT,
+            // WRONGTYPE) is a bug or a foreign key, not worth a retry.
+            const TRANSIENT: [&str; 12] = [
+                "CLUSTERDOWN",
+                "MOVED",
+                "ASK",
+                "TRYAGAIN",
+                "LOADING",
+                "READONLY",
+                "MASTERDOWN",
+                "BUSY",
+                "NOREPLICAS",
+                "MISCONF",
+                "OOM",
+                "NOSCRIPT",
+            ];
+            let details = e.details();
+            if TRANSIENT.iter().any(|p| details.starts_with(p)) {
+                StoreError::Unavailable(e.to_string())
+            } else {
+                StoreError::Protocol(e.to_string())
+            }
+        }
+        // IO, Canceled (written while disconnected), Backpressure, Cluster,
+        // Routing, Sentinel, Auth, Tls...: the backend is not reachable now.
+        _ => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+/// Invalid settings are permanent: reported as the non-transient variant.
+fn invalid(message: String) -> StoreError {
+    StoreError::Protocol(format!("invalid redis settings: {message}"))
+}
+
+#[cfg(test)]
+mod tests;
