@@ -1,0 +1,302 @@
+//! The three algorithms on one limiter's state, with the semantics of the
+//! scripts in `lua/`: each decides a hit and records it in one step, and
+//! returns when the state stops counting.
+
+use std::collections::VecDeque;
+
+use super::*;
+
+/// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
+/// doubles, exact below 2^53): a usage report may carry any cost, and a
+/// limiter that far over its limit is refused for its whole window anyway.
+pub(super) const MAX_COUNT: u64 = 1 << 53;
+
+/// Epoch-aligned fixed window. Every counted hit stays counted, admitted or
+/// not (as the reference service does), except a cost above the limit, which
+/// can never pass and is not recorded unless the limiter takes usage
+/// reports.
+pub(super) fn fixed_window(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    window: &mut u64,
+    count: &mut u64,
+) -> (Decision, u64) {
+    let idx = now / w;
+    let end = (idx + 1) * w;
+    if *window != idx {
+        *window = idx;
+        *count = 0;
+    }
+    let limit = hit.limit;
+    let reset = end - now;
+    if hit.negative {
+        *count = count.saturating_sub(hit.hits);
+        return (decision(true, limit.saturating_sub(*count), reset), end);
+    }
+    if hit.hits > limit && !hit.usage_reports {
+        return (decision(false, limit.saturating_sub(*count), reset), end);
+    }
+    *count = count.saturating_add(hit.hits).min(MAX_COUNT);
+    let admitted = *count <= limit;
+    (decision(admitted, limit.saturating_sub(*count), reset), end)
+}
+
+/// `n` epoch-aligned buckets of `w / (n - 1)` each: the current one, `n - 2`
+/// full ones, and the oldest, which weighs what is left of it in the
+/// trailing window. With `n = 2` that is the classic previous-and-current
+/// pair. Only admitted hits are recorded, unless the limiter takes usage
+/// reports: then every positive cost is, and the answer is refused while
+/// the estimate is over the limit.
+///
+/// Time is counted in units of `1 / (n - 1)` microsecond ("scaled"), so a
+/// bucket is exactly `w` scaled units long whatever `n` is and no bucket
+/// boundary is rounded; real durations are the scaled ones divided by
+/// `n - 1`, rounded up.
+pub(super) fn sliding_counter(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    window: &mut u64,
+    counts: &mut Vec<u64>,
+) -> (Decision, u64) {
+    let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
+    let spans = n as u64 - 1;
+    let scaled = u128::from(now) * u128::from(spans);
+    let idx = (scaled / u128::from(w)) as u64;
+    let elapsed = (scaled - u128::from(idx) * u128::from(w)) as u64;
+    let real = |scaled: u64| scaled.div_ceil(spans);
+    if counts.len() != n {
+        counts.clear();
+        // Exactly n: the default growth would round 2 buckets up to 4.
+        counts.reserve_exact(n);
+        counts.resize(n, 0);
+    } else if idx >= *window && idx - *window < n as u64 {
+        let shift = (idx - *window) as usize;
+        counts.rotate_right(shift);
+        counts[..shift].fill(0);
+    } else if idx != *window {
+        counts.fill(0);
+    }
+    *window = idx;
+    let expires = now + real(n as u64 * w - elapsed);
+    let limit = hit.limit;
+    // The same floating-point steps as lua/sliding_window_counter.lua.
+    // Multiplying before dividing keeps the estimate exact while
+    // oldest x window stays below 2^53.
+    let wf = w as f64;
+    let left = (w - elapsed) as f64;
+    let estimate = |counts: &[u64]| {
+        let full: u64 = counts[..n - 1].iter().sum();
+        counts[n - 1] as f64 * left / wf + full as f64
+    };
+    let remaining = |est: f64| {
+        let r = (limit as f64 - est).floor();
+        if r > 0.0 { r as u64 } else { 0 }
+    };
+    // Until the oldest bucket holding hits has left the trailing window.
+    let ok_reset = |counts: &[u64]| match counts.iter().rposition(|&c| c > 0) {
+        Some(age) => real((n - age) as u64 * w - elapsed),
+        None => 0,
+    };
+    if hit.negative {
+        let mut back = hit.hits;
+        for c in counts.iter_mut() {
+            let take = back.min(*c);
+            *c -= take;
+            back -= take;
+        }
+        let est = estimate(counts);
+        return (decision(true, remaining(est), ok_reset(counts)), expires);
+    }
+    // Refused: the first bucket (j buckets on) where the full ones fit a
+    // hit of `cost`, then the moment in it when the oldest has lost enough
+    // weight: oldest x (w - e) / w <= room  holds from
+    // e = w - floor(w x room / oldest).
+    let wait_for = |counts: &[u64], cost: u64| {
+        let need = (limit - cost) as f64;
+        for j in 0..n {
+            let full: u64 = counts[..n - 1 - j].iter().sum();
+            if full as f64 > need {
+                continue;
+            }
+            let oldest = counts[n - 1 - j];
+            let at = if oldest == 0 {
+                0
+            } else {
+                w - ((wf * (need - full as f64) / oldest as f64).floor() as u64).min(w)
+            };
+            return if j == 0 {
+                real(at.saturating_sub(elapsed)).max(1)
+            } else {
+                real(j as u64 * w + at - elapsed)
+            };
+        }
+        w
+    };
+    let est = estimate(counts);
+    if hit.hits > limit && !hit.usage_reports {
+        return (decision(false, remaining(est), w), expires);
+    }
+    if est + hit.hits as f64 <= limit as f64 {
+        counts[0] += hit.hits;
+        let est = estimate(counts);
+        return (decision(true, remaining(est), ok_reset(counts)), expires);
+    }
+    if hit.usage_reports {
+        // Recorded all the same; refused until a check would pass.
+        counts[0] = counts[0].saturating_add(hit.hits).min(MAX_COUNT);
+        let d = decision(false, remaining(estimate(counts)), wait_for(counts, 0));
+        return (d, expires);
+    }
+    (
+        decision(false, remaining(est), wait_for(counts, hit.hits)),
+        expires,
+    )
+}
+
+/// The exact trailing window: every admitted hit with its time and cost,
+/// in at most `max_members` members. A limit above that keeps its hits at
+/// a coarser time (see the module docs). A limiter that takes usage
+/// reports also records the costs that take it over (or are over the limit
+/// themselves); while the log is already at or past its limit such a cost
+/// is added to the newest entry, which takes the report's time, so a log
+/// never holds more entries than its limit.
+pub(super) fn sliding_log(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    entries: &mut VecDeque<(u64, u64)>,
+    sum: &mut u64,
+    max_members: usize,
+) -> (Decision, u64) {
+    // A hit at time t counts while t > now - w.
+    while let Some(&(ts, cost)) = entries.front() {
+        if ts + w <= now {
+            entries.pop_front();
+            *sum -= cost;
+        } else {
+            break;
+        }
+    }
+    // Memory follows the log down as well as up; a quarter full, so that a
+    // log hovering around one length does not reallocate back and forth.
+    if entries.capacity() > 8 && entries.len() <= entries.capacity() / 4 {
+        entries.shrink_to(entries.len() * 2);
+    }
+    let limit = hit.limit;
+    let oldest_reset =
+        |entries: &VecDeque<(u64, u64)>| entries.front().map(|&(ts, _)| ts + w - now).unwrap_or(0);
+    let expires =
+        |entries: &VecDeque<(u64, u64)>| entries.back().map(|&(ts, _)| ts + w).unwrap_or(now);
+    if hit.negative {
+        let mut back = hit.hits;
+        while back > 0 {
+            let Some(last) = entries.back_mut() else {
+                break;
+            };
+            let take = back.min(last.1);
+            last.1 -= take;
+            *sum -= take;
+            back -= take;
+            if last.1 == 0 {
+                entries.pop_back();
+            }
+        }
+        let d = decision(true, limit.saturating_sub(*sum), oldest_reset(entries));
+        return (d, expires(entries));
+    }
+    if hit.hits > limit && !hit.usage_reports {
+        let d = decision(false, limit.saturating_sub(*sum), w);
+        return (d, expires(entries));
+    }
+    if *sum + hit.hits <= limit {
+        if hit.hits > 0 {
+            record(entries, now, w, hit.hits, limit, max_members);
+            *sum += hit.hits;
+        }
+        let d = decision(true, limit - *sum, oldest_reset(entries));
+        return (d, expires(entries));
+    }
+    // Refused: the first moment enough of the oldest hits have left for a
+    // hit of `cost`.
+    let wait_for = |entries: &VecDeque<(u64, u64)>, sum: u64, cost: u64| {
+        let mut freed = 0;
+        for &(ts, c) in entries.iter() {
+            freed += c;
+            if sum - freed + cost <= limit {
+                return ts + w - now;
+            }
+        }
+        w
+    };
+    if hit.usage_reports && hit.hits > 0 {
+        let add = hit.hits.min(MAX_COUNT - *sum);
+        match entries.back_mut() {
+            Some(last) if *sum >= limit => *last = (last.0.max(now), last.1 + add),
+            _ if add == 0 => {}
+            _ => record(entries, now, w, add, limit, max_members),
+        }
+        *sum += add;
+        let d = decision(false, 0, wait_for(entries, *sum, 0));
+        return (d, expires(entries));
+    }
+    let d = decision(
+        false,
+        limit.saturating_sub(*sum),
+        wait_for(entries, *sum, hit.hits),
+    );
+    (d, expires(entries))
+}
+
+/// Adds an admitted hit of `cost` at `now` to a log of at most
+/// `max_members` members.
+///
+/// Each member costs at least 1 and the members add up to at most `limit`,
+/// so a limit within `max_members` never needs more and every hit keeps
+/// its own time. Above it, times are rounded up to a granule of
+/// `w / (max_members - 1)`: the members within a window then sit on
+/// distinct multiples of the granule in `(now - w, now + granule)`, at most
+/// `max_members` of them. Should a log still be full (its limit was raised
+/// by a reload), the hit joins the newest member, whose time moves up to
+/// the hit's. Either way a hit only ever counts longer, never shorter.
+pub(super) fn record(
+    entries: &mut VecDeque<(u64, u64)>,
+    now: u64,
+    w: u64,
+    cost: u64,
+    limit: u64,
+    max_members: usize,
+) {
+    let mut at = now;
+    if limit > max_members as u64 {
+        let granule = w.div_ceil((max_members as u64).saturating_sub(1).max(1));
+        at = now.div_ceil(granule).saturating_mul(granule);
+    }
+    let full = entries.len() >= max_members;
+    if let Some(last) = entries.back_mut() {
+        // A rounded time may be ahead of now: members stay in time order.
+        at = at.max(last.0);
+        if last.0 == at || full {
+            last.0 = at;
+            last.1 += cost;
+            return;
+        }
+    }
+    if entries.len() == entries.capacity() {
+        // Grown by hand, doubling up to the room and no further: the
+        // default growth could allocate past it.
+        let len = entries.len();
+        let target = (len * 2).clamp(4, max_members.max(1));
+        entries.reserve_exact(target.saturating_sub(len).max(1));
+    }
+    entries.push_back((at, cost));
+}
+
+pub(super) fn decision(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {
+    Decision {
+        admitted,
+        remaining,
+        reset_micros,
+    }
+}
