@@ -86,7 +86,8 @@ async fn concurrent_hits_share_script_calls_and_stay_exact() {
     let off_settings: Vec<(&str, &str)> = common
         .iter()
         .copied()
-        .chain([("redis.coalesce", "false")])
+        // Nor batched: each decision its own EVALSHA, the count below.
+        .chain([("redis.coalesce", "false"), ("redis.batch_max", "1")])
         .collect();
     let off = Tollgate::start(&files, &off_settings).await;
     on.wait_serving(Duration::from_secs(20)).await;

@@ -485,6 +485,17 @@ fn register_observers(meter: &Meter, s: Sources) {
         .build();
     let store = s.store.clone();
     meter
+        .u64_observable_counter("tollgate.store.batches")
+        .with_description("Redis: batches of several script calls sent as one EVALSHA (kind=batches) and the calls they carried (kind=calls)")
+        .with_callback(move |o| {
+            if let Some((batches, calls)) = store.gauges().batches {
+                o.observe(batches, &[KeyValue::new("kind", "batches")]);
+                o.observe(calls, &[KeyValue::new("kind", "calls")]);
+            }
+        })
+        .build();
+    let store = s.store.clone();
+    meter
         .u64_observable_gauge("tollgate.store.limiters")
         .with_description("Limiters held by the embedded store")
         .with_callback(move |o| {

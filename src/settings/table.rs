@@ -212,7 +212,13 @@ pub const SETTINGS: &[Setting] = &[
         "redis.pool_size",
         Some("4"),
         count(1, 256),
-        "connections per node",
+        "connections per node; also the script batches in flight per node",
+    ),
+    s(
+        "redis.batch_max",
+        Some("64"),
+        count(1, 1024),
+        "script calls to one node sent as one `EVALSHA` at most; a batch is whatever queued while the node's earlier batches were in flight (no timer); 1: every call alone",
     ),
     s(
         "redis.connect_timeout_ms",

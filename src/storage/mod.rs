@@ -231,6 +231,9 @@ pub struct StoreGauges {
     /// Times the scripts were loaded into a server (Redis: at connect and
     /// after every reconnect).
     pub script_loads: Option<u64>,
+    /// Redis: batches of several script calls sent as one `EVALSHA`, and
+    /// the calls they carried (calls sent alone are in neither).
+    pub batches: Option<(u64, u64)>,
     /// The local over-limit cache in front of the store, when enabled.
     pub over_limit_cache: Option<CacheCounts>,
     /// The coalescing layer, when enabled.

@@ -21,6 +21,9 @@ pub struct RedisConfig {
     pub tls_key_file: Option<PathBuf>,
     /// Connections (each auto-pipelines, so a few are plenty).
     pub pool_size: usize,
+    /// Script calls to one server sent as one batch at most (1: each
+    /// alone). Batches form only while earlier ones are in flight.
+    pub batch_max: usize,
     /// Bound on opening one connection (TCP, TLS, AUTH, cluster discovery).
     pub connect_timeout: Duration,
     /// Bound on one call, end to end. Keep it well under Envoy's timeout
@@ -40,6 +43,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("tls_cert_file", &self.tls_cert_file)
             .field("tls_key_file", &self.tls_key_file)
             .field("pool_size", &self.pool_size)
+            .field("batch_max", &self.batch_max)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("key_prefix", &self.key_prefix)
@@ -57,6 +61,7 @@ impl Default for RedisConfig {
             tls_cert_file: None,
             tls_key_file: None,
             pool_size: 4,
+            batch_max: 64,
             connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_millis(500),
             key_prefix: keys::DEFAULT_PREFIX.to_owned(),

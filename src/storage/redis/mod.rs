@@ -43,24 +43,25 @@ use tokio::sync::broadcast::Receiver;
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::task::AbortHandle;
 
+mod batch;
 mod config;
 mod node;
 mod routing;
+mod scripts;
 mod supervise;
 
+use batch::{Batcher, Call};
 pub use config::RedisConfig;
 pub(crate) use config::redact;
 use node::*;
 use routing::*;
+use scripts::{Scripts, batch_id};
 use supervise::*;
 
 use crate::limit::Algorithm;
 use crate::storage::keys::{self, KeyBuilder, Role};
 use crate::storage::{BoxFuture, Cost, Decision, Hit, NodeId, Store, StoreError, StoreGauges};
 
-const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
-const SLIDING_COUNTER_LUA: &str = include_str!("../../../lua/sliding_window_counter.lua");
-const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_window_log.lua");
 /// Lua numbers are doubles: integers are exact up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
 /// How long a cluster waits for every primary before it reports ready
@@ -75,9 +76,7 @@ pub struct RedisStore {
 
 struct Inner {
     deployment: Deployment,
-    fixed_window: Script,
-    sliding_counter: Script,
-    sliding_log: Script,
+    scripts: Arc<Scripts>,
     keys: KeyBuilder,
     kind: &'static str,
     command_timeout: Duration,
@@ -124,11 +123,14 @@ impl RedisStore {
     /// runtime.
     pub async fn connect(config: RedisConfig) -> Result<RedisStore, StoreError> {
         let (fred_config, kind) = config.to_fred()?;
+        let scripts = Arc::new(Scripts::new());
         let settings = PoolSettings {
             config: fred_config.clone(),
             pool_size: config.pool_size,
             connect_timeout: config.connect_timeout,
             command_timeout: config.command_timeout,
+            scripts: scripts.clone(),
+            batch_max: config.batch_max,
         };
         // A standalone server is named from the start, so a failure before
         // the supervisor first looks is already counted against it.
@@ -152,9 +154,7 @@ impl RedisStore {
         };
         let inner = Arc::new(Inner {
             deployment,
-            fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
-            sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
-            sliding_log: Script::from_lua(SLIDING_LOG_LUA),
+            scripts,
             keys: KeyBuilder::new(config.key_prefix),
             kind,
             command_timeout: config.command_timeout,
@@ -184,22 +184,16 @@ impl RedisStore {
 
     /// The script, keys and arguments of `hit`, followed by the further
     /// costs `more` of the same limiter (decided after it, in order).
-    fn prepare(&self, hit: &Hit<'_>, more: &[Cost]) -> (u16, &Script, Vec<String>, Vec<i64>) {
+    fn prepare(&self, hit: &Hit<'_>, more: &[Cost]) -> (u16, Call) {
         let limiter = self.inner.keys.limiter(hit);
         let slot = limiter.slot();
-        let (script, keys) = match hit.algorithm {
-            Algorithm::FixedWindow => (
-                &self.inner.fixed_window,
-                vec![limiter.into_key(Role::State)],
-            ),
-            Algorithm::SlidingWindowCounter => (
-                &self.inner.sliding_counter,
-                vec![limiter.into_key(Role::State)],
-            ),
-            Algorithm::SlidingWindowLog => (
-                &self.inner.sliding_log,
-                vec![limiter.key(Role::LogSet), limiter.into_key(Role::LogMeta)],
-            ),
+        let keys = match hit.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+                vec![limiter.into_key(Role::State)]
+            }
+            Algorithm::SlidingWindowLog => {
+                vec![limiter.key(Role::LogSet), limiter.into_key(Role::LogMeta)]
+            }
         };
         // Integers go out as their decimal text, as the scripts read ARGV;
         // all are below 2^53, so they fit an i64.
@@ -216,7 +210,12 @@ impl RedisStore {
             args.push(cost.hits.min(MAX_EXACT) as i64);
             args.push(i64::from(cost.negative));
         }
-        (slot, script, keys, args)
+        let call = Call {
+            algorithm: hit.algorithm,
+            keys,
+            args,
+        };
+        (slot, call)
     }
 
     /// Runs a script for `expected` hits: one `{admitted, remaining,
@@ -224,15 +223,13 @@ impl RedisStore {
     async fn run(
         &self,
         slot: u16,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<i64>,
+        call: Call,
         expected: usize,
     ) -> Result<Vec<Decision>, StoreError> {
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
         // NOSCRIPT reload, a MOVED retry and any wait in fred's queue.
-        let reply = match tokio::time::timeout(timeout, self.call(slot, script, keys, args)).await {
+        let reply = match tokio::time::timeout(timeout, self.call(slot, call)).await {
             Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
             Ok(reply) => reply?,
         };
@@ -260,13 +257,7 @@ impl RedisStore {
     /// Runs the script on the slot's primary. A `MOVED` reply (the slot has
     /// just changed hands, ahead of our routing) is followed once, to a
     /// primary we already know: the script did not run, so it is safe.
-    async fn call(
-        &self,
-        slot: u16,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<i64>,
-    ) -> Result<Vec<i64>, StoreError> {
+    async fn call(&self, slot: u16, call: Call) -> Result<Vec<i64>, StoreError> {
         let timeout = self.inner.command_timeout;
         let routing = self.inner.routing();
         let node = match &self.inner.deployment {
@@ -285,12 +276,11 @@ impl RedisStore {
                 }
             },
         };
-        let client = connected_client(node)?;
+        connected_client(node)?;
+        let script = self.inner.scripts.of(call.algorithm);
         let retry = matches!(self.inner.deployment, Deployment::Cluster { .. })
-            .then(|| (keys.clone(), args.clone()));
-        let first = script
-            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args)
-            .await;
+            .then(|| (call.keys.clone(), call.args.clone()));
+        let first = node.batcher.submit(call).await;
         let e = match first {
             Ok(reply) => return Ok(reply),
             Err(e) => e,
@@ -323,9 +313,9 @@ impl RedisStore {
 
 impl Store for RedisStore {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        let (slot, script, keys, args) = self.prepare(&hit, &[]);
+        let (slot, call) = self.prepare(&hit, &[]);
         Box::pin(async move {
-            let mut decisions = self.run(slot, script, keys, args, 1).await?;
+            let mut decisions = self.run(slot, call, 1).await?;
             decisions
                 .pop()
                 .ok_or_else(|| StoreError::Protocol("empty script reply".into()))
@@ -337,8 +327,8 @@ impl Store for RedisStore {
         hit: Hit<'a>,
         more: &'a [Cost],
     ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
-        let (slot, script, keys, args) = self.prepare(&hit, more);
-        Box::pin(self.run(slot, script, keys, args, 1 + more.len()))
+        let (slot, call) = self.prepare(&hit, more);
+        Box::pin(self.run(slot, call, 1 + more.len()))
     }
 
     fn is_ready(&self) -> bool {
@@ -367,6 +357,7 @@ impl Store for RedisStore {
     fn gauges(&self) -> StoreGauges {
         StoreGauges {
             script_loads: Some(self.inner.script_loads.load(Ordering::Relaxed)),
+            batches: Some(self.inner.batch_counts()),
             ..StoreGauges::default()
         }
     }
@@ -389,6 +380,22 @@ impl Store for RedisStore {
 }
 
 impl Inner {
+    /// Batches and their calls, over every server.
+    fn batch_counts(&self) -> (u64, u64) {
+        let add = |(b, c): (u64, u64), node: &NodePool| {
+            let (nb, nc) = node.batcher.counts();
+            (b + nb, c + nc)
+        };
+        match &self.deployment {
+            Deployment::Single(node) => add((0, 0), node),
+            Deployment::Cluster { .. } => self
+                .routing()
+                .nodes
+                .iter()
+                .fold((0, 0), |acc, n| add(acc, n)),
+        }
+    }
+
     fn routing(&self) -> Arc<Routing> {
         self.routing
             .read()

@@ -16,6 +16,9 @@ pub(super) struct PoolSettings {
     pub(super) pool_size: usize,
     pub(super) connect_timeout: Duration,
     pub(super) command_timeout: Duration,
+    pub(super) scripts: Arc<Scripts>,
+    /// Calls in one batch at most (see [`Batcher`]).
+    pub(super) batch_max: usize,
 }
 
 impl PoolSettings {
@@ -54,8 +57,15 @@ impl PoolSettings {
             });
         }
         let reconnects = pool.clients().iter().map(|c| c.reconnect_rx()).collect();
+        let batcher = Arc::new(Batcher::new(
+            pool.clone(),
+            self.scripts.clone(),
+            self.pool_size,
+            self.batch_max,
+        ));
         Ok(NodePool {
             id,
+            batcher,
             pool,
             tasks,
             loaded: AtomicBool::new(false),
@@ -77,6 +87,8 @@ impl PoolSettings {
 /// Connections to one server. Dropping it stops them.
 pub(super) struct NodePool {
     pub(super) id: NodeId,
+    /// Script calls to this server go out through it.
+    pub(super) batcher: Arc<Batcher>,
     pub(super) pool: Pool,
     pub(super) tasks: Vec<AbortHandle>,
     /// Scripts loaded since the last (re)connection.

@@ -1,0 +1,224 @@
+//! Per-server batching of script calls. Calls bound for one server that
+//! are ready at the same moment go out as one `EVALSHA` of the batch
+//! script: one write on the socket, one command for Redis to parse, one
+//! reply to read. There is no timer: a batch is whatever queued while the
+//! server's previous batches were in flight (at most `lanes` at once, one
+//! per connection), so a lone call goes out at once, alone, as before, and
+//! batches grow only when calls would otherwise wait.
+//!
+//! A call whose caller stopped waiting (its deadline passed while it
+//! queued) is left out of the batch. A batch the server refused before
+//! running it (`TRYAGAIN`, `CLUSTERDOWN`, a script it cannot load) is sent
+//! again call by call, each with its own script, which is safe because
+//! nothing ran; any other error is every call's error, never a retry (part
+//! of the batch may have run: a hit is written at most once).
+
+use std::collections::VecDeque;
+
+use tokio::sync::oneshot;
+
+use super::*;
+
+/// One script call: its algorithm, keys and arguments.
+pub(super) struct Call {
+    pub(super) algorithm: Algorithm,
+    pub(super) keys: Vec<String>,
+    pub(super) args: Vec<i64>,
+}
+
+type Reply = Result<Vec<i64>, FredError>;
+
+struct Waiting {
+    call: Call,
+    reply: oneshot::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Waiting>,
+    /// Batches in flight.
+    running: usize,
+}
+
+/// The batching of one server's calls.
+pub(super) struct Batcher {
+    pool: Pool,
+    scripts: Arc<Scripts>,
+    queue: Mutex<Queue>,
+    /// Batches in flight at most.
+    lanes: usize,
+    /// Calls in one batch at most; 1 sends every call alone.
+    max_calls: usize,
+    /// The server ran the batch script (false: it refused it, and calls go
+    /// one by one).
+    batch_ok: AtomicBool,
+    /// Counts, for tests and metrics: batches sent, calls in them.
+    batches: AtomicU64,
+    batched_calls: AtomicU64,
+}
+
+impl Batcher {
+    pub(super) fn new(
+        pool: Pool,
+        scripts: Arc<Scripts>,
+        lanes: usize,
+        max_calls: usize,
+    ) -> Batcher {
+        Batcher {
+            pool,
+            scripts,
+            queue: Mutex::new(Queue::default()),
+            lanes: lanes.max(1),
+            max_calls: max_calls.max(1),
+            batch_ok: AtomicBool::new(true),
+            batches: AtomicU64::new(0),
+            batched_calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Runs `call` on this server, in a batch with whatever else is ready.
+    pub(super) async fn submit(self: &Arc<Self>, call: Call) -> Reply {
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.waiting.push_back(Waiting { call, reply: tx });
+            if q.running < self.lanes {
+                q.running += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if start {
+            // Its own task: a caller that stops waiting must not cancel
+            // the others' batch.
+            tokio::spawn(self.clone().drain());
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(FredError::new(
+                ErrorKind::Canceled,
+                "redis batch dropped before its reply",
+            ))
+        })
+    }
+
+    /// Sends batches until the queue is empty, then frees its lane.
+    async fn drain(self: Arc<Self>) {
+        loop {
+            let batch: Vec<Waiting> = {
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                q.waiting.retain(|w| !w.reply.is_closed());
+                if q.waiting.is_empty() {
+                    q.running -= 1;
+                    return;
+                }
+                let n = q.waiting.len().min(self.max_calls);
+                q.waiting.drain(..n).collect()
+            };
+            self.send(batch).await;
+        }
+    }
+
+    async fn send(&self, mut batch: Vec<Waiting>) {
+        let client = self.pool.next_connected().clone();
+        if batch.len() == 1 {
+            let w = batch.pop().expect("one call");
+            let reply = self.alone(&client, w.call).await;
+            let _ = w.reply.send(reply);
+            return;
+        }
+        if !self.batch_ok.load(Ordering::Relaxed) {
+            return self.one_by_one(&client, batch).await;
+        }
+        let mut args: Vec<fred::types::Value> = Vec::new();
+        for w in &batch {
+            args.extend([
+                batch_id(w.call.algorithm).into(),
+                (w.call.keys.len() as i64).into(),
+                (w.call.args.len() as i64).into(),
+            ]);
+            args.extend(w.call.keys.iter().map(|k| k.as_str().into()));
+            args.extend(w.call.args.iter().map(|&a| a.into()));
+        }
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched_calls
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let reply = self
+            .scripts
+            .batch
+            .evalsha_with_reload::<Vec<i64>, _, _>(&client, Vec::<String>::new(), args)
+            .await;
+        match reply {
+            Ok(reply) => {
+                let mut rest = &reply[..];
+                for w in batch {
+                    let part = match rest.split_first() {
+                        Some((&n, tail)) if n >= 0 && (n as usize) <= tail.len() => {
+                            let (part, tail) = tail.split_at(n as usize);
+                            rest = tail;
+                            Ok(part.to_vec())
+                        }
+                        _ => Err(FredError::new(
+                            ErrorKind::Protocol,
+                            format!("unexpected batch reply {reply:?}"),
+                        )),
+                    };
+                    let _ = w.reply.send(part);
+                }
+            }
+            Err(e) if refused_before_running(&e) => {
+                if is_script_refused(&e) {
+                    self.batch_ok.store(false, Ordering::Relaxed);
+                    tracing::info!(error = %e, "redis refused the batch script: calls go one by one");
+                }
+                self.one_by_one(&client, batch).await;
+            }
+            Err(e) => {
+                for w in batch {
+                    let _ = w.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    async fn alone(&self, client: &Client, call: Call) -> Reply {
+        self.scripts
+            .of(call.algorithm)
+            .evalsha_with_reload::<Vec<i64>, _, _>(client, call.keys, call.args)
+            .await
+    }
+
+    /// Each call with its own script, all written at once (fred pipelines
+    /// them on the connection).
+    async fn one_by_one(&self, client: &Client, batch: Vec<Waiting>) {
+        futures_util::future::join_all(batch.into_iter().map(|w| async move {
+            let reply = self.alone(client, w.call).await;
+            let _ = w.reply.send(reply);
+        }))
+        .await;
+    }
+
+    /// (batches sent, calls in them) so far.
+    pub(super) fn counts(&self) -> (u64, u64) {
+        (
+            self.batches.load(Ordering::Relaxed),
+            self.batched_calls.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Errors Redis answers before a script runs: nothing was recorded.
+fn refused_before_running(e: &FredError) -> bool {
+    const BEFORE: [&str; 5] = ["MOVED", "ASK", "CROSSSLOT", "TRYAGAIN", "CLUSTERDOWN"];
+    BEFORE.iter().any(|p| e.details().starts_with(p)) || is_script_refused(e)
+}
+
+/// The server cannot load or run the batch script (no shebang flags before
+/// Redis 7).
+fn is_script_refused(e: &FredError) -> bool {
+    let d = e.details();
+    d.contains("Error compiling script")
+        || d.contains("shebang")
+        || d.contains("Unexpected flag")
+        || d.contains("Unknown lua shebang")
+}

@@ -1,0 +1,90 @@
+//! The Lua scripts: one per algorithm (`lua/*.lua`), and the batch script
+//! built from them, which decides calls on several limiters of one server
+//! in one `EVALSHA`. Each algorithm's text is written once; the batch
+//! script runs it unchanged as a function of its own `KEYS` and `ARGV`.
+
+use super::*;
+
+const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
+const SLIDING_COUNTER_LUA: &str = include_str!("../../../lua/sliding_window_counter.lua");
+const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_window_log.lua");
+
+/// The scripts, by algorithm, and the batch script.
+pub(super) struct Scripts {
+    pub(super) fixed_window: Script,
+    pub(super) sliding_counter: Script,
+    pub(super) sliding_log: Script,
+    pub(super) batch: Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Scripts {
+        Scripts {
+            fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
+            sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
+            sliding_log: Script::from_lua(SLIDING_LOG_LUA),
+            batch: Script::from_lua(batch_lua()),
+        }
+    }
+
+    pub(super) fn of(&self, algorithm: Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::FixedWindow => &self.fixed_window,
+            Algorithm::SlidingWindowCounter => &self.sliding_counter,
+            Algorithm::SlidingWindowLog => &self.sliding_log,
+        }
+    }
+}
+
+/// The batch script's number for an algorithm.
+pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
+    match algorithm {
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindowCounter => 2,
+        Algorithm::SlidingWindowLog => 3,
+    }
+}
+
+/// The batch script. `ARGV` holds, per call in order: the algorithm's
+/// number, its key count, its argument count, its keys, then its
+/// arguments. The reply is, per call, the length of its reply followed by
+/// that reply. The calls run one after the other in one atomic step, each
+/// exactly as its own script would.
+///
+/// The keys travel in `ARGV`, not `KEYS`: on a cluster a batch carries
+/// limiters of many slots of one primary, and Redis refuses declared keys
+/// of different slots in one call (`CROSSSLOT`) but lets a script without
+/// flags use keys of any slot its server holds. So the batch goes to the
+/// primary the routing names, as every call does; a slot that moved away
+/// makes the call that touches it fail with an error, never count
+/// elsewhere.
+fn batch_lua() -> String {
+    let mut text = String::from("local run = {}\n");
+    for (id, body) in [
+        (1, FIXED_WINDOW_LUA),
+        (2, SLIDING_COUNTER_LUA),
+        (3, SLIDING_LOG_LUA),
+    ] {
+        text.push_str(&format!("run[{id}] = function(KEYS, ARGV)\n{body}\nend\n"));
+    }
+    text.push_str(
+        r#"
+local out = {}
+local a = 1
+while ARGV[a] do
+  local algorithm = tonumber(ARGV[a])
+  local nkeys = tonumber(ARGV[a + 1])
+  local nargs = tonumber(ARGV[a + 2])
+  local keys, args = {}, {}
+  for j = 1, nkeys do keys[j] = ARGV[a + 2 + j] end
+  for j = 1, nargs do args[j] = ARGV[a + 2 + nkeys + j] end
+  a = a + 3 + nkeys + nargs
+  local reply = run[algorithm](keys, args)
+  out[#out + 1] = #reply
+  for j = 1, #reply do out[#out + 1] = reply[j] end
+end
+return out
+"#,
+    );
+    text
+}
