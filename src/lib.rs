@@ -4,12 +4,13 @@
 //!
 //! Start at [`server::run`] for the service and at [`engine::Engine`] for the
 //! decision logic; `ARCHITECTURE.md` has the map.
+//!
+//! The library is the service: it exports no command line and no client
+//! tools. The binary's own modules hold those (`check`, the load generator
+//! `bench`, `simulate`), built on this public API alone.
 
 #![forbid(unsafe_code)]
 
-pub mod bench;
-pub mod check;
-pub mod cli;
 pub mod clock;
 pub mod engine;
 pub mod json;
@@ -21,6 +22,5 @@ pub mod rules;
 pub mod server;
 pub mod service;
 pub mod settings;
-pub mod simulate;
 pub mod storage;
 pub mod tls;

@@ -1,7 +1,10 @@
-//! The `tollgate` binary: everything lives in the library.
+//! The `tollgate` binary: the command line and the client tools (`cmd`);
+//! the service itself lives in the library.
 
 #![forbid(unsafe_code)]
 
+mod cmd;
+
 fn main() -> std::process::ExitCode {
-    tollgate::cli::main()
+    cmd::main()
 }

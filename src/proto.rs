@@ -1,6 +1,7 @@
 //! Envoy's rate-limit protocol, generated at build time from `proto/`.
-//! Only [`crate::service`], [`crate::check`] and [`crate::bench`] use these
-//! types; the engine never sees them.
+//! In the library only [`crate::service`] and [`crate::json`] use these
+//! types (and, from the binary, the `check` and `bench` clients); the engine
+//! never sees them.
 
 #![allow(clippy::all, missing_docs)]
 

@@ -1,14 +1,17 @@
-//! `tollgate bench` against tollgate itself, in-process on the embedded
-//! store: the report adds up, a tight hot-key limit is refused, latency
-//! percentiles are ordered; and against a closed port the bench reports
-//! errors and ends.
+//! `tollgate bench` against tollgate itself (in-process, on the embedded
+//! store), run as the real binary and read from its JSON report: the report
+//! adds up, a tight hot-key limit is refused, latency percentiles are
+//! ordered; against a closed port the bench reports errors and ends; a bad
+//! address does not start.
 
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::process::Command;
 use tokio::sync::oneshot;
-use tollgate::bench::{BenchConfig, Load, Report, run};
 use tollgate::settings::{Settings, Sources};
 
 // The algorithm is named: a rule without one records refused hits too
@@ -56,88 +59,168 @@ async fn start() -> Server {
     }
 }
 
-fn config(addr: &str, load: Load) -> BenchConfig {
-    let mut cfg = BenchConfig::new(addr, "bench", vec![vec![("k".into(), "hot".into())]]);
-    cfg.load = load;
-    cfg.duration = Some(Duration::from_secs(1));
-    cfg.warmup = Duration::from_millis(200);
-    cfg.connections = 2;
-    cfg
+/// How the load is offered: the flags that choose it.
+fn closed(concurrency: usize) -> Vec<String> {
+    vec!["--concurrency".into(), concurrency.to_string()]
 }
 
-/// Runs the bench, failing the test if it does not end in `within`.
-async fn bench(cfg: &BenchConfig, within: Duration) -> Report {
-    tokio::time::timeout(within, run(cfg))
+fn open(rate: f64, max_in_flight: usize) -> Vec<String> {
+    vec![
+        "--rate".into(),
+        rate.to_string(),
+        "--max-in-flight".into(),
+        max_in_flight.to_string(),
+    ]
+}
+
+/// `tollgate bench` on a hot key for 1 s after 200 ms of warm-up, over 2
+/// connections, with `load` and then `extra` flags.
+fn args(addr: &str, load: &[String], extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "bench",
+        "--addr",
+        addr,
+        "--domain",
+        "bench",
+        "--descriptor",
+        "k=hot",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--connections",
+        "2",
+        "--json",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend_from_slice(load);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// What the binary said and how it exited.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the binary, failing the test if it does not end in `within`.
+async fn tollgate(args: &[String], within: Duration) -> Run {
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(within, child.wait_with_output())
         .await
         .expect("the bench ended in time")
-        .expect("the bench started")
+        .unwrap();
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
 }
 
-fn assert_consistent(r: &Report) {
-    let text = r.render();
-    assert_eq!(r.total(), r.ok + r.over_limit + r.error_count(), "{text}");
-    let l = r.latency;
-    assert!(l.p50 <= l.p90 && l.p90 <= l.p99, "{text}");
-    assert!(l.p99 <= l.p999 && l.p999 <= l.max, "{text}");
-    let json = r.to_json();
-    assert!(!json.contains('\n'), "{json}");
-    assert!(
-        json.contains(&format!("\"requests\":{}", r.total())),
-        "{json}"
+/// The report of a bench that started: exit 0 and one line of JSON.
+async fn bench(args: &[String], within: Duration) -> Value {
+    let run = tollgate(args, within).await;
+    assert_eq!(run.code, Some(0), "the bench started: {}", run.stderr);
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    serde_json::from_str(&run.stdout).unwrap()
+}
+
+fn n(r: &Value, field: &str) -> u64 {
+    r[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} in {r}"))
+}
+
+fn assert_consistent(r: &Value) {
+    let errors: u64 = r["errors_by_code"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(n(r, "errors"), errors, "{r}");
+    assert_eq!(
+        n(r, "requests"),
+        n(r, "ok") + n(r, "over_limit") + n(r, "errors"),
+        "{r}"
     );
+    let l = &r["latency_us"];
+    let [p50, p90, p99, p999, max] = ["p50", "p90", "p99", "p999", "max"].map(|p| n(l, p));
+    assert!(p50 <= p90 && p90 <= p99, "{r}");
+    assert!(p99 <= p999 && p999 <= max, "{r}");
 }
 
 /// 1 s of a 100/s hot key: some calls pass, most are refused, none fail.
-fn assert_hot_key(r: &Report) {
-    let text = r.render();
+fn assert_hot_key(r: &Value) {
     assert_consistent(r);
-    assert!(r.ok > 0, "{text}");
-    assert!(r.over_limit > 0, "{text}");
-    assert_eq!(r.error_count(), 0, "{text}");
-    assert!(r.latency.p50 > 0, "{text}");
+    assert!(n(r, "ok") > 0, "{r}");
+    assert!(n(r, "over_limit") > 0, "{r}");
+    assert_eq!(n(r, "errors"), 0, "{r}");
+    assert!(n(&r["latency_us"], "p50") > 0, "{r}");
     // 100/s over a measured ~1 s (plus the warm-up's window): never 300.
-    assert!(r.ok < 300, "{text}");
+    assert!(n(r, "ok") < 300, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_on_a_hot_key() {
     let server = start().await;
-    let cfg = config(&server.addr, Load::Closed { concurrency: 8 });
-    let r = bench(&cfg, Duration::from_secs(20)).await;
+    let r = bench(
+        &args(&server.addr, &closed(8), &[]),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(r["mode"], "closed", "{r}");
+    assert_eq!(n(&r, "concurrency"), 8, "{r}");
     assert_hot_key(&r);
-    assert!(r.total() > 300, "{}", r.render());
+    assert!(n(&r, "requests") > 300, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_on_a_hot_key() {
     let server = start().await;
-    let cfg = config(
-        &server.addr,
-        Load::Open {
-            rate: 500.0,
-            max_in_flight: 100,
-        },
-    );
-    let r = bench(&cfg, Duration::from_secs(20)).await;
+    let r = bench(
+        &args(&server.addr, &open(500.0, 100), &[]),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(r["mode"], "open", "{r}");
+    assert_eq!(n(&r, "max_in_flight"), 100, "{r}");
     assert_hot_key(&r);
     // The timetable sends 500/s whatever the answers; allow for the
     // boundary and a few drops on a loaded test machine.
-    assert!((400..=510).contains(&r.total()), "{}", r.render());
+    assert!((400..=510).contains(&n(&r, "requests")), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_count_bounds_the_run() {
     let server = start().await;
-    let mut cfg = config(&server.addr, Load::Closed { concurrency: 4 });
-    cfg.duration = None;
-    cfg.requests = Some(250);
-    cfg.warmup = Duration::ZERO;
-    cfg.keys = 50;
-    let r = bench(&cfg, Duration::from_secs(20)).await;
+    // --requests without --duration: the count alone ends the run.
+    let mut args = args(
+        &server.addr,
+        &closed(4),
+        &["--requests", "250", "--keys", "50"],
+    );
+    let at = args.iter().position(|a| a == "--duration").unwrap();
+    args.drain(at..at + 2);
+    let at = args.iter().position(|a| a == "--warmup").unwrap();
+    args[at + 1] = "0".into();
+    let r = bench(&args, Duration::from_secs(20)).await;
     assert_consistent(&r);
-    assert_eq!(r.total(), 250, "{}", r.render());
+    assert_eq!(n(&r, "requests"), 250, "{r}");
+    assert_eq!(n(&r, "keys"), 50, "{r}");
     // 50 keys of 100/s each: 5 calls per key never reach the limit.
-    assert_eq!((r.ok, r.over_limit), (250, 0), "{}", r.render());
+    assert_eq!((n(&r, "ok"), n(&r, "over_limit")), (250, 0), "{r}");
 }
 
 async fn closed_port() -> String {
@@ -150,25 +233,32 @@ async fn closed_port() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_port_reports_errors_and_ends() {
     let addr = closed_port().await;
-    for load in [
-        Load::Closed { concurrency: 4 },
-        Load::Open {
-            rate: 200.0,
-            max_in_flight: 10,
-        },
-    ] {
-        let mut cfg = config(&addr, load);
-        cfg.timeout = Duration::from_millis(200);
-        let r = bench(&cfg, Duration::from_secs(10)).await;
+    for load in [closed(4), open(200.0, 10)] {
+        let r = bench(
+            &args(&addr, &load, &["--timeout-ms", "200"]),
+            Duration::from_secs(10),
+        )
+        .await;
         assert_consistent(&r);
-        assert_eq!((r.ok, r.over_limit), (0, 0), "{}", r.render());
-        assert!(r.error_count() > 0, "{}", r.render());
-        assert!(r.errors.contains_key("UNAVAILABLE"), "{}", r.render());
+        assert_eq!((n(&r, "ok"), n(&r, "over_limit")), (0, 0), "{r}");
+        assert!(n(&r, "errors") > 0, "{r}");
+        assert!(r["errors_by_code"].get("UNAVAILABLE").is_some(), "{r}");
     }
 }
 
 #[tokio::test]
 async fn a_bad_address_does_not_start() {
-    let cfg = config("not an address", Load::Closed { concurrency: 1 });
-    assert!(run(&cfg).await.is_err());
+    let run = tollgate(
+        &args("not an address", &closed(1), &[]),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert_eq!(run.stdout, "", "no report");
+    assert!(
+        run.stderr
+            .starts_with("tollgate bench: --addr not an address"),
+        "{}",
+        run.stderr
+    );
 }

@@ -1,7 +1,12 @@
 //! The N-bucket sliding window counter: a scripted Poisson sequence over
-//! real gRPC on a real Redis, and the shipped simulation's table.
+//! real gRPC on a real Redis, and the shipped simulation's table, read from
+//! `tollgate simulate`.
 
 mod support;
+// The simulation's own arrival times and trailing-window count, so the
+// scripted traffic is made and measured as the simulation's is.
+#[path = "../src/cmd/simulate/timeline.rs"]
+mod timeline;
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::redis::RedisServer;
 use support::tollgate::{Tollgate, descriptor};
 use support::unique_domain;
-use tollgate::simulate::{BUCKETS, SimulateArgs, max_in_trailing_window, poisson_arrivals, table};
+use timeline::{max_in_trailing_window, poisson_arrivals};
 
 const LIMIT: u64 = 100;
 const SECOND: u64 = 1_000_000;
@@ -121,21 +126,73 @@ descriptors:
     t.stop().await;
 }
 
+/// One line of `tollgate simulate`'s table: the largest count admitted in
+/// any trailing window, per load.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    buckets: u8,
+    poisson_1x: u64,
+    poisson_2x: u64,
+    burst: u64,
+    timed: u64,
+}
+
+/// Runs `tollgate simulate` and reads its table: the header line names the
+/// arguments, then one row per bucket count, each cell `N (M.MMx)`.
+fn simulate(limit: u64, windows: u64, seed: u64) -> Vec<Row> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["simulate", "--limit", &limit.to_string()])
+        .args(["--windows", &windows.to_string()])
+        .args(["--seed", &seed.to_string()])
+        .env_clear()
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "limit {limit}/s, {windows} windows per load, seed {seed}"
+        )),
+        "{stdout}"
+    );
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| buckets"))
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            // The count before its multiple of the limit.
+            let n = |i: usize| -> u64 {
+                cells[i]
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("cell {i} of {row:?}"))
+            };
+            Row {
+                buckets: cells[1].parse().unwrap_or_else(|_| panic!("{row:?}")),
+                poisson_1x: n(2),
+                poisson_2x: n(3),
+                burst: n(4),
+                timed: n(5),
+            }
+        })
+        .collect()
+}
+
 /// The shipped simulation, shortened: more buckets never overshoot much more
 /// than fewer (Poisson noise of a few hits allowed: at 2x the limit, 2 and 4
 /// buckets are close), 60 buckets overshoot clearly less than 2, and no
 /// counter ever admits twice the limit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn simulation_overshoot_falls_with_more_buckets() {
-    let args = SimulateArgs {
-        limit: 100,
-        windows: 60,
-        seed: 3,
-    };
-    let rows = table(&args).await;
+#[test]
+fn simulation_overshoot_falls_with_more_buckets() {
+    let rows = simulate(100, 60, 3);
     assert_eq!(
         rows.iter().map(|r| r.buckets).collect::<Vec<_>>(),
-        BUCKETS.to_vec()
+        [2, 4, 10, 30, 60]
     );
     for pair in rows.windows(2) {
         let (fewer, more) = (pair[0], pair[1]);
@@ -169,41 +226,15 @@ async fn simulation_overshoot_falls_with_more_buckets() {
 /// count, each figure at least the limit.
 #[test]
 fn simulate_subcommand_prints_the_table() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "simulate",
-            "--limit",
-            "50",
-            "--windows",
-            "10",
-            "--seed",
-            "5",
-        ])
-        .output()
-        .expect("the binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let rows = simulate(50, 10, 5);
+    assert_eq!(
+        rows.iter().map(|r| r.buckets).collect::<Vec<_>>(),
+        [2, 4, 10, 30, 60],
+        "{rows:?}"
     );
-    assert!(
-        stdout.contains("limit 50/s, 10 windows per load, seed 5"),
-        "{stdout}"
-    );
-    let rows: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| buckets"))
-        .collect();
-    let buckets: Vec<String> = rows
-        .iter()
-        .map(|r| r.split('|').nth(1).unwrap().trim().to_owned())
-        .collect();
-    assert_eq!(buckets, ["2", "4", "10", "30", "60"], "{stdout}");
-    for row in rows {
-        for cell in row.split('|').skip(2).filter(|c| !c.trim().is_empty()) {
-            let n: u64 = cell.split_whitespace().next().unwrap().parse().unwrap();
-            assert!((50..100).contains(&n), "{row}");
+    for r in &rows {
+        for v in [r.poisson_1x, r.poisson_2x, r.burst, r.timed] {
+            assert!((50..100).contains(&v), "{r:?}");
         }
     }
 }

@@ -465,31 +465,48 @@ async fn bench_speaks_tls() {
     let cert_file = files.write("client.pem", &client.cert);
     let key_file = files.write("client.key", &client.key);
     let addr = tg.grpc.to_string();
-    let bench = |extra: &[&str]| {
-        let mut args = vec![
-            "tollgate",
-            "bench",
-            "--addr",
-            &addr,
-            "--domain",
-            "tls",
-            "--descriptor",
-            "k=b",
-            "--requests",
-            "50",
-            "--warmup",
-            "0",
-            "--connections",
-            "2",
-        ];
-        args.extend_from_slice(extra);
-        let cli = <tollgate::cli::Cli as clap::Parser>::try_parse_from(args).unwrap();
-        let tollgate::cli::Command::Bench(a) = cli.command else {
-            unreachable!()
-        };
-        tollgate::bench::BenchConfig::try_from(&a)
+    // `tollgate bench` as a process: its exit code, its JSON report (stdout)
+    // and its error (stderr).
+    let bench = async |extra: &[&str]| {
+        let child = tokio::process::Command::new(tollgate_bin())
+            .args([
+                "bench",
+                "--addr",
+                &addr,
+                "--domain",
+                "tls",
+                "--descriptor",
+                "k=b",
+                "--requests",
+                "50",
+                "--warmup",
+                "0",
+                "--connections",
+                "2",
+                "--json",
+            ])
+            .args(extra)
+            .env_clear()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("the bench ends")
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let report = serde_json::from_str::<serde_json::Value>(&stdout).ok();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), report, stderr)
     };
-    let cfg = bench(&[
+    let count = |report: &serde_json::Value, field: &str| {
+        report[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field} in {report}"))
+    };
+    let (code, report, stderr) = bench(&[
         "--tls-ca",
         &ca_file,
         "--tls-cert",
@@ -497,33 +514,32 @@ async fn bench_speaks_tls() {
         "--tls-key",
         &key_file,
     ])
-    .unwrap();
-    // Debug output names the files, never the key.
-    let debug = format!("{cfg:?}");
-    assert!(debug.contains("client.pem"), "{debug}");
-    assert!(!debug.contains("PRIVATE KEY"), "{debug}");
-    let report = tokio::time::timeout(Duration::from_secs(60), tollgate::bench::run(&cfg))
-        .await
-        .expect("the bench ends")
-        .unwrap();
-    assert_eq!(report.ok, 50, "{}", report.render());
+    .await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let report = report.expect("a JSON report");
+    assert_eq!(count(&report, "ok"), 50, "{report}");
+    // Nothing names the key (the configuration's `Debug` is tested in the
+    // binary's `bench` module).
+    assert!(!stderr.contains("PRIVATE KEY"), "{stderr}");
 
     // Without a client certificate every call fails.
-    let cfg = bench(&["--tls-ca", &ca_file]).unwrap();
-    let report = tokio::time::timeout(Duration::from_secs(60), tollgate::bench::run(&cfg))
-        .await
-        .expect("the bench ends")
-        .unwrap();
-    assert_eq!(report.ok, 0, "{}", report.render());
-    assert!(report.error_count() > 0, "{}", report.render());
+    let (code, report, stderr) = bench(&["--tls-ca", &ca_file]).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let report = report.expect("a JSON report");
+    assert_eq!(count(&report, "ok"), 0, "{report}");
+    assert!(count(&report, "errors") > 0, "{report}");
 
-    // Bad files are named by their flag.
-    let err = bench(&["--tls-ca", &key_file]).unwrap_err().to_string();
+    // Bad files are named by their flag, and the bench does not start.
+    let (code, report, stderr) = bench(&["--tls-ca", &key_file]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(report.is_none(), "{report:?}");
     assert!(
-        err.starts_with(&format!("--tls-ca {key_file}: no CERTIFICATE")),
-        "{err}"
+        stderr.starts_with(&format!(
+            "tollgate bench: --tls-ca {key_file}: no CERTIFICATE"
+        )),
+        "{stderr}"
     );
-    let err = bench(&[
+    let (code, report, stderr) = bench(&[
         "--tls-ca",
         &ca_file,
         "--tls-cert",
@@ -531,11 +547,14 @@ async fn bench_speaks_tls() {
         "--tls-key",
         &cert_file,
     ])
-    .unwrap_err()
-    .to_string();
+    .await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(report.is_none(), "{report:?}");
     assert!(
-        err.starts_with(&format!("--tls-key {cert_file}: no PRIVATE KEY")),
-        "{err}"
+        stderr.starts_with(&format!(
+            "tollgate bench: --tls-key {cert_file}: no PRIVATE KEY"
+        )),
+        "{stderr}"
     );
     tg.stop().await;
 }

@@ -8,12 +8,12 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-use crate::proto::rate_limit_descriptor::Entry;
-use crate::proto::rate_limit_response::{Code, rate_limit};
-use crate::proto::{
+use tollgate::proto::rate_limit_descriptor::Entry;
+use tollgate::proto::rate_limit_response::{Code, rate_limit};
+use tollgate::proto::{
     RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
 };
-use crate::tls;
+use tollgate::tls;
 
 /// Where to send requests and what to ask: shared by `check` and `bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -106,16 +106,6 @@ impl Target {
 pub struct ClientTls {
     pub config: ClientTlsConfig,
     client_cert: Option<PathBuf>,
-}
-
-impl ClientTls {
-    /// TLS trusting only the CA certificates in `ca_pem`.
-    pub fn with_ca(ca_pem: impl AsRef<[u8]>) -> ClientTls {
-        ClientTls {
-            config: ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)),
-            client_cert: None,
-        }
-    }
 }
 
 impl fmt::Debug for ClientTls {

@@ -1,5 +1,5 @@
-//! The command line: `serve`, `validate`, `check` and `bench`. `main` only
-//! calls [`main`] here.
+//! The command line: `serve`, `validate`, `check`, `bench` and `simulate`.
+//! `main` only calls [`main`] here.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::settings::{Settings, Sources};
+use tollgate::settings::{Settings, Sources};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,10 +29,10 @@ pub enum Command {
     /// Send one ShouldRateLimit request and print the answer.
     Check(CheckArgs),
     /// Load-test an RLS address (tollgate or any Envoy rate-limit service).
-    Bench(crate::bench::BenchArgs),
+    Bench(super::bench::BenchArgs),
     /// Measure how far sliding_window_counter admits over its limit, per
     /// bucket count, on a virtual clock; prints a table.
-    Simulate(crate::simulate::SimulateArgs),
+    Simulate(super::simulate::SimulateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,7 +94,7 @@ impl ValidateArgs {
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     #[command(flatten)]
-    pub target: crate::check::Target,
+    pub target: super::check::Target,
     /// Request hits_addend (0 counts as 1).
     #[arg(long, default_value_t = 0)]
     pub hits: u32,
@@ -112,8 +112,8 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Validate(args) => validate(&args),
         Command::Check(args) => check(args),
-        Command::Bench(args) => crate::bench::main(args),
-        Command::Simulate(args) => crate::simulate::main(args),
+        Command::Bench(args) => super::bench::main(args),
+        Command::Simulate(args) => super::simulate::main(args),
     }
 }
 
@@ -156,7 +156,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_SETTINGS);
         }
     };
-    let logger = crate::observe::logger(
+    let logger = tollgate::observe::logger(
         settings.log_format,
         &settings.log,
         std::io::stdout,
@@ -171,7 +171,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
     let result = runtime()
         .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(crate::server::serve(&settings, drain_signal())));
+        .and_then(|rt| rt.block_on(tollgate::server::serve(&settings, drain_signal())));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -226,7 +226,7 @@ fn validate(args: &ValidateArgs) -> ExitCode {
         }
     };
     let dir = &args.dir;
-    match crate::rules::load_dir(dir, &crate::server::rule_options(&settings)) {
+    match tollgate::rules::load_dir(dir, &tollgate::server::rule_options(&settings)) {
         Ok(set) => {
             let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
             names.sort_unstable();
@@ -263,10 +263,10 @@ fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_SETTINGS);
         }
     };
-    let req = crate::check::request(&args.target.domain, &descriptors, args.hits);
+    let req = super::check::request(&args.target.domain, &descriptors, args.hits);
     let timeout = Duration::from_millis(args.timeout_ms);
     let result = runtime().map_err(anyhow::Error::from).and_then(|rt| {
-        rt.block_on(crate::check::call(
+        rt.block_on(super::check::call(
             &args.target.addr,
             tls.as_ref(),
             req.clone(),
@@ -275,7 +275,7 @@ fn check(args: CheckArgs) -> ExitCode {
     });
     match result {
         Ok(resp) => {
-            print!("{}", crate::check::render(&req, &resp));
+            print!("{}", super::check::render(&req, &resp));
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -19,15 +19,16 @@
 //! window, while the counter weighs that bucket as if its hits were spread
 //! over it, so close to twice the limit gets through.
 
+mod timeline;
+
 use std::fmt::Write;
 use std::sync::Arc;
 
-use rand_chacha::ChaCha8Rng;
-use rand_chacha::rand_core::{RngCore, SeedableRng};
+use tollgate::clock::ManualClock;
+use tollgate::limit::{Algorithm, MAX_BUCKETS, Unit};
+use tollgate::storage::{Hit, MemoryStore, Shard, Store};
 
-use crate::clock::ManualClock;
-use crate::limit::{Algorithm, MAX_BUCKETS, Unit};
-use crate::storage::{Hit, MemoryStore, Store};
+use timeline::{max_in_trailing_window, poisson_arrivals};
 
 /// The bucket counts the table shows.
 pub const BUCKETS: [u8; 5] = [2, 4, 10, 30, 60];
@@ -82,40 +83,6 @@ pub struct Row {
     pub timed: u64,
 }
 
-/// Arrival times (microseconds from 0, ascending) of a Poisson process of
-/// `per_second` arrivals per second over `duration` microseconds. The same
-/// seed gives the same times on every machine (ChaCha8 is portable).
-pub fn poisson_arrivals(seed: u64, per_second: f64, duration: u64) -> Vec<u64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mean_gap = 1_000_000.0 / per_second;
-    let mut out = Vec::new();
-    let mut t = 0.0;
-    loop {
-        // A uniform in (0, 1]: 53 random bits, shifted off zero so ln is
-        // finite.
-        let u = ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
-        t += -u.ln() * mean_gap;
-        if t >= duration as f64 {
-            return out;
-        }
-        out.push(t as u64);
-    }
-}
-
-/// The largest number of `times` (ascending) inside any interval
-/// `(end - window, end]`.
-pub fn max_in_trailing_window(times: &[u64], window: u64) -> u64 {
-    let mut best = 0;
-    let mut first = 0;
-    for (i, &t) in times.iter().enumerate() {
-        while times[first] + window <= t {
-            first += 1;
-        }
-        best = best.max(i - first + 1);
-    }
-    best as u64
-}
-
 /// Runs one load against a fresh counter with `buckets` buckets and returns
 /// the largest count admitted in any trailing window.
 pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
@@ -133,7 +100,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         negative: false,
         usage_reports: false,
         buckets,
-        shard: crate::storage::Shard::NONE,
+        shard: Shard::NONE,
     };
     let mut admitted = Vec::new();
     match load {

@@ -1,0 +1,186 @@
+//! From a store's answer (or its failure) to a descriptor's status: the
+//! failure policies, and the rule's counters.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::limit::FailurePolicy;
+use crate::rules::Rule;
+use crate::storage::{Decision, StoreError};
+
+use super::plan::Limited;
+use super::{AppliedLimit, Code, Descriptor, Engine, EngineError, Status};
+
+/// Why a store call gave no decision.
+pub(super) enum Failure {
+    Store(StoreError),
+    Deadline,
+    /// Refused by the in-flight gate (never reached the store).
+    Overloaded(usize),
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Overloaded(max) => Failure::Overloaded(max),
+            e => Failure::Store(e),
+        }
+    }
+}
+
+/// What a store call for one counted descriptor came to: `None` when no
+/// call was made (a zero limit).
+pub(super) type Outcome = Option<Result<Decision, Failure>>;
+
+impl Engine {
+    /// The status of counted descriptor `index` (before shadow and quota
+    /// modes), its rule's counters updated; an error when its store call
+    /// failed and the policy says error.
+    pub(super) fn decided(
+        &self,
+        index: usize,
+        descriptor: &Descriptor,
+        entries: &[(String, String)],
+        request_hits: u64,
+        limited: Limited<'_>,
+        outcome: Outcome,
+    ) -> Result<Status, EngineError> {
+        let Limited {
+            rule,
+            limit,
+            policy,
+        } = limited;
+        Ok(match outcome {
+            // A zero limit is a ban: no store needed.
+            None => {
+                if let Some(rule) = rule {
+                    let hits = descriptor.hits.unwrap_or(request_hits);
+                    let refused = Decision {
+                        admitted: false,
+                        remaining: 0,
+                        reset_micros: 0,
+                    };
+                    self.count(rule, entries, hits, &limit, &refused);
+                }
+                let w = limit.unit.micros();
+                let now = self.clock.now_micros();
+                Status {
+                    code: Code::OverLimit,
+                    reset: Some(Duration::from_micros(w - now % w)),
+                    limit: Some(limit),
+                    remaining: 0,
+                }
+            }
+            Some(Ok(decision)) => {
+                if let Some(rule) = rule
+                    && !descriptor.negative
+                {
+                    let hits = descriptor.hits.unwrap_or(request_hits);
+                    self.count(rule, entries, hits, &limit, &decision);
+                }
+                limited_status(limit, decision, descriptor.negative)
+            }
+            Some(Err(failure)) => {
+                let policy = match failure {
+                    Failure::Overloaded(_) => self.options.on_overload,
+                    _ => policy,
+                };
+                self.count_failure(&failure, policy);
+                match policy {
+                    FailurePolicy::Error => {
+                        return Err(match failure {
+                            Failure::Deadline => EngineError::DeadlineExceeded { index },
+                            Failure::Store(source) => EngineError::Store { index, source },
+                            Failure::Overloaded(max) => EngineError::Overloaded { index, max },
+                        });
+                    }
+                    FailurePolicy::Allow => Status {
+                        code: Code::Ok,
+                        remaining: limit.requests_per_unit,
+                        reset: None,
+                        limit: Some(limit),
+                    },
+                    FailurePolicy::Deny => Status {
+                        code: Code::OverLimit,
+                        remaining: 0,
+                        reset: None,
+                        limit: Some(limit),
+                    },
+                }
+            }
+        })
+    }
+
+    /// Adds one decided call to its rule's stats (and, for a
+    /// `detailed_metric` rule, to its descriptor value's).
+    fn count(
+        &self,
+        rule: &Rule,
+        entries: &[(String, String)],
+        hits: u64,
+        limit: &AppliedLimit,
+        d: &Decision,
+    ) {
+        let max = u64::from(limit.requests_per_unit);
+        let threshold = (max as f64 * self.options.near_limit_ratio).floor() as u64;
+        let shadow = rule.shadow_mode;
+        rule.stats
+            .counts()
+            .record(hits, max, threshold, d.admitted, d.remaining, shadow);
+        // A zero limit never reaches the store, which records nothing.
+        let recorded_over = limit.usage_reports && !d.admitted && hits > 0 && max > 0;
+        if recorded_over {
+            rule.stats.counts().record_reported_over(hits);
+        }
+        if rule.detailed_metric {
+            let value = detailed_value(entries);
+            rule.stats
+                .detailed(&value, self.options.detailed_metric_max_series)
+                .record(hits, max, threshold, d.admitted, d.remaining, shadow);
+        }
+    }
+
+    fn count_failure(&self, failure: &Failure, policy: FailurePolicy) {
+        let s = &self.stats;
+        let counter = match (failure, policy) {
+            (Failure::Deadline, _) => &s.deadline_exceeded,
+            (Failure::Store(_), FailurePolicy::Error) => &s.store_errors_failed,
+            (Failure::Store(_), FailurePolicy::Allow) => &s.store_errors_allowed,
+            (Failure::Store(_), FailurePolicy::Deny) => &s.store_errors_denied,
+            (Failure::Overloaded(_), FailurePolicy::Error) => &s.overloaded_failed,
+            (Failure::Overloaded(_), FailurePolicy::Allow) => &s.overloaded_allowed,
+            (Failure::Overloaded(_), FailurePolicy::Deny) => &s.overloaded_denied,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A descriptor's runtime values as one label: `key_value.key2_value2`.
+fn detailed_value(entries: &[(String, String)]) -> String {
+    let mut out = String::new();
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        out.push_str(k);
+        if !v.is_empty() {
+            out.push('_');
+            out.push_str(v);
+        }
+    }
+    out
+}
+
+fn limited_status(limit: AppliedLimit, d: Decision, negative: bool) -> Status {
+    Status {
+        // Giving hits back always answers OK.
+        code: if d.admitted || negative {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        },
+        remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+        reset: Some(Duration::from_micros(d.reset_micros)),
+        limit: Some(limit),
+    }
+}

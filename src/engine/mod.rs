@@ -1,0 +1,243 @@
+//! The decision: for one request, which limit applies to each descriptor and
+//! is it over? The engine coordinates the rules (which limit?) and the store
+//! (what count?); it knows nothing of gRPC or of Envoy's message types.
+//!
+//! `request` holds what it is asked and answers, `options` its settings and
+//! counters, `plan` the resolution of descriptors to limits, `answer` the
+//! turn from a store's answer (or failure) to a status; this file runs a
+//! request through them.
+
+mod answer;
+mod options;
+mod plan;
+mod request;
+
+use std::sync::{Arc, RwLock};
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+use crate::limit::Algorithm;
+use crate::rules::RuleSet;
+use crate::storage::keys::identity_entries;
+use crate::storage::{Hit, Store};
+
+use answer::Failure;
+use plan::{Limited, Plan};
+
+pub use options::{EngineOptions, EngineStats};
+pub use request::{
+    AppliedLimit, Code, Descriptor, EngineError, LimitOverride, Request, Response, Status,
+};
+
+/// The current rules, swapped whole on reload. Readers clone the inner
+/// `Arc` and release the lock at once, so a std lock never waits on I/O.
+#[derive(Debug, Clone, Default)]
+pub struct RulesHandle(Arc<RwLock<Arc<RuleSet>>>);
+
+impl RulesHandle {
+    pub fn new(rules: RuleSet) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(rules))))
+    }
+
+    pub fn current(&self) -> Arc<RuleSet> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn replace(&self, rules: RuleSet) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+    }
+}
+
+/// Cheap to clone; clones share rules, store and clock.
+#[derive(Clone)]
+pub struct Engine {
+    rules: RulesHandle,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    options: EngineOptions,
+    stats: Arc<EngineStats>,
+}
+
+impl Engine {
+    pub fn new(
+        rules: RulesHandle,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        options: EngineOptions,
+    ) -> Self {
+        Self {
+            rules,
+            store,
+            clock,
+            options,
+            stats: Arc::default(),
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<EngineStats> {
+        &self.stats
+    }
+
+    pub fn rules(&self) -> &RulesHandle {
+        &self.rules
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The same engine over another store (sharing rules, clock and
+    /// stats): how a wrapper such as a metrics layer is put in front.
+    pub fn with_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = store;
+        self
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    pub async fn should_rate_limit(&self, req: &Request) -> Result<Response, EngineError> {
+        if req.domain.is_empty() {
+            return Err(EngineError::EmptyDomain);
+        }
+        if req.descriptors.is_empty() {
+            return Err(EngineError::NoDescriptors);
+        }
+        for (index, d) in req.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(EngineError::BadDescriptor {
+                    index,
+                    reason: "a descriptor needs at least one entry".into(),
+                });
+            }
+            if let Some(o) = d.limit_override
+                && self.options.default_algorithm == Algorithm::SlidingWindowLog
+                && o.requests_per_unit > self.options.max_log_limit
+            {
+                return Err(EngineError::BadDescriptor {
+                    index,
+                    reason: format!(
+                        "limit override of {} per {} is above max_log_limit={} for sliding_window_log (one stored entry per hit); use sliding_window_counter for large limits",
+                        o.requests_per_unit,
+                        o.unit.as_str(),
+                        self.options.max_log_limit
+                    ),
+                });
+            }
+        }
+        let rules = self.rules.current();
+        let plans = self.plan(&rules, req);
+        let request_hits = if req.hits == 0 { 1 } else { req.hits };
+
+        // Matching saw the values whole; limiters see long ones as digests.
+        let identities: Vec<_> = req
+            .descriptors
+            .iter()
+            .map(|d| identity_entries(&d.entries, self.options.max_value_bytes))
+            .collect();
+        let mut calls = identities.iter().zip(&req.descriptors).zip(&plans).map(
+            |((entries, d), plan)| async move {
+                let Plan::Limited(Limited { limit, .. }) = plan else {
+                    return None;
+                };
+                if limit.requests_per_unit == 0 {
+                    return None;
+                }
+                let hit = Hit {
+                    domain: &req.domain,
+                    entries,
+                    algorithm: limit.algorithm,
+                    limit: u64::from(limit.requests_per_unit),
+                    unit: limit.unit,
+                    hits: d.hits.unwrap_or(request_hits),
+                    negative: d.negative,
+                    usage_reports: limit.usage_reports,
+                    buckets: limit.buckets,
+                    shard: crate::storage::Shard {
+                        index: 0,
+                        count: limit.shards,
+                    },
+                };
+                let Some(deadline) = req.deadline else {
+                    return Some(self.store.hit(hit).await.map_err(Failure::from));
+                };
+                // Past the deadline nobody waits for the answer: do not
+                // spend a store call on it. Cut off at the deadline, the
+                // store call is dropped; the breaker does not count that
+                // against the store (the caller's budget ran out, not the
+                // store's).
+                if Instant::now() >= deadline {
+                    return Some(Err(Failure::Deadline));
+                }
+                Some(
+                    match tokio::time::timeout_at(deadline, self.store.hit(hit)).await {
+                        Ok(result) => result.map_err(Failure::from),
+                        Err(_) => Err(Failure::Deadline),
+                    },
+                )
+            },
+        );
+        // Descriptors of one request go to the store concurrently: on a
+        // cluster they usually live on different nodes. Most requests have
+        // one, which needs no joining.
+        let outcomes = if req.descriptors.len() == 1 {
+            match calls.next() {
+                Some(call) => vec![call.await],
+                None => Vec::new(),
+            }
+        } else {
+            join_all(calls).await
+        };
+
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut any_over = false;
+        let mut quota_total = 0;
+        let mut quota_over = 0;
+        let answers = req
+            .descriptors
+            .iter()
+            .zip(&identities)
+            .zip(plans)
+            .zip(outcomes);
+        for (index, (((descriptor, entries), plan), outcome)) in answers.enumerate() {
+            let status = match plan {
+                Plan::NoLimit => Status::no_limit(),
+                Plan::Unlimited => Status {
+                    code: Code::Ok,
+                    limit: None,
+                    remaining: u32::MAX,
+                    reset: None,
+                },
+                Plan::Limited(limited) => {
+                    let rule = limited.rule;
+                    let mut status =
+                        self.decided(index, descriptor, entries, request_hits, limited, outcome)?;
+                    let shadow = rule.is_some_and(|r| r.shadow_mode);
+                    let quota = rule.is_some_and(|r| r.quota_mode);
+                    if shadow {
+                        status.code = Code::Ok;
+                    } else if quota {
+                        quota_total += 1;
+                        if status.code == Code::OverLimit {
+                            quota_over += 1;
+                        }
+                    } else if status.code == Code::OverLimit {
+                        any_over = true;
+                    }
+                    status
+                }
+            };
+            statuses.push(status);
+        }
+        let over = any_over || (quota_total > 0 && quota_over == quota_total);
+        let overall = if over && !self.options.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Ok(Response { overall, statuses })
+    }
+}

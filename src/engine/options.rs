@@ -1,0 +1,78 @@
+//! The engine's settings and the counts of what requests met.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::limit::{Algorithm, FailurePolicy};
+
+/// Settings the engine applies where a rule is silent.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    pub default_algorithm: Algorithm,
+    pub on_store_error: FailurePolicy,
+    /// What a store call refused by the in-flight gate answers
+    /// (`storage::gate`); rules' own `on_store_error` does not apply.
+    pub on_overload: FailurePolicy,
+    /// Global shadow mode: count everything, always answer OK overall.
+    pub shadow_mode: bool,
+    /// Largest `requests_per_unit` a `sliding_window_log` limit may have
+    /// (one stored member per admitted hit); request overrides above it are
+    /// refused.
+    pub max_log_limit: u32,
+    /// Hits past this share of a limit count as near it, in rule stats.
+    pub near_limit_ratio: f64,
+    /// Distinct descriptor values a `detailed_metric` rule counts apart;
+    /// the rest share one overflow series.
+    pub detailed_metric_max_series: usize,
+    /// Longest value kept as it is in a limiter's identity; longer ones
+    /// enter it as a digest (`storage::keys::identity_value`).
+    pub max_value_bytes: usize,
+    /// `usage_reports` of rules that do not say. `None`: rules that name
+    /// no algorithm record every positive cost, as the reference's fixed
+    /// window does (Envoy Gateway's rules name none, and its cost reports
+    /// must close a budget); rules that name one record admitted hits.
+    pub usage_reports: Option<bool>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            default_algorithm: Algorithm::SlidingWindowCounter,
+            on_store_error: FailurePolicy::Error,
+            on_overload: FailurePolicy::Error,
+            shadow_mode: false,
+            max_log_limit: 10_000,
+            near_limit_ratio: 0.8,
+            detailed_metric_max_series: 100,
+            max_value_bytes: crate::storage::keys::DEFAULT_MAX_VALUE_BYTES,
+            usage_reports: None,
+        }
+    }
+}
+
+/// Counts of what requests met, for logs and metrics: per-request failures
+/// are counted here instead of being logged one by one.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Store calls that failed, by the answer given: the policy said error
+    /// (the request failed), allow, or deny.
+    pub store_errors_failed: AtomicU64,
+    pub store_errors_allowed: AtomicU64,
+    pub store_errors_denied: AtomicU64,
+    /// Store calls cut off, or never made, because the caller's deadline
+    /// passed.
+    pub deadline_exceeded: AtomicU64,
+    /// Store calls refused by the in-flight gate, by the answer given
+    /// (`on_overload`).
+    pub overloaded_failed: AtomicU64,
+    pub overloaded_allowed: AtomicU64,
+    pub overloaded_denied: AtomicU64,
+}
+
+impl EngineStats {
+    /// Every store failure answered so far, whatever the policy.
+    pub fn store_errors(&self) -> u64 {
+        self.store_errors_failed.load(Ordering::Relaxed)
+            + self.store_errors_allowed.load(Ordering::Relaxed)
+            + self.store_errors_denied.load(Ordering::Relaxed)
+    }
+}

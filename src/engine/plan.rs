@@ -1,0 +1,95 @@
+//! Which limit each descriptor of a request gets, before anything is
+//! counted: the rule found by matching, a caller's override, and
+//! `replaces` across the request.
+
+use crate::limit::{DEFAULT_BUCKETS, FailurePolicy};
+use crate::rules::{LimitSpec, Rule, RuleSet};
+
+use super::{AppliedLimit, Engine, LimitOverride, Request};
+
+/// What one descriptor resolved to before counting.
+pub(super) enum Plan<'r> {
+    NoLimit,
+    Unlimited,
+    Limited(Limited<'r>),
+}
+
+/// A descriptor that is counted: its rule (none for an override), the
+/// limit applied and the failure policy of its store calls.
+pub(super) struct Limited<'r> {
+    pub rule: Option<&'r Rule>,
+    pub limit: AppliedLimit,
+    pub policy: FailurePolicy,
+}
+
+impl Engine {
+    /// Resolves every descriptor to a limit, applying overrides and
+    /// `replaces` across the request.
+    pub(super) fn plan<'r>(&self, rules: &'r RuleSet, req: &Request) -> Vec<Plan<'r>> {
+        if !rules.has_domain(&req.domain) {
+            return req.descriptors.iter().map(|_| Plan::NoLimit).collect();
+        }
+        let found: Vec<(Option<&Rule>, Option<LimitOverride>)> = req
+            .descriptors
+            .iter()
+            .map(|d| match d.limit_override {
+                Some(o) => (None, Some(o)),
+                None => (rules.find(&req.domain, &d.entries), None),
+            })
+            .collect();
+        let replaced: Vec<&str> = found
+            .iter()
+            .filter_map(|(r, _)| *r)
+            .flat_map(|r| r.replaces.iter().map(String::as_str))
+            .collect();
+        found
+            .into_iter()
+            .map(|(rule, over)| {
+                if let Some(o) = over {
+                    return Plan::Limited(Limited {
+                        rule: None,
+                        limit: AppliedLimit {
+                            requests_per_unit: o.requests_per_unit,
+                            unit: o.unit,
+                            name: None,
+                            algorithm: self.options.default_algorithm,
+                            buckets: DEFAULT_BUCKETS,
+                            shards: 1,
+                            // Names no algorithm.
+                            usage_reports: self.options.usage_reports.unwrap_or(true),
+                        },
+                        policy: self.options.on_store_error,
+                    });
+                }
+                let Some(rule) = rule else {
+                    return Plan::NoLimit;
+                };
+                if rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+                    return Plan::NoLimit;
+                }
+                match rule.limit {
+                    LimitSpec::Unlimited => Plan::Unlimited,
+                    LimitSpec::PerUnit {
+                        requests_per_unit,
+                        unit,
+                    } => Plan::Limited(Limited {
+                        rule: Some(rule),
+                        limit: AppliedLimit {
+                            requests_per_unit,
+                            unit,
+                            name: rule.name.clone(),
+                            algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
+                            buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
+                            shards: rule.shards.unwrap_or(1),
+                            usage_reports: rule
+                                .usage_reports
+                                .or(self.options.usage_reports)
+                                .unwrap_or(rule.algorithm.is_none()),
+                        },
+                        policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
+                    }),
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,109 @@
+//! What the engine is asked and what it answers: protocol-neutral, so
+//! `service` and `json` convert to and from Envoy's messages and the engine
+//! never sees them.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::limit::{Algorithm, Unit};
+use crate::storage::StoreError;
+
+/// One descriptor of a request, protocol-neutral.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    pub entries: Vec<(String, String)>,
+    /// A caller-supplied limit that replaces the configured one.
+    pub limit_override: Option<LimitOverride>,
+    /// Per-descriptor cost; wins over the request's when present (0 checks).
+    pub hits: Option<u64>,
+    /// Give the hits back instead of taking them.
+    pub negative: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+/// A request, protocol-neutral.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    pub domain: String,
+    pub descriptors: Vec<Descriptor>,
+    /// The request-wide cost; 0 means 1.
+    pub hits: u64,
+    /// When the caller stops waiting (its `grpc-timeout`, less a margin):
+    /// store calls are cut off there, and none starts after it.
+    pub deadline: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// The limit that was applied to a descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub name: Option<String>,
+    pub algorithm: Algorithm,
+    /// Buckets of a `sliding_window_counter` (the rule's, or the default).
+    pub buckets: u8,
+    /// Sub-limiters the limit is split over (`rate_limit.shards`; 1 when
+    /// not sharded).
+    pub shards: u16,
+    /// Every positive cost is recorded (see `storage::Hit::usage_reports`).
+    pub usage_reports: bool,
+}
+
+/// The answer for one descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    /// `None` when no limit applies (no rule, whitelist, unlimited).
+    pub limit: Option<AppliedLimit>,
+    /// `u32::MAX` for unlimited descriptors, 0 when no limit applies.
+    pub remaining: u32,
+    pub reset: Option<Duration>,
+}
+
+impl Status {
+    pub(super) fn no_limit() -> Self {
+        Status {
+            code: Code::Ok,
+            limit: None,
+            remaining: 0,
+            reset: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub overall: Code,
+    pub statuses: Vec<Status>,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("domain must not be empty")]
+    EmptyDomain,
+    #[error("descriptors must not be empty")]
+    NoDescriptors,
+    #[error("descriptor {index}: {reason}")]
+    BadDescriptor { index: usize, reason: String },
+    #[error("descriptor {index}: {source}")]
+    Store { index: usize, source: StoreError },
+    /// The caller's deadline passed before the store answered (or before
+    /// the call was made: such calls are not sent at all).
+    #[error("descriptor {index}: the caller's deadline passed before the store answered")]
+    DeadlineExceeded { index: usize },
+    /// Too many store calls were waiting and `on_overload` says error.
+    #[error("descriptor {index}: over max_in_flight={max}: too many store calls in flight")]
+    Overloaded { index: usize, max: usize },
+}

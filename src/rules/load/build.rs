@@ -1,0 +1,444 @@
+//! Building rules from the walk: the keys each mapping may have, the
+//! descriptor tree with its duplicates refused, and each `rate_limit`
+//! checked against itself and the settings (`LoadOptions`).
+
+use std::collections::HashMap;
+
+use marked_yaml::Node as Yaml;
+use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
+
+use super::yaml::{Walker, join, key_line, kind, line_of};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS, Unit};
+use crate::rules::{Level, LimitSpec, Node, Rule};
+
+const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "quota_mode",
+    "detailed_metric",
+];
+const RATE_LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "buckets",
+    "shards",
+    "on_store_error",
+    "usage_reports",
+];
+const REPLACES_KEYS: &[&str] = &["name"];
+
+impl Walker<'_> {
+    /// The domain name, the line of its value, and the root level.
+    pub(super) fn root(&mut self, map: &MarkedMappingNode) -> (Option<String>, usize, Level) {
+        let fields = self.fields(map, "", ROOT_KEYS);
+        let top_line = map.span().start().map_or(1, |m| m.line());
+        let (domain, domain_line) = match fields.get("domain") {
+            None => {
+                self.error(Some(top_line), "domain", "missing domain");
+                (None, top_line)
+            }
+            Some((_, value)) => {
+                let line = line_of(value).unwrap_or(top_line);
+                match self.string(value, "domain") {
+                    Some(name) if name.is_empty() => {
+                        self.error(Some(line), "domain", "empty domain");
+                        (None, line)
+                    }
+                    name => (name, line),
+                }
+            }
+        };
+        let level = match fields.get("descriptors") {
+            Some((_, value)) => self.level(value, "descriptors"),
+            None => Level::default(),
+        };
+        (domain, domain_line, level)
+    }
+
+    /// One level of descriptors (a YAML list).
+    fn level(&mut self, list: &Yaml, path: &str) -> Level {
+        let mut level = Level::default();
+        let Some(items) = list.as_sequence() else {
+            self.error(
+                line_of(list),
+                path,
+                format!("expected a list of descriptors, found {}", kind(list)),
+            );
+            return level;
+        };
+        // (key, value) -> line of the first node, for duplicate errors.
+        let mut seen: HashMap<(String, String), usize> = HashMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let item_path = format!("{path}[{i}]");
+            let Some(node) = self.descriptor(item, &item_path) else {
+                continue;
+            };
+            let line = line_of(item).unwrap_or(0);
+            let id = (node.key.clone(), node.value.clone());
+            if let Some(first) = seen.get(&id) {
+                let what = if node.value.is_empty() {
+                    format!("key {:?} without value", node.key)
+                } else {
+                    format!("key {:?} with value {:?}", node.key, node.value)
+                };
+                self.error(
+                    Some(line),
+                    &item_path,
+                    format!("duplicate descriptor: {what} already defined on line {first}"),
+                );
+                continue;
+            }
+            seen.insert(id.clone(), line);
+            if node.value.is_empty() {
+                level.default.insert(node.key.clone(), node);
+            } else if node.value.contains('*') {
+                level.wildcard.push(node);
+            } else {
+                level.exact.insert(id, node);
+            }
+        }
+        level
+    }
+
+    /// One descriptor node; `None` when it has an error (its children are
+    /// still checked, for their errors).
+    fn descriptor(&mut self, item: &Yaml, path: &str) -> Option<Node> {
+        let Some(map) = item.as_mapping() else {
+            self.error(
+                line_of(item),
+                path,
+                format!("expected a descriptor mapping, found {}", kind(item)),
+            );
+            return None;
+        };
+        let errors_before = self.errors.len();
+        let line = map.span().start().map_or(0, |m| m.line());
+        let fields = self.fields(map, path, DESCRIPTOR_KEYS);
+
+        let key = match fields.get("key") {
+            None => {
+                self.error(Some(line), &join(path, "key"), "missing key");
+                None
+            }
+            Some((_, value)) => match self.string(value, &join(path, "key")) {
+                Some(k) if k.is_empty() => {
+                    self.error(line_of(value), &join(path, "key"), "empty key");
+                    None
+                }
+                k => k,
+            },
+        };
+        let value = match fields.get("value") {
+            Some((_, v)) => self.string(v, &join(path, "value")),
+            None => Some(String::new()),
+        };
+        let shadow_mode = self.flag(&fields, path, "shadow_mode").unwrap_or(false);
+        let quota_mode = self.flag(&fields, path, "quota_mode").unwrap_or(false);
+        let detailed_metric = self.flag(&fields, path, "detailed_metric").unwrap_or(false);
+        let rule = fields.get("rate_limit").and_then(|(k, v)| {
+            let limit = self.rate_limit(k, v, &join(path, "rate_limit"))?;
+            Some(Rule {
+                limit: limit.limit,
+                name: limit.name,
+                replaces: limit.replaces,
+                algorithm: limit.algorithm,
+                buckets: limit.buckets,
+                shards: limit.shards,
+                on_store_error: limit.on_store_error,
+                usage_reports: limit.usage_reports,
+                shadow_mode,
+                quota_mode,
+                detailed_metric,
+                source: format!("{}:{line}", self.short),
+                path: String::new(),
+                stats: Default::default(),
+            })
+        });
+        let children = match fields.get("descriptors") {
+            Some((_, list)) => self.level(list, &join(path, "descriptors")),
+            None => Level::default(),
+        };
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        Some(Node {
+            key: key?,
+            value: value?,
+            rule,
+            children,
+        })
+    }
+
+    fn rate_limit(&mut self, key: &MarkedScalarNode, node: &Yaml, path: &str) -> Option<RateLimit> {
+        let Some(map) = node.as_mapping() else {
+            self.error(
+                line_of(node),
+                path,
+                format!("expected a rate_limit mapping, found {}", kind(node)),
+            );
+            return None;
+        };
+        let errors_before = self.errors.len();
+        let owner_line = key_line(key);
+        let fields = self.fields(map, path, RATE_LIMIT_KEYS);
+
+        let unlimited = self.flag(&fields, path, "unlimited").unwrap_or(false);
+        let unit = fields.get("unit");
+        let rpu = fields.get("requests_per_unit");
+        let limit = if unlimited {
+            for (name, field) in [("unit", unit), ("requests_per_unit", rpu)] {
+                if let Some((k, _)) = field {
+                    self.error(
+                        key_line(k),
+                        &join(path, name),
+                        format!("{name} must not be set together with unlimited: true"),
+                    );
+                }
+            }
+            Some(LimitSpec::Unlimited)
+        } else {
+            let unit = match unit {
+                None => {
+                    self.error(
+                        owner_line,
+                        &join(path, "unit"),
+                        "missing unit (required unless unlimited: true)",
+                    );
+                    None
+                }
+                Some((_, v)) => self.parsed::<Unit>(v, &join(path, "unit")),
+            };
+            let requests_per_unit = match rpu {
+                None => {
+                    self.error(
+                        owner_line,
+                        &join(path, "requests_per_unit"),
+                        "missing requests_per_unit (required unless unlimited: true)",
+                    );
+                    None
+                }
+                Some((_, v)) => self.number(v, &join(path, "requests_per_unit")),
+            };
+            match (unit, requests_per_unit) {
+                (Some(unit), Some(requests_per_unit)) => Some(LimitSpec::PerUnit {
+                    requests_per_unit,
+                    unit,
+                }),
+                _ => None,
+            }
+        };
+
+        let name = match fields.get("name") {
+            Some((_, v)) => self
+                .string(v, &join(path, "name"))
+                .filter(|n| !n.is_empty()),
+            None => None,
+        };
+        let replaces = match fields.get("replaces") {
+            Some((_, v)) => self.replaces(v, &join(path, "replaces"), name.as_deref()),
+            None => Vec::new(),
+        };
+        let algorithm = fields
+            .get("algorithm")
+            .and_then(|(_, v)| self.parsed::<Algorithm>(v, &join(path, "algorithm")));
+        let on_store_error = fields
+            .get("on_store_error")
+            .and_then(|(_, v)| self.parsed::<FailurePolicy>(v, &join(path, "on_store_error")));
+        if let (
+            Some(LimitSpec::PerUnit {
+                requests_per_unit, ..
+            }),
+            Some((_, rpu_node)),
+        ) = (&limit, rpu)
+        {
+            self.log_limit(*requests_per_unit, algorithm, rpu_node, path);
+        }
+        let buckets = fields
+            .get("buckets")
+            .and_then(|(k, v)| self.buckets(k, v, algorithm, path));
+        let shards = fields
+            .get("shards")
+            .and_then(|(_, v)| self.shards(v, limit.as_ref(), path));
+        let usage_reports = match fields.get("usage_reports") {
+            Some(_) => self.flag(&fields, path, "usage_reports"),
+            None => None,
+        };
+
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        Some(RateLimit {
+            limit: limit?,
+            name,
+            replaces,
+            algorithm,
+            buckets,
+            shards,
+            on_store_error,
+            usage_reports,
+        })
+    }
+
+    /// `shards`: a whole number in 1..=64, no more than a positive
+    /// `requests_per_unit` (every shard needs a share of at least 1).
+    fn shards(&mut self, node: &Yaml, limit: Option<&LimitSpec>, path: &str) -> Option<u16> {
+        let path = join(path, "shards");
+        let n = self.number(node, &path)?;
+        let shards = match u16::try_from(n) {
+            Ok(s) if (1..=MAX_SHARDS).contains(&s) => s,
+            _ => {
+                self.error(
+                    line_of(node),
+                    &path,
+                    format!("shards must be from 1 to {MAX_SHARDS}, found {n}"),
+                );
+                return None;
+            }
+        };
+        if let Some(LimitSpec::PerUnit {
+            requests_per_unit, ..
+        }) = limit
+            && *requests_per_unit > 0
+            && *requests_per_unit < u32::from(shards)
+        {
+            self.error(
+                line_of(node),
+                &path,
+                format!(
+                    "shards ({shards}) must not exceed requests_per_unit ({requests_per_unit}): \
+                     every shard needs a share of at least 1"
+                ),
+            );
+            return None;
+        }
+        Some(shards)
+    }
+
+    /// `buckets`: a whole number in 2..=60, on a counter only (named by the
+    /// rule or inherited from `default_algorithm`).
+    fn buckets(
+        &mut self,
+        key: &MarkedScalarNode,
+        node: &Yaml,
+        algorithm: Option<Algorithm>,
+        path: &str,
+    ) -> Option<u8> {
+        let path = join(path, "buckets");
+        let n = self.number(node, &path)?;
+        let effective = algorithm.unwrap_or(self.options.default_algorithm);
+        if effective != Algorithm::SlidingWindowCounter {
+            let inherited = if algorithm.is_none() {
+                " (the default_algorithm, as the rule names none)"
+            } else {
+                ""
+            };
+            self.error(
+                key_line(key),
+                &path,
+                format!(
+                    "buckets applies only to sliding_window_counter, not {effective}{inherited}"
+                ),
+            );
+            return None;
+        }
+        match u8::try_from(n) {
+            Ok(b) if (DEFAULT_BUCKETS..=MAX_BUCKETS).contains(&b) => Some(b),
+            _ => {
+                self.error(
+                    line_of(node),
+                    &path,
+                    format!("buckets must be from {DEFAULT_BUCKETS} to {MAX_BUCKETS}, found {n}"),
+                );
+                None
+            }
+        }
+    }
+
+    /// Refuses a log limit above `max_log_limit`, whether the rule names the
+    /// log or inherits it from `default_algorithm`.
+    fn log_limit(&mut self, limit: u32, algorithm: Option<Algorithm>, node: &Yaml, path: &str) {
+        let max = self.options.max_log_limit;
+        let effective = algorithm.unwrap_or(self.options.default_algorithm);
+        if effective != Algorithm::SlidingWindowLog || limit <= max {
+            return;
+        }
+        let inherited = if algorithm.is_none() {
+            " (the default_algorithm, as the rule names none)"
+        } else {
+            ""
+        };
+        self.error(
+            line_of(node),
+            &join(path, "requests_per_unit"),
+            format!(
+                "sliding_window_log limit {limit}{inherited} is above max_log_limit {max} \
+                 (a log keeps every admitted hit); use algorithm: sliding_window_counter, \
+                 or raise max_log_limit"
+            ),
+        );
+    }
+
+    fn replaces(&mut self, node: &Yaml, path: &str, own: Option<&str>) -> Vec<String> {
+        let Some(items) = node.as_sequence() else {
+            self.error(
+                line_of(node),
+                path,
+                format!("expected a list of {{name: ...}}, found {}", kind(node)),
+            );
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let item_path = format!("{path}[{i}]");
+            let Some(map) = item.as_mapping() else {
+                self.error(
+                    line_of(item),
+                    &item_path,
+                    format!("expected a mapping {{name: ...}}, found {}", kind(item)),
+                );
+                continue;
+            };
+            let fields = self.fields(map, &item_path, REPLACES_KEYS);
+            let name_path = join(&item_path, "name");
+            let name = match fields.get("name") {
+                Some((_, v)) => self.string(v, &name_path).map(|n| (n, line_of(v))),
+                None => Some((String::new(), line_of(item))),
+            };
+            match name {
+                Some((n, line)) if n.is_empty() => {
+                    self.error(line, &name_path, "empty replaces name");
+                }
+                Some((n, line)) if Some(n.as_str()) == own => {
+                    self.error(
+                        line,
+                        &name_path,
+                        format!("a rate limit cannot replace itself ({n:?} is its own name)"),
+                    );
+                }
+                Some((n, _)) => names.push(n),
+                None => {}
+            }
+        }
+        names
+    }
+}
+
+/// A `rate_limit` block before the descriptor's flags are added.
+struct RateLimit {
+    limit: LimitSpec,
+    name: Option<String>,
+    replaces: Vec<String>,
+    algorithm: Option<Algorithm>,
+    buckets: Option<u8>,
+    shards: Option<u16>,
+    on_store_error: Option<FailurePolicy>,
+    usage_reports: Option<bool>,
+}

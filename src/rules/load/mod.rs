@@ -1,0 +1,222 @@
+//! Reading rule files into [`Domain`]s.
+//!
+//! The YAML is parsed with `marked-yaml`, whose nodes keep their line, and
+//! then walked by hand so that every problem of a file is reported at once
+//! (serde's `deny_unknown_fields` would stop at the first). Scalars are read
+//! as the reference service's `yaml.v2` reads them into Go fields: a plain
+//! `null`, `~` or empty value is the same as an absent key, and numbers and
+//! booleans are parsed from the scalar's text.
+//!
+//! Limits of the YAML subset: anchors, aliases and tags are refused, and a
+//! duplicate mapping key stops the file at the parser (so it is the only
+//! error reported for that file). Nesting is bounded ([`MAX_DEPTH`]) before
+//! the parser runs, because the parser recurses once per level.
+//!
+//! `depth` bounds the nesting first, `yaml` walks the parsed tree with
+//! positions and reads scalars, `build` turns the walk into rules and
+//! validates them; this file reads the directory and each file.
+
+mod build;
+mod depth;
+mod yaml;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use marked_yaml::LoaderOptions;
+
+use super::walk::{WalkOptions, walk};
+use super::{Domain, RuleError, RuleErrors, RuleSet};
+use crate::limit::Algorithm;
+
+use depth::too_deep;
+use yaml::{Walker, line_of, load_error};
+
+pub use depth::MAX_DEPTH;
+
+/// Settings that decide whether a rule is acceptable beyond its own text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// What a rule without `algorithm` runs (the `default_algorithm`
+    /// setting), needed to know which rules are logs.
+    pub default_algorithm: Algorithm,
+    /// Largest `requests_per_unit` of a `sliding_window_log` limit (the
+    /// `max_log_limit` setting): a log keeps one entry per admitted hit, so
+    /// its memory grows with the limit.
+    pub max_log_limit: u32,
+}
+
+impl Default for LoadOptions {
+    /// The settings' defaults.
+    fn default() -> Self {
+        LoadOptions {
+            default_algorithm: Algorithm::SlidingWindowCounter,
+            max_log_limit: 10_000,
+        }
+    }
+}
+
+/// Loads every `*.yaml` / `*.yml` file under `dir` (recursively, skipping
+/// names that start with `.`), one domain per file. All files are checked and
+/// all their errors returned together; a domain defined twice is an error on
+/// the later file (in path order). An empty directory gives an empty set.
+///
+/// Files may be symlinks (a Kubernetes ConfigMap mount links `x.yaml` to
+/// `..data/x.yaml`); directories are entered only if they are real
+/// directories, each once, and dot-names are skipped, which keeps `..data`
+/// from giving every file twice. The walk is bounded (`rules::walk`).
+pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors> {
+    let mut errors = Vec::new();
+    let walked = walk(
+        dir,
+        WalkOptions {
+            hidden: false,
+            linked_dirs: false,
+        },
+    )
+    .map_err(|e| RuleErrors(vec![e]))?;
+    let mut files: Vec<PathBuf> = walked
+        .into_iter()
+        .filter(|f| f.meta.is_file() && is_rule_file(&f.path))
+        .map(|f| f.path)
+        .collect();
+    files.sort();
+
+    let mut set = RuleSet::default();
+    // Domain name -> (file, line of its `domain` value), to name both files.
+    let mut seen: HashMap<String, (PathBuf, usize)> = HashMap::new();
+    for file in files {
+        let text = match fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) => {
+                errors.push(RuleError {
+                    file: file.clone(),
+                    line: None,
+                    path: String::new(),
+                    reason: format!("cannot read rule file: {e}"),
+                });
+                continue;
+            }
+        };
+        match parse(&file, &text, options) {
+            Ok((domain, line)) => {
+                if let Some((first, first_line)) = seen.get(&domain.name) {
+                    errors.push(RuleError {
+                        file: file.clone(),
+                        line: Some(line),
+                        path: "domain".into(),
+                        reason: format!(
+                            "duplicate domain {:?}, already defined in {}:{first_line}",
+                            domain.name,
+                            first.display()
+                        ),
+                    });
+                    continue;
+                }
+                seen.insert(domain.name.clone(), (file.clone(), line));
+                set.domains.insert(domain.name.clone(), domain);
+            }
+            Err(RuleErrors(mut errs)) => errors.append(&mut errs),
+        }
+    }
+    if errors.is_empty() {
+        Ok(set)
+    } else {
+        Err(RuleErrors(errors))
+    }
+}
+
+fn is_rule_file(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+}
+
+/// Parses one rule file's text into its domain. `file` is only used in
+/// errors and in each rule's `source`.
+pub fn parse_file(file: &Path, text: &str, options: &LoadOptions) -> Result<Domain, RuleErrors> {
+    parse(file, text, options).map(|(domain, _)| domain)
+}
+
+/// The domain and the line of its `domain` value.
+fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usize), RuleErrors> {
+    let mut w = Walker::new(file, options);
+    if let Some((line, path)) = too_deep(text) {
+        w.error(
+            Some(line),
+            &path,
+            format!("nested deeper than {MAX_DEPTH} levels"),
+        );
+        return Err(RuleErrors(w.errors));
+    }
+    let options = LoaderOptions::default()
+        .error_on_duplicate_keys(true)
+        // Keeps `may_coerce()` true only for plain scalars, so a quoted
+        // "null" is a string and a plain `null` is absent.
+        .prevent_coercion(true);
+    let root = match marked_yaml::parse_yaml_with_options(0, text, options) {
+        Ok(root) => root,
+        Err(e) => {
+            let (line, reason) = load_error(&e);
+            w.error(Some(line), "", reason);
+            return Err(RuleErrors(w.errors));
+        }
+    };
+    let Some(map) = root.as_mapping() else {
+        // parse_yaml refuses any other top level already.
+        w.error(line_of(&root), "", "a rule file must be a mapping");
+        return Err(RuleErrors(w.errors));
+    };
+    if map.is_empty() {
+        w.error(
+            None,
+            "",
+            "empty rule file (expected `domain` and `descriptors`)",
+        );
+        return Err(RuleErrors(w.errors));
+    }
+    let (domain, domain_line, mut root_level) = w.root(map);
+    super::name_rules("", &mut root_level);
+    // A parent's "missing" error is found after its children's: read top down.
+    w.errors.sort_by_key(|e| e.line);
+    match domain {
+        Some(name) if w.errors.is_empty() => Ok((
+            Domain {
+                name,
+                root: root_level,
+                file: file.to_path_buf(),
+            },
+            domain_line,
+        )),
+        _ => Err(RuleErrors(w.errors)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::LimitSpec;
+
+    #[test]
+    fn null_values_read_as_absent() {
+        let text = "domain: d\ndescriptors:\n  - key: k\n    value: ~\n    rate_limit:\n      unlimited: true\n      unit:\n      name: null\n";
+        let d = parse_file(Path::new("n.yaml"), text, &LoadOptions::default()).unwrap();
+        let node = &d.root.default["k"];
+        let rule = node.rule.as_ref().unwrap();
+        assert_eq!(rule.limit, LimitSpec::Unlimited);
+        assert_eq!(rule.name, None);
+        assert_eq!(rule.source, "n.yaml:3");
+    }
+
+    #[test]
+    fn quoted_null_is_a_value() {
+        let text = "domain: d\ndescriptors:\n  - key: k\n    value: \"null\"\n";
+        let d = parse_file(Path::new("q.yaml"), text, &LoadOptions::default()).unwrap();
+        assert!(
+            d.root
+                .exact
+                .contains_key(&("k".to_string(), "null".to_string()))
+        );
+    }
+}
