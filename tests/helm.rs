@@ -23,8 +23,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use serde_json::Value;
 use support::helm::{
-    NAMESPACE, chart, helm, helms, parse_manifests, require_python_module, root, run_within,
-    template, text,
+    NAMESPACE, RELEASE, chart, helm, helms, parse_manifests, require_python_module, root,
+    run_within, template, text,
 };
 use support::process::{Proc, tollgate_bin};
 use support::redis::RedisServer;
@@ -454,6 +454,90 @@ fn variants() -> Vec<Variant> {
                 let annotations =
                     &r.one("Deployment")["spec"]["template"]["metadata"]["annotations"];
                 assert!(annotations.get("checksum/rules").is_none());
+            },
+        },
+        Variant {
+            name: "Grafana dashboard for the sidecar in Grafana's namespace, linked from the alerts",
+            args: {
+                let mut a = sets(&[
+                    "grafana.dashboards.enabled=true",
+                    "grafana.dashboards.namespace=monitoring",
+                    "grafana.dashboards.annotations.grafana_folder=Rate limits",
+                    "grafana.dashboards.url=https://grafana.example.com/d/tollgate",
+                    "metrics.enabled=true",
+                    "metrics.prometheusRule.enabled=true",
+                    "metrics.prometheusRule.rules[0].alert=Mine",
+                    "metrics.prometheusRule.rules[0].expr=vector(1)",
+                    "metrics.prometheusRule.rules[1].alert=MineLinked",
+                    "metrics.prometheusRule.rules[1].expr=vector(1)",
+                    "metrics.prometheusRule.rules[1].annotations.dashboard_url=https://elsewhere",
+                    "metrics.prometheusRule.rules[2].record=mine:sum",
+                    "metrics.prometheusRule.rules[2].expr=vector(1)",
+                ]);
+                a.extend(["--api-versions".into(), "monitoring.coreos.com/v1".into()]);
+                a
+            },
+            check: |r| {
+                let cm = r.one("ConfigMap");
+                assert_eq!(cm["metadata"]["name"], "tollgate-dashboard");
+                assert_eq!(cm["metadata"]["namespace"], "monitoring");
+                let labels = &cm["metadata"]["labels"];
+                assert_eq!(labels["grafana_dashboard"], "1");
+                assert_eq!(labels["app.kubernetes.io/instance"], RELEASE);
+                assert_eq!(
+                    cm["metadata"]["annotations"],
+                    serde_json::json!({"grafana_folder": "Rate limits"})
+                );
+                let data = cm["data"].as_object().unwrap();
+                assert_eq!(data.keys().collect::<Vec<_>>(), ["tollgate.json"]);
+                assert_eq!(
+                    data["tollgate.json"].as_str().unwrap(),
+                    std::fs::read_to_string(root().join("helm/tollgate/dashboards/tollgate.json"))
+                        .unwrap(),
+                    "the ConfigMap holds the file as it is"
+                );
+                let rules: Vec<&Value> = r.one("PrometheusRule")["spec"]["groups"][0]["rules"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .collect();
+                let url = |i: usize| rules[i]["annotations"]["dashboard_url"].as_str();
+                assert_eq!(rules[0]["alert"], "TollgateNotReady");
+                assert_eq!(url(0), Some("https://grafana.example.com/d/tollgate"));
+                assert_eq!(url(1), Some("https://grafana.example.com/d/tollgate"));
+                assert_eq!(
+                    url(2),
+                    Some("https://elsewhere"),
+                    "an alert's own link stays"
+                );
+                assert!(
+                    rules[3].get("annotations").is_none(),
+                    "a recording rule: none"
+                );
+            },
+        },
+        Variant {
+            name: "Grafana dashboard under another sidecar label, no link from the alerts",
+            args: {
+                let mut a = sets(&[
+                    "grafana.dashboards.enabled=true",
+                    "grafana.dashboards.labels.grafana_dashboard=null",
+                    "grafana.dashboards.labels.dashboards=1",
+                    "metrics.enabled=true",
+                    "metrics.prometheusRule.enabled=true",
+                ]);
+                a.extend(["--api-versions".into(), "monitoring.coreos.com/v1".into()]);
+                a
+            },
+            check: |r| {
+                let cm = r.one("ConfigMap");
+                assert_eq!(cm["metadata"]["namespace"], NAMESPACE);
+                let labels = &cm["metadata"]["labels"];
+                assert!(labels.get("grafana_dashboard").is_none(), "{labels}");
+                assert_eq!(labels["dashboards"], "1", "a label value is a string");
+                assert!(cm["metadata"].get("annotations").is_none());
+                let alert = &r.one("PrometheusRule")["spec"]["groups"][0]["rules"][0];
+                assert!(alert["annotations"].get("dashboard_url").is_none());
             },
         },
         Variant {
