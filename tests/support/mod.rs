@@ -2,6 +2,7 @@
 //! Each test binary uses part of it.
 #![allow(dead_code)]
 
+pub mod helm;
 pub mod process;
 pub mod redis;
 pub mod tollgate;
