@@ -41,6 +41,9 @@
 #                then "new". Only ratios from one run compare.
 #   SERVE_ENV="VAR=value ..."  environment of the "new" server only (e.g.
 #                TOKIO_WORKER_THREADS=1 TOLLGATE_REDIS__POOL_SIZE=1)
+#                A server given TOLLGATE_STORE=memory runs on the embedded
+#                store: the same binary as "embedded@TOLLGATE_STORE=memory"
+#                shows what the Redis round trip costs, side by side.
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -115,8 +118,14 @@ start_tollgate() {
     local http_port
     http_port=$(free_port)
     log="$WORK/tollgate-$GRPC_PORT.log"
-        # The log rule's huge limit needs max_log_limit raised to it.
-    env RUST_LOG="${RUST_LOG:-warn}" TOLLGATE_MAX_LOG_LIMIT=$LIMIT "$@" "$bin" serve --rules "$WORK/rules" --store "$STORE" \
+    # A server's own TOLLGATE_STORE=... (in COMPARE) picks its store.
+    local store=$STORE arg
+    for arg in "$@"; do
+        case $arg in TOLLGATE_STORE=*) store=${arg#TOLLGATE_STORE=} ;; esac
+    done
+    # The log rule's huge limit needs max_log_limit raised to it; no debug
+    # listener (its default port is fixed, and servers run side by side).
+    env RUST_LOG="${RUST_LOG:-warn}" TOLLGATE_MAX_LOG_LIMIT=$LIMIT TOLLGATE_DEBUG_ADDR=off "$@" "$bin" serve --rules "$WORK/rules" --store "$store" \
         --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$http_port" \
         >"$log" 2>&1 &
     PIDS+=($!)
