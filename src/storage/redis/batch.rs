@@ -143,11 +143,7 @@ impl Batcher {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.batched_calls
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let reply = self
-            .scripts
-            .batch
-            .evalsha_with_reload::<Vec<i64>, _, _>(&client, Vec::<String>::new(), args)
-            .await;
+        let reply = run_script(&self.scripts.batch, &client, Vec::new(), args).await;
         match reply {
             Ok(reply) => {
                 let mut rest = &reply[..];
@@ -182,10 +178,12 @@ impl Batcher {
     }
 
     async fn alone(&self, client: &Client, call: Call) -> Reply {
-        self.scripts
-            .of(call.algorithm)
-            .evalsha_with_reload::<Vec<i64>, _, _>(client, call.keys, call.args)
-            .await
+        let args = call
+            .args
+            .into_iter()
+            .map(fred::types::Value::from)
+            .collect();
+        run_script(self.scripts.of(call.algorithm), client, call.keys, args).await
     }
 
     /// Each call with its own script, all written at once (fred pipelines
@@ -221,4 +219,27 @@ fn is_script_refused(e: &FredError) -> bool {
         || d.contains("shebang")
         || d.contains("Unexpected flag")
         || d.contains("Unknown lua shebang")
+}
+
+/// `EVALSHA`, loading the script on `NOSCRIPT` and trying again, up to
+/// three times: a `SCRIPT FLUSH` (or a failover to a server that never
+/// loaded it) between the load and the retry leaves it missing again.
+/// Safe, since `NOSCRIPT` means nothing ran.
+pub(super) async fn run_script(
+    script: &Script,
+    client: &Client,
+    keys: Vec<String>,
+    args: Vec<fred::types::Value>,
+) -> Reply {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let reply = script
+            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys.clone(), args.clone())
+            .await;
+        match reply {
+            Err(e) if attempt < 3 && e.details().starts_with("NOSCRIPT") => continue,
+            other => return other,
+        }
+    }
 }

@@ -301,8 +301,8 @@ impl RedisStore {
         match (owner, retry) {
             (Some(owner), Some((keys, args))) => {
                 let client = connected_client(owner)?;
-                script
-                    .evalsha_with_reload::<Vec<i64>, _, _>(client, keys, args)
+                let args = args.into_iter().map(fred::types::Value::from).collect();
+                batch::run_script(script, client, keys, args)
                     .await
                     .map_err(|e| store_error(e, timeout))
             }
