@@ -3,6 +3,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -793,12 +795,4 @@ fn serve_and_check_binaries() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(done, "tollgate did not stop on SIGTERM");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

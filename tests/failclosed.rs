@@ -9,6 +9,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -367,14 +369,6 @@ async fn cached_refusals_skip_the_in_flight_gate() {
         h.await.unwrap().expect("held calls are answered");
     }
     t.stop().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts the binary on fresh ports with `store`, and connects to its gRPC

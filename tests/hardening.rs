@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -513,14 +515,6 @@ async fn drain_says_not_serving_while_still_answering() {
         "drained first"
     );
     assert!(tokio::net::TcpStream::connect(t.grpc).await.is_err());
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// What the kubelet puts in every pod of a namespace with a Service named

@@ -11,6 +11,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -959,14 +961,6 @@ fn service_links(r: &Rendered) -> Vec<(String, String)> {
         }
     }
     env
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {

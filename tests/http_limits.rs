@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -171,14 +173,6 @@ async fn past_max_connections_http_is_closed_at_accept_and_grpc_still_decides() 
     }
     assert!(closed(t.http, "refused").await >= 1.0);
     t.stop().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test]

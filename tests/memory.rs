@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -137,14 +139,6 @@ descriptors:
   - key: log
     rate_limit: {unit: hour, requests_per_unit: 10000, algorithm: sliding_window_log}
 ";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest {

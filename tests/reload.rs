@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
@@ -188,14 +190,6 @@ fn validate_refuses_deep_files_without_crashing() {
         );
     }
     assert!(stderr.contains("3 error(s)"), "{stderr}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// User plus system CPU time of process `pid` so far.

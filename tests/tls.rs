@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::free_port;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, Once, OnceLock};
@@ -638,14 +640,6 @@ fn bad_tls_files_are_settings_errors_naming_the_setting() {
 
 fn tollgate_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

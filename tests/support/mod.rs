@@ -21,6 +21,16 @@ pub fn unique_domain(name: &str) -> String {
     format!("{name}-{}-{nanos:x}-{n}", std::process::id())
 }
 
+/// A loopback port free at the moment of the call, for a server that
+/// binds it itself.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// `GET path` over HTTP/1.1 on a fresh connection: the status and body.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
