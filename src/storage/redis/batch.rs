@@ -7,11 +7,9 @@
 //! batches grow only when calls would otherwise wait.
 //!
 //! A call whose caller stopped waiting (its deadline passed while it
-//! queued) is left out of the batch. A batch the server refused before
-//! running it (`TRYAGAIN`, `CLUSTERDOWN`, a script it cannot load) is sent
-//! again call by call, each with its own script, which is safe because
-//! nothing ran; any other error is every call's error, never a retry (part
-//! of the batch may have run: a hit is written at most once).
+//! queued) is left out of the batch. A batch's error is every call's error
+//! and is never resent: part of it may have run, and a hit is written at
+//! most once.
 
 use std::collections::VecDeque;
 
@@ -49,9 +47,6 @@ pub(super) struct Batcher {
     lanes: usize,
     /// Calls in one batch at most; 1 sends every call alone.
     max_calls: usize,
-    /// The server ran the batch script (false: it refused it, and calls go
-    /// one by one).
-    batch_ok: AtomicBool,
     /// Counts, for tests and metrics: batches sent, calls in them.
     batches: AtomicU64,
     batched_calls: AtomicU64,
@@ -70,7 +65,6 @@ impl Batcher {
             queue: Mutex::new(Queue::default()),
             lanes: lanes.max(1),
             max_calls: max_calls.max(1),
-            batch_ok: AtomicBool::new(true),
             batches: AtomicU64::new(0),
             batched_calls: AtomicU64::new(0),
         }
@@ -127,9 +121,6 @@ impl Batcher {
             let _ = w.reply.send(reply);
             return;
         }
-        if !self.batch_ok.load(Ordering::Relaxed) {
-            return self.one_by_one(&client, batch).await;
-        }
         let mut args: Vec<fred::types::Value> = Vec::new();
         for w in &batch {
             args.extend([
@@ -162,13 +153,6 @@ impl Batcher {
                     let _ = w.reply.send(part);
                 }
             }
-            Err(e) if refused_before_running(&e) => {
-                if is_script_refused(&e) {
-                    self.batch_ok.store(false, Ordering::Relaxed);
-                    tracing::info!(error = %e, "redis refused the batch script: calls go one by one");
-                }
-                self.one_by_one(&client, batch).await;
-            }
             Err(e) => {
                 for w in batch {
                     let _ = w.reply.send(Err(e.clone()));
@@ -186,16 +170,6 @@ impl Batcher {
         run_script(self.scripts.of(call.algorithm), client, call.keys, args).await
     }
 
-    /// Each call with its own script, all written at once (fred pipelines
-    /// them on the connection).
-    async fn one_by_one(&self, client: &Client, batch: Vec<Waiting>) {
-        futures_util::future::join_all(batch.into_iter().map(|w| async move {
-            let reply = self.alone(client, w.call).await;
-            let _ = w.reply.send(reply);
-        }))
-        .await;
-    }
-
     /// (batches sent, calls in them) so far.
     pub(super) fn counts(&self) -> (u64, u64) {
         (
@@ -203,22 +177,6 @@ impl Batcher {
             self.batched_calls.load(Ordering::Relaxed),
         )
     }
-}
-
-/// Errors Redis answers before a script runs: nothing was recorded.
-fn refused_before_running(e: &FredError) -> bool {
-    const BEFORE: [&str; 5] = ["MOVED", "ASK", "CROSSSLOT", "TRYAGAIN", "CLUSTERDOWN"];
-    BEFORE.iter().any(|p| e.details().starts_with(p)) || is_script_refused(e)
-}
-
-/// The server cannot load or run the batch script (no shebang flags before
-/// Redis 7).
-fn is_script_refused(e: &FredError) -> bool {
-    let d = e.details();
-    d.contains("Error compiling script")
-        || d.contains("shebang")
-        || d.contains("Unexpected flag")
-        || d.contains("Unknown lua shebang")
 }
 
 /// `EVALSHA`, loading the script on `NOSCRIPT` and trying again, up to

@@ -182,14 +182,11 @@ pub(super) async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), F
         &scripts.fixed_window,
         &scripts.sliding_counter,
         &scripts.sliding_log,
+        &scripts.batch,
     ] {
         // On a cluster, loads on every primary.
         script.load(client).await?;
     }
-    // The batch script is optional (a server older than Redis 7 refuses
-    // its flags): its first batch loads it, or finds it refused, and calls
-    // then go one by one.
-    let _ = scripts.batch.load(client).await;
     inner.script_loads.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
