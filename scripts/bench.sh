@@ -124,8 +124,14 @@ start_tollgate() {
         case $arg in TOLLGATE_STORE=*) store=${arg#TOLLGATE_STORE=} ;; esac
     done
     # The log rule's huge limit needs max_log_limit raised to it; no debug
-    # listener (its default port is fixed, and servers run side by side).
-    env RUST_LOG="${RUST_LOG:-warn}" TOLLGATE_MAX_LOG_LIMIT=$LIMIT TOLLGATE_DEBUG_ADDR=off "$@" "$bin" serve --rules "$WORK/rules" --store "$store" \
+    # listener (its default port is fixed, and servers run side by side),
+    # when the binary has one (older builds in COMPARE do not, and refuse
+    # a setting they do not know).
+    local debug=()
+    if grep -qa debug_show_values "$bin"; then
+        debug=(TOLLGATE_DEBUG_ADDR=off)
+    fi
+    env RUST_LOG="${RUST_LOG:-warn}" TOLLGATE_MAX_LOG_LIMIT=$LIMIT "${debug[@]}" "$@" "$bin" serve --rules "$WORK/rules" --store "$store" \
         --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$http_port" \
         >"$log" 2>&1 &
     PIDS+=($!)

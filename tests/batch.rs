@@ -176,3 +176,88 @@ async fn batches_on_a_cluster_carry_many_slots_of_one_primary_and_stay_exact() {
     }
     t.stop().await;
 }
+
+/// A caller that stops waiting while its call is on the wire gives its
+/// lane back: with one lane (`redis.pool_size=1`), calls cut off by their
+/// deadline while Redis is paused leave the server able to decide, and the
+/// next calls are answered by Redis (an OVER_LIMIT only the store can give,
+/// with the over-limit cache off), not by the failure policy at their
+/// deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_stop_waiting_give_their_lane_back() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let domain = unique_domain("lane");
+    let text = rules(&domain);
+    let t = Tollgate::start(
+        &[("l.yaml", text.as_str())],
+        &[
+            ("store", url.as_str()),
+            ("redis.pool_size", "1"),
+            ("redis.command_timeout_ms", "5000"),
+            ("over_limit_cache.enabled", "false"),
+        ],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(20)).await;
+    away_from_an_hour_boundary().await;
+    let client = t.client().await;
+    let ask = |value: String, timeout: Duration| {
+        let mut client = client.clone();
+        let domain = domain.clone();
+        async move {
+            let mut req = tonic::Request::new(RateLimitRequest {
+                domain,
+                descriptors: vec![descriptor(&[("fixed", &value)])],
+                hits_addend: 0,
+            });
+            req.set_timeout(timeout);
+            client.should_rate_limit(req).await
+        }
+    };
+
+    assert_eq!(
+        redis.cli(&["CLIENT", "PAUSE", "1500", "ALL"]).trim(),
+        "OK",
+        "CLIENT PAUSE"
+    );
+    // One alone on the wire, the rest queued behind it; all give up.
+    let impatient = (0..8).map(|i| ask(format!("gone-{i}"), Duration::from_millis(300)));
+    let started = std::time::Instant::now();
+    let answers = futures_util::future::join_all(impatient).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1400),
+        "impatient callers waited {:?}",
+        started.elapsed()
+    );
+    eprintln!(
+        "while paused: {:?}",
+        answers
+            .iter()
+            .map(|a| a
+                .as_ref()
+                .map(|r| r.get_ref().overall_code)
+                .map_err(|s| s.code()))
+            .collect::<Vec<_>>()
+    );
+    tokio::time::sleep(Duration::from_millis(1600).saturating_sub(started.elapsed())).await;
+
+    // Redis is back: each limiter admits exactly its 3, in time.
+    for round in 0..3 {
+        let callers = (0..16).map(|i| async move {
+            let mut codes = Vec::new();
+            for _ in 0..PER_CALLER {
+                let r = ask(format!("back-{round}-{i}"), Duration::from_secs(4))
+                    .await
+                    .expect("an answer");
+                codes.push(r.into_inner().overall_code);
+            }
+            codes
+        });
+        for codes in futures_util::future::join_all(callers).await {
+            let mut want = vec![Code::Ok as i32; LIMIT];
+            want.resize(PER_CALLER, Code::OverLimit as i32);
+            assert_eq!(codes, want, "round {round}");
+        }
+    }
+}

@@ -218,7 +218,7 @@ pub const SETTINGS: &[Setting] = &[
         "redis.batch_max",
         Some("64"),
         count(1, 1024),
-        "script calls to one node sent as one `EVALSHA` at most; a batch is whatever queued while the node's earlier batches were in flight (no timer); 1: every call alone",
+        "script calls to one node sent as one `EVALSHA` at most; a batch is whatever queued while the node's earlier batches were in flight (no timer); 1: batching off, every call sent at once on its own",
     ),
     s(
         "redis.connect_timeout_ms",

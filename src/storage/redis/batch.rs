@@ -3,8 +3,9 @@
 //! script: one write on the socket, one command for Redis to parse, one
 //! reply to read. There is no timer: a batch is whatever queued while the
 //! server's previous batches were in flight (at most `lanes` at once, one
-//! per connection), so a lone call goes out at once, alone, as before, and
-//! batches grow only when calls would otherwise wait.
+//! per connection), so a lone call goes out at once, alone, from its
+//! caller's own task, and batches grow only when calls would otherwise
+//! wait.
 //!
 //! A call whose caller stopped waiting (its deadline passed while it
 //! queued) is left out of the batch. A batch's error is every call's error
@@ -45,7 +46,7 @@ pub(super) struct Batcher {
     queue: Mutex<Queue>,
     /// Batches in flight at most.
     lanes: usize,
-    /// Calls in one batch at most; 1 sends every call alone.
+    /// Calls in one batch at most; 1 turns batching off (every call sent at once).
     max_calls: usize,
     /// Counts, for tests and metrics: batches sent, calls in them.
     batches: AtomicU64,
@@ -72,6 +73,30 @@ impl Batcher {
 
     /// Runs `call` on this server, in a batch with whatever else is ready.
     pub(super) async fn submit(self: &Arc<Self>, call: Call) -> Reply {
+        if self.max_calls == 1 {
+            // Batching off: every call goes out at once, as many in flight
+            // as callers (fred pipelines them on the pool's connections).
+            let client = self.pool.next_connected().clone();
+            return self.alone(&client, call).await;
+        }
+        let lone = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if q.waiting.is_empty() && q.running < self.lanes {
+                q.running += 1;
+                true
+            } else {
+                false
+            }
+        };
+        if lone {
+            // Nothing waits and a lane is free: the call goes out from the
+            // caller's own task, without a hand-over to another task. The
+            // lane is given back (or passed to what queued meanwhile) when
+            // the call ends or its caller stops waiting.
+            let _lane = Lane(self);
+            let client = self.pool.next_connected().clone();
+            return self.alone(&client, call).await;
+        }
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -94,6 +119,24 @@ impl Batcher {
                 "redis batch dropped before its reply",
             ))
         })
+    }
+
+    /// Frees a lane taken by a lone call, or hands it to a drain of the
+    /// calls that queued while it was in flight.
+    fn release(self: &Arc<Self>) {
+        let more = {
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.waiting.retain(|w| !w.reply.is_closed());
+            if q.waiting.is_empty() {
+                q.running -= 1;
+                false
+            } else {
+                true
+            }
+        };
+        if more {
+            tokio::spawn(self.clone().drain());
+        }
     }
 
     /// Sends batches until the queue is empty, then frees its lane.
@@ -176,6 +219,15 @@ impl Batcher {
             self.batches.load(Ordering::Relaxed),
             self.batched_calls.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// A lane held by a call sent from its caller's task.
+struct Lane<'a>(&'a Arc<Batcher>);
+
+impl Drop for Lane<'_> {
+    fn drop(&mut self) {
+        self.0.release();
     }
 }
 
