@@ -223,6 +223,9 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 "shadowMode": r.shadow_mode,
                 "quotaMode": r.quota_mode,
                 "detailedMetric": r.detailed_metric,
+                "valueToMetric": r.value_to_metric,
+                "shareThreshold": r.share_threshold,
+                "metadata": r.metadata.as_deref(),
                 "source": r.source,
             });
             match &r.limit {

@@ -5,6 +5,7 @@
 //! and stops.
 
 mod admin;
+mod conn_age;
 mod grpc;
 mod grpc_limits;
 mod lifecycle;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::FutureExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
@@ -86,6 +87,7 @@ pub fn rule_options(settings: &Settings) -> rules::LoadOptions {
     rules::LoadOptions {
         default_algorithm: settings.default_algorithm,
         max_log_limit: settings.max_log_limit,
+        merge_domains: settings.merge_domain_config,
     }
 }
 
@@ -134,6 +136,21 @@ pub struct Listeners {
     pub grpc: TcpListener,
     pub http: TcpListener,
     pub debug: Option<TcpListener>,
+    /// gRPC on a Unix socket as well (`grpc_uds`; see [`bind_uds`]).
+    pub grpc_uds: Option<UnixListener>,
+}
+
+/// Binds the `grpc_uds` socket, replacing a socket file left there by an
+/// earlier run (never any other kind of file).
+pub fn bind_uds(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.file_type().is_socket()
+    {
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("binding gRPC socket {}", path.display()))
 }
 
 /// Serves gRPC and the public HTTP surface until `shutdown` resolves, then
@@ -145,10 +162,12 @@ pub async fn run(
     http: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let grpc_uds = settings.grpc_uds.as_deref().map(bind_uds).transpose()?;
     let listeners = Listeners {
         grpc,
         http,
         debug: None,
+        grpc_uds,
     };
     run_with(settings, engine, listeners, shutdown).await
 }
@@ -180,6 +199,7 @@ pub async fn run_with(
             headers: settings.rate_limit_headers.clone(),
             limits: settings.limits,
             deadline_margin: settings.deadline_margin,
+            dynamic_metadata: settings.response_dynamic_metadata,
         },
     );
     let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
@@ -251,6 +271,7 @@ pub async fn run_with(
         limiter.clone(),
         health,
         listeners.grpc,
+        listeners.grpc_uds,
         startup,
         &stopped,
     )?;
@@ -336,5 +357,12 @@ pub async fn serve(
         ),
         None => None,
     };
-    run_with(settings, engine, Listeners { grpc, http, debug }, shutdown).await
+    let grpc_uds = settings.grpc_uds.as_deref().map(bind_uds).transpose()?;
+    let listeners = Listeners {
+        grpc,
+        http,
+        debug,
+        grpc_uds,
+    };
+    run_with(settings, engine, listeners, shutdown).await
 }

@@ -146,6 +146,16 @@ pub struct Settings {
     pub limits: RequestLimits,
     /// Largest `requests_per_unit` of a `sliding_window_log` limit.
     pub max_log_limit: u32,
+    /// A Unix socket gRPC is served on as well.
+    pub grpc_uds: Option<PathBuf>,
+    /// Age past which a gRPC connection is sent GOAWAY.
+    pub grpc_max_connection_age: Option<Duration>,
+    /// How long a connection past its age may finish its calls.
+    pub grpc_max_connection_age_grace: Option<Duration>,
+    /// Files naming the same domain are merged into it.
+    pub merge_domain_config: bool,
+    /// Answers carry `dynamic_metadata` (the matched rules' `metadata`).
+    pub response_dynamic_metadata: bool,
     /// Limiters the embedded store holds before evicting the least recently used.
     pub memory_max_limiters: usize,
     /// Estimated bytes the embedded store holds before evicting the least

@@ -71,6 +71,24 @@ pub const SETTINGS: &[Setting] = &[
         "RLS gRPC listen address",
     ),
     s(
+        "grpc_uds",
+        None,
+        Kind::Text,
+        "path of a Unix socket to serve gRPC on as well (RLS, health, reflection; plaintext even with `grpc_tls`); a stale socket file there is replaced",
+    ),
+    s(
+        "grpc_max_connection_age_ms",
+        Some("0"),
+        Kind::Millis,
+        "a gRPC connection older than this is asked to go away (HTTP/2 GOAWAY), so long-lived Envoy connections spread over replicas added since; 0 = never",
+    ),
+    s(
+        "grpc_max_connection_age_grace_ms",
+        Some("0"),
+        Kind::Millis,
+        "how long calls on a connection past its age may finish before it is closed; 0 = no limit",
+    ),
+    s(
         "http_addr",
         Some("0.0.0.0:8080"),
         Kind::Addr,
@@ -299,6 +317,18 @@ pub const SETTINGS: &[Setting] = &[
         "bytes of one decoded request (`RESOURCE_EXHAUSTED` past it); 4 MiB, gRPC's default, which Envoy's own limits stay under",
     ),
     s(
+        "merge_domain_config",
+        Some("false"),
+        Kind::Bool,
+        "rule files naming the same domain are merged into it (a descriptor both define is still an error); `false`: a domain defined twice is an error",
+    ),
+    s(
+        "response_dynamic_metadata",
+        Some("false"),
+        Kind::Bool,
+        "answers carry `dynamic_metadata`: the domain, the descriptors' entries and the merged `metadata` of the rules that answered OK",
+    ),
+    s(
         "max_log_limit",
         Some("10000"),
         Kind::AtLeast(1),
@@ -402,7 +432,7 @@ pub const SETTINGS: &[Setting] = &[
         "metrics.detailed_max_series",
         Some("100"),
         count(1, 10_000),
-        "distinct descriptor values a `detailed_metric` rule exports; the rest share the `_overflow` series",
+        "distinct descriptor values a `detailed_metric` or `value_to_metric` rule exports; the rest share the `_overflow` series",
     ),
     s(
         "otel.endpoint",
