@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
-pub use load::{LoadOptions, MAX_DEPTH, load_dir, parse_file};
+pub use load::{LoadOptions, MAX_DEPTH, load_dir, load_texts, parse_file};
 pub use matcher::Step;
 pub use stats::{Counts, CountsSnapshot, OVERFLOW, RuleStats};
 pub use walk::{Found, MAX_DIR_DEPTH, MAX_ENTRIES, WalkOptions, walk};

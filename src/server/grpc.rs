@@ -35,10 +35,13 @@ pub(super) struct HealthTask<S> {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Health follows the store: SERVING only while it can answer and the
-/// server is not draining; NOT_SERVING once stopped.
+/// Health follows the store: SERVING only while it can answer, the rules
+/// are there (the first set from xDS arrived, unless
+/// `xds.serve_without_config`) and the server is not draining;
+/// NOT_SERVING once stopped.
 pub(super) fn follow_store_health(
     store: Arc<dyn Store>,
+    mut rules_ready: watch::Receiver<bool>,
     mut draining: watch::Receiver<bool>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> HealthTask<impl Health> {
@@ -47,7 +50,7 @@ pub(super) fn follow_store_health(
         tokio::pin!(stop);
         let mut last = None;
         loop {
-            let status = if !*draining.borrow() && store.is_ready() {
+            let status = if !*draining.borrow() && store.is_ready() && *rules_ready.borrow() {
                 ServingStatus::Serving
             } else {
                 ServingStatus::NotServing
@@ -62,6 +65,7 @@ pub(super) fn follow_store_health(
             tokio::select! {
                 _ = &mut stop => break,
                 _ = draining.changed() => {}
+                Ok(()) = rules_ready.changed() => {}
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }

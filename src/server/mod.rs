@@ -43,13 +43,23 @@ const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
 /// reload with errors is not); an unreachable Redis is not: the store keeps
 /// connecting and health says NOT_SERVING meanwhile.
 pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Engine> {
-    let rules = match &settings.rules_dir {
+    // With xDS, rules come from the management server instead of files.
+    let files = settings
+        .rules_dir
+        .as_ref()
+        .filter(|_| settings.xds.is_none());
+    let rules = match files {
         Some(dir) => {
             rules::load_dir(dir, &rule_options(settings)).map_err(|e| anyhow::anyhow!("{e}"))?
         }
         None => RuleSet::default(),
     };
-    match &settings.rules_dir {
+    match files {
+        _ if settings.xds.is_some() => {
+            if settings.rules_dir.is_some() {
+                tracing::warn!("xds.server_url is set: rules_dir is not read");
+            }
+        }
         Some(dir) => {
             let mut names: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
             names.sort_unstable();
@@ -232,8 +242,26 @@ pub async fn run_with(
         None
     };
 
-    let health_task =
-        grpc::follow_store_health(engine.store().clone(), drain_rx.clone(), stopped());
+    // Rules from xDS: health waits for the first set unless told not to.
+    let (rules_ready_tx, rules_ready) =
+        watch::channel(settings.xds.as_ref().is_none_or(|x| x.serve_without_config));
+    if let Some(xds) = settings.xds.clone() {
+        tracing::info!(server = %xds.url, node = %xds.node_id, "rules from xDS");
+        tokio::spawn(crate::xds::run(
+            xds,
+            rule_options(settings),
+            engine.rules().clone(),
+            reloads.clone(),
+            rules_ready_tx,
+            stopped(),
+        ));
+    }
+    let health_task = grpc::follow_store_health(
+        engine.store().clone(),
+        rules_ready,
+        drain_rx.clone(),
+        stopped(),
+    );
     let health = health_task.service;
     let store = engine.store().clone();
     let mut stop = Box::pin(stopped());
@@ -245,7 +273,11 @@ pub async fn run_with(
             }
         }
     });
-    if let (Some(dir), Some(every)) = (settings.rules_dir.clone(), settings.rules_reload) {
+    let files = settings
+        .rules_dir
+        .clone()
+        .filter(|_| settings.xds.is_none());
+    if let (Some(dir), Some(every)) = (files, settings.rules_reload) {
         tokio::spawn(reload::watch(
             dir,
             every,

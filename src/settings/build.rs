@@ -10,6 +10,7 @@ use super::values::{Values, bad};
 use super::{
     CacheConfig, FailurePolicy, GrpcTls, HeaderNames, HttpSettings, LogFormat, MetricsSettings,
     OtelSettings, RedisSettings, RequestLimits, Settings, SettingsError, Sources, StoreSetting,
+    XdsSettings, XdsTls,
 };
 use crate::storage::{BreakerConfig, RedisConfig};
 
@@ -112,6 +113,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         deadline_margin: v.millis("deadline_margin_ms")?,
         limits,
         max_log_limit: v.get("max_log_limit")?,
+        xds: xds_settings(v)?,
         merge_domain_config: v.bool("merge_domain_config")?,
         grpc_uds: v.opt_text("grpc_uds")?.map(PathBuf::from),
         grpc_max_connection_age: v.every("grpc_max_connection_age_ms")?,
@@ -130,6 +132,93 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         otel,
         warnings: Vec::new(),
     })
+}
+
+fn xds_settings(v: &Values<'_>) -> Result<Option<XdsSettings>, SettingsError> {
+    let src = v.src;
+    // Every xds setting is read (and checked) whether or not it is used.
+    let url = v.opt_text("xds.server_url")?;
+    let ca = v.file("xds.tls_ca_file")?;
+    let cert = v.file("xds.tls_cert_file")?;
+    let key = v.file("xds.tls_key_file")?;
+    let tls_wanted = v.bool("xds.tls")?;
+    let server_name = v.opt_text("xds.tls_server_name")?;
+    let node_id: String = v.get("xds.node_id")?;
+    let node_cluster = v.opt_text("xds.node_cluster")?;
+    let node_metadata_text = v.opt_text("xds.node_metadata")?;
+    let retry_initial = Duration::from_millis(v.get("xds.retry_initial_ms")?);
+    let retry_max = Duration::from_millis(v.get("xds.retry_max_ms")?);
+    let serve_without_config = v.bool("xds.serve_without_config")?;
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    if cert.is_some() != key.is_some() {
+        return Err(bad(
+            src,
+            "xds.tls_cert_file",
+            &format!("{cert:?}"),
+            "xds.tls_cert_file and xds.tls_key_file go together",
+        ));
+    }
+    let https = url.starts_with("https://");
+    let url = if url.contains("://") {
+        url
+    } else if https || tls_wanted || ca.is_some() || cert.is_some() {
+        format!("https://{url}")
+    } else {
+        format!("http://{url}")
+    };
+    if url
+        .parse::<tonic::transport::Uri>()
+        .map_or(true, |u| u.host().is_none())
+        || !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        return Err(bad(
+            src,
+            "xds.server_url",
+            &url,
+            "expected host:port, http://host:port or https://host:port",
+        ));
+    }
+    let read = |p: &Path| {
+        std::fs::read(p).map_err(|e| bad(src, "xds.tls_ca_file", &p.display().to_string(), e))
+    };
+    let tls = if url.starts_with("https://") {
+        Some(XdsTls {
+            ca_pem: ca.as_deref().map(read).transpose()?,
+            identity: match (cert, key) {
+                (Some(c), Some(k)) => Some((read(&c)?, read(&k)?)),
+                _ => None,
+            },
+            server_name,
+        })
+    } else {
+        None
+    };
+    let node_metadata = match node_metadata_text {
+        None => None,
+        Some(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Object(map)) => Some(map),
+            _ => {
+                return Err(bad(
+                    src,
+                    "xds.node_metadata",
+                    &text,
+                    "expected a JSON object",
+                ));
+            }
+        },
+    };
+    Ok(Some(XdsSettings {
+        url,
+        node_id,
+        node_cluster,
+        node_metadata,
+        tls,
+        retry_initial,
+        retry_max: retry_max.max(retry_initial),
+        serve_without_config,
+    }))
 }
 
 fn redis_settings(v: &Values<'_>, store: &StoreSetting) -> Result<RedisSettings, SettingsError> {

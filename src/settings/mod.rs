@@ -14,6 +14,7 @@
 
 mod build;
 mod env;
+mod kind;
 pub mod table;
 mod values;
 
@@ -94,6 +95,42 @@ pub enum LogFormat {
 }
 
 /// What the exported metrics count.
+/// Where rules come from when they come over xDS (ADS, state of the world).
+#[derive(Debug, Clone, PartialEq)]
+pub struct XdsSettings {
+    /// `http://host:port` or `https://host:port`.
+    pub url: String,
+    pub node_id: String,
+    pub node_cluster: Option<String>,
+    /// A JSON object.
+    pub node_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// `Some` for TLS.
+    pub tls: Option<XdsTls>,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    pub serve_without_config: bool,
+}
+
+/// TLS to the management server; files already read.
+#[derive(Clone, PartialEq)]
+pub struct XdsTls {
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key (PEM), for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub server_name: Option<String>,
+}
+
+impl fmt::Debug for XdsTls {
+    // No private key in Debug output.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("XdsTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity.is_some())
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MetricsSettings {
     pub enabled: bool,
@@ -152,6 +189,8 @@ pub struct Settings {
     pub grpc_max_connection_age: Option<Duration>,
     /// How long a connection past its age may finish its calls.
     pub grpc_max_connection_age_grace: Option<Duration>,
+    /// Rules from an xDS management server instead of `rules_dir`.
+    pub xds: Option<XdsSettings>,
     /// Files naming the same domain are merged into it.
     pub merge_domain_config: bool,
     /// Answers carry `dynamic_metadata` (the matched rules' `metadata`).

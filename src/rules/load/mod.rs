@@ -89,22 +89,40 @@ pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors
         .collect();
     files.sort();
 
+    let mut texts = Vec::with_capacity(files.len());
+    for file in files {
+        match fs::read_to_string(&file) {
+            Ok(text) => texts.push((file, text)),
+            Err(e) => errors.push(RuleError {
+                file: file.clone(),
+                line: None,
+                path: String::new(),
+                reason: format!("cannot read rule file: {e}"),
+            }),
+        }
+    }
+    match load_texts(texts, options) {
+        Ok(set) if errors.is_empty() => Ok(set),
+        Ok(_) => Err(RuleErrors(errors)),
+        Err(RuleErrors(mut errs)) => {
+            errors.append(&mut errs);
+            Err(RuleErrors(errors))
+        }
+    }
+}
+
+/// Builds one rule set from rule texts, each named by a path (a file, or
+/// where the text came from: an xDS resource), in the order given: the
+/// same checks as [`load_dir`], every error of every text returned.
+pub fn load_texts(
+    texts: Vec<(PathBuf, String)>,
+    options: &LoadOptions,
+) -> Result<RuleSet, RuleErrors> {
+    let mut errors = Vec::new();
     let mut set = RuleSet::default();
     // Domain name -> (file, line of its `domain` value), to name both files.
     let mut seen: HashMap<String, (PathBuf, usize)> = HashMap::new();
-    for file in files {
-        let text = match fs::read_to_string(&file) {
-            Ok(text) => text,
-            Err(e) => {
-                errors.push(RuleError {
-                    file: file.clone(),
-                    line: None,
-                    path: String::new(),
-                    reason: format!("cannot read rule file: {e}"),
-                });
-                continue;
-            }
-        };
+    for (file, text) in texts {
         match parse(&file, &text, options) {
             Ok((domain, line)) => {
                 if let Some((first, first_line)) = seen.get(&domain.name) {
