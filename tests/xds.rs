@@ -150,10 +150,23 @@ struct Server {
 
 impl Server {
     async fn start(addr: SocketAddr, ads: Ads) -> Server {
+        Server::start_with(addr, ads, None).await
+    }
+
+    /// With `tls`, over mutual TLS.
+    async fn start_with(
+        addr: SocketAddr,
+        ads: Ads,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> Server {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).unwrap();
+        }
         let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
+            builder
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),
@@ -422,4 +435,65 @@ fn bad_xds_settings_are_refused() {
     let s = load(&[("xds.server_url", "cp.example:443"), ("xds.tls", "true")]).unwrap();
     assert_eq!(s.xds.unwrap().url, "https://cp.example:443");
     assert!(load(&[]).unwrap().xds.is_none());
+}
+
+/// The environment Envoy Gateway gives its rate-limit deployment, in
+/// tollgate's settings: the management server over mutual TLS with the
+/// pod's certificate, the node id Envoy Gateway keys its snapshot by, and
+/// health not waiting for the first set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateway_settings_over_mutual_tls() {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    support::away_from_an_hour_boundary().await;
+    let dir = tempfile::tempdir().unwrap();
+    let files = support::redis::TlsFiles::generate(dir.path());
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            read(&files.server_cert),
+            read(&files.server_key),
+        ))
+        .client_ca_root(Certificate::from_pem(read(&files.ca_cert)));
+    let addr: SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let (streams_tx, mut streams) = mpsc::unbounded_channel();
+    let (requests_tx, mut requests) = mpsc::unbounded_channel();
+    let ads = Ads {
+        streams: streams_tx,
+        requests: requests_tx,
+    };
+    let server = Server::start_with(addr, ads, Some(tls)).await;
+    let path = |p: &std::path::Path| p.display().to_string();
+    let t = Tollgate::start(
+        &[],
+        &[
+            ("xds.server_url", &addr.to_string()),
+            ("xds.node_id", "envoy-ratelimit"),
+            ("xds.tls", "true"),
+            ("xds.tls_ca_file", &path(&files.ca_cert)),
+            ("xds.tls_cert_file", &path(&files.client_cert)),
+            ("xds.tls_key_file", &path(&files.client_key)),
+            ("xds.serve_without_config", "true"),
+        ],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(10)).await;
+    let stream = next(&mut streams, "stream over mTLS").await;
+    let first = next(&mut requests, "first request").await;
+    assert_eq!(first.node.unwrap().id, "envoy-ratelimit");
+    stream
+        .send(Ok(response("1", "n1", &[config("eg", "k", HOUR, 1)])))
+        .await
+        .unwrap();
+    let ack = next(&mut requests, "ACK").await;
+    assert!(ack.error_detail.is_none());
+    assert_eq!(t.ask(req("eg", "k")).await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        t.ask(req("eg", "k")).await.overall_code,
+        Code::OverLimit as i32
+    );
+    t.stop().await;
+    drop(stream);
+    server.stop().await;
 }

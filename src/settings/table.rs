@@ -47,15 +47,15 @@ pub const SETTINGS: &[Setting] = &[
     ),
     s(
         "grpc_max_connection_age_ms",
-        Some("0"),
+        Some("86400000"),
         Kind::Millis,
-        "a gRPC connection older than this is asked to go away (HTTP/2 GOAWAY), so long-lived Envoy connections spread over replicas added since; 0 = never",
+        "a gRPC connection older than this is asked to go away (HTTP/2 GOAWAY), so long-lived Envoy connections spread over replicas added since; 24 hours, as the reference service; 0 = never",
     ),
     s(
         "grpc_max_connection_age_grace_ms",
-        Some("0"),
+        Some("3600000"),
         Kind::Millis,
-        "how long calls on a connection past its age may finish before it is closed; 0 = no limit",
+        "how long calls on a connection past its age may finish before it is closed (one hour, as the reference service); 0 = no limit",
     ),
     s(
         "http_addr",
