@@ -46,7 +46,7 @@ fn reference_fixtures_get_the_reference_verdict() {
         // MERGE_DOMAIN_CONFIG: the two halves make one domain...
         ("merge_domain", true, Accepted),
         // ...and without it they are a duplicate domain.
-        ("merge_domain_off", false, Refused("duplicate domain")),
+        ("merge_domain", false, Refused("duplicate domain")),
         // "duplicate descriptor composite key" across merged files.
         ("merge_domain_clash", true, Refused("duplicate descriptor")),
         ("metadata", false, Accepted),
@@ -105,6 +105,11 @@ fn reference_fixtures_get_the_reference_verdict() {
         // "error loading config file: yaml: ..."
         ("bad_yaml", false, Refused("invalid YAML")),
         ("integration", false, Accepted),
+        // The reference's reload test with MERGE_DOMAIN_CONFIG: a second
+        // file of domain `basic` merges in...
+        ("existing_domain_reload", true, Accepted),
+        // ...and without it is a duplicate domain.
+        ("existing_domain_reload", false, Refused("duplicate domain")),
         ("examples", false, Accepted),
         (
             "unit_multiplier",
@@ -122,6 +127,7 @@ fn reference_fixtures_get_the_reference_verdict() {
     on_disk.sort();
     let mut sorted = listed.clone();
     sorted.sort();
+    sorted.dedup();
     assert_eq!(
         sorted, on_disk,
         "every fixture has a verdict, and only those"
