@@ -266,8 +266,11 @@ async fn rules_from_ads_acked_nacked_and_followed_across_restarts() {
     assert_eq!(node.id, "tollgate-test-1");
     let metadata = node.metadata.expect("node metadata");
     assert!(metadata.fields.contains_key("gateway"), "{metadata:?}");
-    // No rules yet: health says NOT_SERVING (2), calls get no limit.
+    // No rules yet: health says NOT_SERVING (2), and so does the HTTP
+    // health check (Envoy Gateway's readiness probe); calls get no limit.
     assert_eq!(health(&t).await, 2);
+    let (status, body) = support::http_get(t.http, "/healthcheck").await;
+    assert_eq!((status, body.as_str()), (503, "no rules from xDS yet\n"));
     assert!(
         t.ask(req("files", "k")).await.statuses[0]
             .current_limit
@@ -286,6 +289,7 @@ async fn rules_from_ads_acked_nacked_and_followed_across_restarts() {
     );
     assert!(ack.error_detail.is_none());
     t.wait_serving(Duration::from_secs(10)).await;
+    assert_eq!(support::http_get(t.http, "/healthcheck").await.0, 200);
     let codes: Vec<i32> = [
         t.ask(req("x", "k")).await.overall_code,
         t.ask(req("x", "k")).await.overall_code,

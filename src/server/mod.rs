@@ -258,7 +258,7 @@ pub async fn run_with(
     }
     let health_task = grpc::follow_store_health(
         engine.store().clone(),
-        rules_ready,
+        rules_ready.clone(),
         drain_rx.clone(),
         stopped(),
     );
@@ -327,6 +327,7 @@ pub async fn run_with(
         limiter,
         telemetry.clone(),
         drain_rx,
+        rules_ready,
         settings.limits.max_message_bytes,
     );
     let http_server = listen::serve(

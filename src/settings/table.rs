@@ -355,7 +355,7 @@ pub const SETTINGS: &[Setting] = &[
         "xds.serve_without_config",
         Some("false"),
         Kind::Bool,
-        "health says SERVING before the first rules arrive from the management server (calls are answered meanwhile either way, without limits)",
+        "gRPC health and `/healthcheck` say ready before the first rules arrive from the management server (calls are answered meanwhile either way, without limits)",
     ),
     s(
         "merge_domain_config",
