@@ -84,6 +84,12 @@ async fn grpc_is_served_on_a_unix_socket() {
         out.starts_with("v1 envoy.service.ratelimit.v3.RateLimitService,grpc.health.v1.Health"),
         "{out}"
     );
+    // A socket something still listens on is not taken over.
+    let e = tollgate::server::bind_uds(&sock).unwrap_err();
+    assert!(
+        e.to_string().contains("another process is listening"),
+        "{e}"
+    );
     t.stop().await;
     // Not a socket: never removed, and the server does not start.
     let file = dir.path().join("plain");

@@ -151,12 +151,19 @@ pub struct Listeners {
 }
 
 /// Binds the `grpc_uds` socket, replacing a socket file left there by an
-/// earlier run (never any other kind of file).
+/// earlier run (never any other kind of file, nor a socket something still
+/// listens on).
 pub fn bind_uds(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Ok(meta) = std::fs::symlink_metadata(path)
         && meta.file_type().is_socket()
     {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!(
+                "binding gRPC socket {}: another process is listening on it",
+                path.display()
+            );
+        }
         std::fs::remove_file(path)
             .with_context(|| format!("removing the stale socket {}", path.display()))?;
     }
