@@ -279,6 +279,21 @@ async fn share_threshold_shares_one_counter_on_redis() {
     );
 }
 
+async fn json_post(addr: std::net::SocketAddr, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /json HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
+}
+
 fn sample(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     page.lines()
         .filter(|l| l.starts_with(&format!("{name}{{")))
@@ -500,6 +515,14 @@ descriptors:
     };
     assert_eq!(shared.fields["x"].kind, Some(Kind::NumberValue(1.0)));
     assert_eq!(text(&shared.fields["y"]), "3");
+
+    // `POST /json` shows it in the JSON mapping.
+    let body = r#"{"domain":"md","descriptors":[{"entries":[{"key":"c","value":"3"}]}]}"#;
+    let (status, json) = json_post(on.http, body).await;
+    assert_eq!(status, 200, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["dynamicMetadata"]["domain"], "md");
+    assert_eq!(v["dynamicMetadata"]["descriptors"][0]["entries"][0], "c=3");
 
     // `a` is now over its limit: only `b`'s metadata is returned.
     let second = on.ask(request.clone()).await;
