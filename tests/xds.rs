@@ -501,3 +501,64 @@ async fn envoy_gateway_settings_over_mutual_tls() {
     drop(stream);
     server.stop().await;
 }
+
+/// The same protocol against a management server in Python, with
+/// envoy-data-plane's discovery messages: the subscription, an ACK and a
+/// NACK as a third implementation reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_management_server_sees_acks_and_nacks() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    support::helm::require_python_module("grpc", "grpcio");
+    support::helm::require_python_module("envoy_data_plane", "envoy-data-plane");
+    support::away_from_an_hour_boundary().await;
+    let port = support::free_port();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/python/ads_server.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .arg(port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (lines_tx, mut lines) = mpsc::unbounded_channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    assert_eq!(next(&mut lines, "python listening").await, "listening");
+    let t = Tollgate::start(
+        &[],
+        &[
+            ("xds.server_url", &format!("127.0.0.1:{port}")),
+            ("xds.node_id", "py-node"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        next(&mut lines, "subscription").await,
+        "subscribed node=py-node type=True"
+    );
+    assert_eq!(
+        next(&mut lines, "ACK").await,
+        "answer version=1 nonce=n1 error=False"
+    );
+    assert_eq!(
+        next(&mut lines, "NACK").await,
+        "answer version=1 nonce=n2 code=3 names-unit=True"
+    );
+    // Version 1 stays in force: 1 per hour.
+    assert_eq!(t.ask(req("py", "k")).await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        t.ask(req("py", "k")).await.overall_code,
+        Code::OverLimit as i32
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
+    t.stop().await;
+}

@@ -260,3 +260,18 @@ fn to_struct(map: &serde_json::Map<String, serde_json::Value>) -> prost_types::S
         fields: map.iter().map(|(k, v)| (k.clone(), value(v))).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits are spread between half and all of the current one.
+    #[test]
+    fn jitter_stays_within_half_and_whole() {
+        let wait = Duration::from_millis(1000);
+        let waits: Vec<Duration> = (0..200).map(|_| jitter(wait)).collect();
+        assert!(waits.iter().all(|w| *w >= wait / 2 && *w <= wait));
+        let distinct: std::collections::HashSet<_> = waits.iter().collect();
+        assert!(distinct.len() > 20, "{} distinct waits", distinct.len());
+    }
+}
