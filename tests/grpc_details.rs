@@ -98,6 +98,69 @@ async fn grpc_is_served_on_a_unix_socket() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
 }
 
+/// `grpc_addr=off` with `grpc_uds` (the reference's `GRPC_UDS`): gRPC only
+/// on the socket, through `server::serve` as `tollgate serve` runs it; and
+/// `off` without a socket is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_only_on_the_unix_socket() {
+    use tollgate::settings::{Settings, Sources};
+    support::away_from_an_hour_boundary().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::write(rules.join("d.yaml"), RULES).unwrap();
+    let sock = dir.path().join("only.sock");
+    let load = |pairs: &[(&str, String)]| {
+        Settings::load(&Sources {
+            overrides: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+            ..Sources::default()
+        })
+    };
+    let e = load(&[("grpc_addr", "off".into())]).unwrap_err();
+    assert!(e.to_string().contains("grpc_uds"), "{e}");
+    let settings = load(&[
+        ("grpc_addr", "off".into()),
+        ("grpc_uds", sock.display().to_string()),
+        ("http_addr", "127.0.0.1:0".into()),
+        ("debug_addr", "off".into()),
+        ("rules_dir", rules.display().to_string()),
+        ("shutdown_drain_ms", "0".into()),
+    ])
+    .unwrap();
+    assert_eq!(settings.grpc_addr, None);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        tollgate::server::serve(&settings, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let target = format!("unix:{}", sock.display());
+    for _ in 0..100 {
+        if sock.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        python(target.clone(), &["decide", "d", "k", "v"]).await,
+        "overall 1\n"
+    );
+    assert_eq!(
+        python(target, &["decide", "d", "k", "v"]).await,
+        "overall 2\n"
+    );
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
 /// Opens an HTTP/2 connection by hand and returns how long until the
 /// server's GOAWAY (frame type 7), or `None` when none came within `wait`.
 fn goaway_after(addr: std::net::SocketAddr, wait: Duration) -> Option<Duration> {

@@ -105,7 +105,7 @@ pub(super) fn serve<F, H>(
     settings: &Settings,
     limiter: RateLimiter,
     health: HealthServer<H>,
-    listener: TcpListener,
+    listener: Option<TcpListener>,
     uds: Option<UnixListener>,
     startup: impl Future<Output = ()> + Send + 'static,
     stopped: &impl Fn() -> F,
@@ -147,13 +147,13 @@ where
             let incoming = UnixListenerStream::new(uds).map(aged(end));
             let serve = routes(health.clone(), limiter.clone())?
                 .serve_with_incoming_shutdown(incoming, stopped());
-            Some(serve)
+            Some(serve.boxed())
         }
         None => None,
     };
-    let routes = routes(health, limiter)?;
-    let tcp_server = match &settings.grpc_tls {
-        None => {
+    let tcp_server = match (listener, &settings.grpc_tls) {
+        (None, _) => None,
+        (Some(listener), None) => {
             // Answers are small and each is awaited by a caller: send them
             // at once instead of waiting to fill a segment (Nagle).
             let incoming = TcpListenerStream::new(listener)
@@ -164,24 +164,37 @@ where
                     accepted
                 })
                 .map(aged(end));
-            routes
-                .serve_with_incoming_shutdown(incoming, stopped())
-                .boxed()
+            Some(
+                routes(health, limiter)?
+                    .serve_with_incoming_shutdown(incoming, stopped())
+                    .boxed(),
+            )
         }
-        Some(tls) => {
+        (Some(listener), Some(tls)) => {
             let incoming = crate::tls::listen(listener, tls, stopped())?.map(aged(end));
-            routes
-                .serve_with_incoming_shutdown(incoming, stopped())
-                .boxed()
+            Some(
+                routes(health, limiter)?
+                    .serve_with_incoming_shutdown(incoming, stopped())
+                    .boxed(),
+            )
         }
     };
-    Ok(match uds_server {
-        None => startup.then(|()| tcp_server).boxed(),
-        Some(uds_server) => startup
-            .then(|()| async move {
-                let (tcp, uds) = tokio::join!(tcp_server, uds_server);
-                tcp.and(uds)
-            })
-            .boxed(),
-    })
+    let both = async move {
+        let (tcp, uds) = tokio::join!(
+            async move {
+                match tcp_server {
+                    Some(s) => s.await,
+                    None => Ok(()),
+                }
+            },
+            async move {
+                match uds_server {
+                    Some(s) => s.await,
+                    None => Ok(()),
+                }
+            }
+        );
+        tcp.and(uds)
+    };
+    Ok(startup.then(|()| both).boxed())
 }

@@ -143,7 +143,8 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
 /// The listeners a server answers on, bound by the caller (tests bind
 /// port 0). No debug listener: the debug views are not served.
 pub struct Listeners {
-    pub grpc: TcpListener,
+    /// `None`: gRPC only on `grpc_uds` (`grpc_addr=off`).
+    pub grpc: Option<TcpListener>,
     pub http: TcpListener,
     pub debug: Option<TcpListener>,
     /// gRPC on a Unix socket as well (`grpc_uds`; see [`bind_uds`]).
@@ -181,7 +182,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let grpc_uds = settings.grpc_uds.as_deref().map(bind_uds).transpose()?;
     let listeners = Listeners {
-        grpc,
+        grpc: Some(grpc),
         http,
         debug: None,
         grpc_uds,
@@ -295,11 +296,16 @@ pub async fn run_with(
         ));
     }
 
-    tracing::info!(
-        addr = %listeners.grpc.local_addr()?,
-        tls = settings.grpc_tls.is_some(),
-        "gRPC listening"
-    );
+    if let Some(grpc) = &listeners.grpc {
+        tracing::info!(
+            addr = %grpc.local_addr()?,
+            tls = settings.grpc_tls.is_some(),
+            "gRPC listening"
+        );
+    }
+    if let Some(uds) = &listeners.grpc_uds {
+        tracing::info!(socket = ?uds.local_addr()?, "gRPC listening on a Unix socket");
+    }
     // gRPC is accepted only once the store can answer (or the startup wait
     // is over): callers connecting meanwhile wait in the listen queue
     // instead of getting UNAVAILABLE from a store still connecting. HTTP
@@ -383,9 +389,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let engine = build_engine(settings, Arc::new(SystemClock)).await?;
-    let grpc = TcpListener::bind(settings.grpc_addr)
-        .await
-        .with_context(|| format!("binding gRPC address {}", settings.grpc_addr))?;
+    let grpc = match settings.grpc_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding gRPC address {addr}"))?,
+        ),
+        None => None,
+    };
     let http = TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("binding HTTP address {}", settings.http_addr))?;

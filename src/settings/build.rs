@@ -91,7 +91,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
     };
     let grpc_tls = grpc_tls(v)?;
     Ok(Settings {
-        grpc_addr: v.get("grpc_addr")?,
+        grpc_addr: grpc_addr(v)?,
         http_addr: v.get("http_addr")?,
         debug_addr: debug_addr(v)?,
         debug_show_values: v.bool("debug_show_values")?,
@@ -457,6 +457,25 @@ fn grpc_tls(v: &Values<'_>) -> Result<Option<GrpcTls>, SettingsError> {
 }
 
 /// `debug_addr`: an address, or empty or `off` for none.
+/// `off` (or empty) serves gRPC only on the Unix socket, which must then
+/// be set.
+fn grpc_addr(v: &Values<'_>) -> Result<Option<std::net::SocketAddr>, SettingsError> {
+    let uds = v.opt_text("grpc_uds")?;
+    match v.opt_text("grpc_addr")?.as_deref().map(str::trim) {
+        None | Some("off") if uds.is_some() => Ok(None),
+        None | Some("off") => Err(bad(
+            v.src,
+            "grpc_addr",
+            "off",
+            "gRPC must be served somewhere: set grpc_uds to turn the TCP listener off",
+        )),
+        Some(addr) => addr
+            .parse()
+            .map(Some)
+            .map_err(|e| bad(v.src, "grpc_addr", addr, e)),
+    }
+}
+
 fn debug_addr(v: &Values<'_>) -> Result<Option<std::net::SocketAddr>, SettingsError> {
     match v.opt_text("debug_addr")?.as_deref().map(str::trim) {
         None | Some("off") => Ok(None),

@@ -158,7 +158,8 @@ pub struct HttpSettings {
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub grpc_addr: SocketAddr,
+    /// `None`: gRPC only on `grpc_uds`.
+    pub grpc_addr: Option<SocketAddr>,
     pub http_addr: SocketAddr,
     /// `None`: the debug views are not served.
     pub debug_addr: Option<SocketAddr>,

@@ -36,14 +36,14 @@ pub const SETTINGS: &[Setting] = &[
     s(
         "grpc_addr",
         Some("0.0.0.0:8081"),
-        Kind::Addr,
-        "RLS gRPC listen address",
+        Kind::Text,
+        "RLS gRPC listen address; `off`: gRPC only on `grpc_uds`",
     ),
     s(
         "grpc_uds",
         None,
         Kind::Text,
-        "path of a Unix socket to serve gRPC on as well (RLS, health, reflection; plaintext even with `grpc_tls`); a stale socket file there is replaced",
+        "path of a Unix socket to serve gRPC on as well (RLS, health, reflection; plaintext even with `grpc_tls`), or only there with `grpc_addr=off`; a stale socket file there is replaced, a socket something listens on never",
     ),
     s(
         "grpc_max_connection_age_ms",

@@ -59,7 +59,7 @@ impl Tollgate {
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let listeners = tollgate::server::Listeners {
-                grpc,
+                grpc: Some(grpc),
                 http,
                 debug: Some(debug),
                 grpc_uds,
