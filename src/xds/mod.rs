@@ -34,6 +34,9 @@ use crate::settings::XdsSettings;
 
 pub use convert::TYPE_URL;
 
+/// The largest discovery response read (a whole rule set).
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
 /// gRPC's INVALID_ARGUMENT, the code of a NACK's error.
 const INVALID_ARGUMENT: i32 = 3;
 
@@ -119,7 +122,10 @@ impl Session<'_> {
             .connect()
             .await
             .map_err(|e| format!("connecting: {e}"))?;
-        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        // A rule set is the operator's, and may be larger than gRPC's
+        // 4 MiB default.
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let (tx, rx) = mpsc::channel(4);
         let first = DiscoveryRequest {
             version_info: self.version.clone(),
