@@ -112,6 +112,8 @@ fn response(version: &str, nonce: &str, configs: &[RateLimitConfig]) -> Discover
 struct Ads {
     streams: mpsc::UnboundedSender<mpsc::Sender<Result<DiscoveryResponse, Status>>>,
     requests: mpsc::UnboundedSender<DiscoveryRequest>,
+    /// The `authorization` metadata of the latest stream.
+    authorization: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 #[tonic::async_trait]
@@ -124,6 +126,11 @@ impl AggregatedDiscoveryService for Ads {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         let (tx, rx) = mpsc::channel(8);
+        *self.authorization.lock().unwrap() = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
         let _ = self.streams.send(tx);
         let mut inbound = request.into_inner();
         let requests = self.requests.clone();
@@ -241,6 +248,7 @@ async fn rules_from_ads_acked_nacked_and_followed_across_restarts() {
     let ads = Ads {
         streams: streams_tx,
         requests: requests_tx,
+        authorization: Default::default(),
     };
     let server = Server::start(addr, ads.clone()).await;
     // A rules directory is given too: with xDS it is not read.
@@ -250,6 +258,7 @@ async fn rules_from_ads_acked_nacked_and_followed_across_restarts() {
             ("xds.server_url", &addr.to_string()),
             ("xds.node_id", "tollgate-test-1"),
             ("xds.node_metadata", r#"{"gateway": "eg", "replica": 1}"#),
+            ("xds.headers", r#"{"Authorization": "Bearer t0ken"}"#),
             ("xds.retry_initial_ms", "100"),
             ("xds.retry_max_ms", "400"),
         ],
@@ -266,6 +275,10 @@ async fn rules_from_ads_acked_nacked_and_followed_across_restarts() {
     assert_eq!(node.id, "tollgate-test-1");
     let metadata = node.metadata.expect("node metadata");
     assert!(metadata.fields.contains_key("gateway"), "{metadata:?}");
+    assert_eq!(
+        ads.authorization.lock().unwrap().as_deref(),
+        Some("Bearer t0ken")
+    );
     // No rules yet: health says NOT_SERVING (2), and so does the HTTP
     // health check (Envoy Gateway's readiness probe); calls get no limit.
     assert_eq!(health(&t).await, 2);
@@ -430,6 +443,29 @@ fn bad_xds_settings_are_refused() {
     ])
     .unwrap_err();
     assert!(e.to_string().contains("xds.node_metadata"), "{e}");
+    let e = load(&[
+        ("xds.server_url", "127.0.0.1:1"),
+        ("xds.headers", r#"{"bad name": "x"}"#),
+    ])
+    .unwrap_err();
+    assert!(e.to_string().contains("xds.headers"), "{e}");
+    // A header's value may be a token: never in errors or Debug output.
+    let e = load(&[
+        ("xds.server_url", "127.0.0.1:1"),
+        ("xds.headers", r#"{"authorization": "s3cret", "x": 1}"#),
+    ])
+    .unwrap_err();
+    assert!(!e.to_string().contains("s3cret"), "{e}");
+    let s = load(&[
+        ("xds.server_url", "127.0.0.1:1"),
+        ("xds.headers", r#"{"authorization": "s3cret"}"#),
+    ])
+    .unwrap();
+    let shown = format!("{:?}", s.xds);
+    assert!(
+        shown.contains("authorization") && !shown.contains("s3cret"),
+        "{shown}"
+    );
     let e = load(&[("xds.server_url", "ftp://x:1")]).unwrap_err();
     assert!(e.to_string().contains("xds.server_url"), "{e}");
     let s = load(&[("xds.server_url", "127.0.0.1:18000")]).unwrap();
@@ -466,6 +502,7 @@ async fn envoy_gateway_settings_over_mutual_tls() {
     let ads = Ads {
         streams: streams_tx,
         requests: requests_tx,
+        authorization: Default::default(),
     };
     let server = Server::start_with(addr, ads, Some(tls)).await;
     let path = |p: &std::path::Path| p.display().to_string();

@@ -146,6 +146,7 @@ fn xds_settings(v: &Values<'_>) -> Result<Option<XdsSettings>, SettingsError> {
     let node_id: String = v.get("xds.node_id")?;
     let node_cluster = v.opt_text("xds.node_cluster")?;
     let node_metadata_text = v.opt_text("xds.node_metadata")?;
+    let headers_text = v.opt_text("xds.headers")?;
     let retry_initial = Duration::from_millis(v.get("xds.retry_initial_ms")?);
     let retry_max = Duration::from_millis(v.get("xds.retry_max_ms")?);
     let serve_without_config = v.bool("xds.serve_without_config")?;
@@ -209,16 +210,52 @@ fn xds_settings(v: &Values<'_>) -> Result<Option<XdsSettings>, SettingsError> {
             }
         },
     };
+    let headers = match headers_text {
+        None => Vec::new(),
+        // The text may hold a token: errors do not repeat it.
+        Some(text) => xds_headers(&text).map_err(|e| bad(src, "xds.headers", "(not shown)", e))?,
+    };
     Ok(Some(XdsSettings {
         url,
         node_id,
         node_cluster,
         node_metadata,
+        headers,
         tls,
         retry_initial,
         retry_max: retry_max.max(retry_initial),
         serve_without_config,
     }))
+}
+
+/// `xds.headers`: a JSON object of strings, each name a valid gRPC
+/// metadata name and each value valid metadata text.
+fn xds_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Err("expected a JSON object of strings".into());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (name, value) in map {
+        let serde_json::Value::String(value) = value else {
+            return Err(format!("the value of {name:?} must be a string"));
+        };
+        let name = name.to_ascii_lowercase();
+        if name
+            .parse::<tonic::metadata::MetadataKey<tonic::metadata::Ascii>>()
+            .is_err()
+            || name.ends_with("-bin")
+        {
+            return Err(format!("{name:?} is not a gRPC metadata name"));
+        }
+        if value
+            .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
+            .is_err()
+        {
+            return Err(format!("the value of {name:?} is not valid metadata text"));
+        }
+        out.push((name, value));
+    }
+    Ok(out)
 }
 
 fn redis_settings(v: &Values<'_>, store: &StoreSetting) -> Result<RedisSettings, SettingsError> {

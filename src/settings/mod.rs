@@ -96,7 +96,7 @@ pub enum LogFormat {
 
 /// What the exported metrics count.
 /// Where rules come from when they come over xDS (ADS, state of the world).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct XdsSettings {
     /// `http://host:port` or `https://host:port`.
     pub url: String,
@@ -104,11 +104,31 @@ pub struct XdsSettings {
     pub node_cluster: Option<String>,
     /// A JSON object.
     pub node_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// gRPC metadata sent on the stream (lower-case names).
+    pub headers: Vec<(String, String)>,
     /// `Some` for TLS.
     pub tls: Option<XdsTls>,
     pub retry_initial: Duration,
     pub retry_max: Duration,
     pub serve_without_config: bool,
+}
+
+impl fmt::Debug for XdsSettings {
+    // Header values (tokens) are not shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("XdsSettings")
+            .field("url", &self.url)
+            .field("node_id", &self.node_id)
+            .field("node_cluster", &self.node_cluster)
+            .field("node_metadata", &self.node_metadata)
+            .field("headers", &headers)
+            .field("tls", &self.tls)
+            .field("retry_initial", &self.retry_initial)
+            .field("retry_max", &self.retry_max)
+            .field("serve_without_config", &self.serve_without_config)
+            .finish()
+    }
 }
 
 /// TLS to the management server; files already read.

@@ -310,6 +310,12 @@ pub const SETTINGS: &[Setting] = &[
         "the node metadata, a JSON object (`{\"gateway\": \"eg\"}`)",
     ),
     s(
+        "xds.headers",
+        None,
+        Kind::Text,
+        "gRPC metadata sent on the xDS stream, a JSON object of strings (`{\"authorization\": \"Bearer ...\"}`)",
+    ),
+    s(
         "xds.tls",
         Some("false"),
         Kind::Bool,

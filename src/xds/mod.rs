@@ -138,8 +138,18 @@ impl Session<'_> {
         tx.send(first)
             .await
             .map_err(|_| "stream closed".to_string())?;
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        for (name, value) in &self.settings.headers {
+            // Both checked when the settings were read.
+            if let (Ok(name), Ok(value)) = (
+                name.parse::<tonic::metadata::MetadataKey<tonic::metadata::Ascii>>(),
+                value.parse(),
+            ) {
+                request.metadata_mut().insert(name, value);
+            }
+        }
         let mut responses = client
-            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .stream_aggregated_resources(request)
             .await
             .map_err(|s| format!("opening the stream: {}", s.message()))?
             .into_inner();
