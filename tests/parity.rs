@@ -116,6 +116,12 @@ fn reference_fixtures_get_the_reference_verdict() {
             false,
             Differs("unknown key \"unit_multiplier\""),
         ),
+        // A zero multiplier: refused there; here the key is unknown.
+        (
+            "zero_unit_multiplier",
+            false,
+            Refused("unknown key \"unit_multiplier\""),
+        ),
     ];
     let listed: Vec<&str> = cases.iter().map(|c| c.0).collect();
     let mut on_disk: Vec<String> = std::fs::read_dir(reference_dir(""))
