@@ -24,3 +24,4 @@ pub mod service;
 pub mod settings;
 pub mod storage;
 pub mod tls;
+pub mod xds;

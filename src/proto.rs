@@ -1,7 +1,7 @@
-//! Envoy's rate-limit protocol, generated at build time from `proto/`.
-//! In the library only [`crate::service`] and [`crate::json`] use these
-//! types (and, from the binary, the `check` and `bench` clients); the engine
-//! never sees them.
+//! Envoy's rate-limit protocol and the xDS client's messages, generated at
+//! build time from `proto/`. In the library only [`crate::service`],
+//! [`crate::json`] and [`crate::xds`] use these types (and, from the
+//! binary, the `check` and `bench` clients); the engine never sees them.
 
 #![allow(clippy::all, missing_docs)]
 

@@ -336,11 +336,12 @@ fn register_observers(meter: &Meter, s: Sources) {
         meter
             .u64_observable_counter(format!("tollgate.rule.detailed.{name}"))
             .with_description(format!(
-                "{help}, per descriptor value of detailed_metric rules ({OVERFLOW} past the cap)"
+                "{help}, per descriptor value of detailed_metric and value_to_metric rules ({OVERFLOW} past the cap)"
             ))
             .with_callback(move |o| {
                 for (domain, rule) in rules.current().rules() {
-                    if !rule.detailed_metric || !rule.stats.has_detailed() {
+                    let named = rule.detailed_metric || rule.value_to_metric;
+                    if !named || !rule.stats.has_detailed() {
                         continue;
                     }
                     let overflow = (Arc::from(OVERFLOW), rule.stats.overflow().snapshot());

@@ -27,6 +27,64 @@ pub(super) fn find<'a>(domain: &'a Domain, entries: &[(String, String)]) -> Opti
     lookup(level, last_key, last_value)?.rule.as_ref()
 }
 
+/// How one entry of a descriptor was matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step<'a> {
+    /// By its exact key and value.
+    Exact,
+    /// By a wildcard value: the pattern, and that node's flags.
+    Wildcard {
+        pattern: &'a str,
+        shared: bool,
+        value_to_metric: bool,
+    },
+    /// By the key alone (the node has no value).
+    Default { value_to_metric: bool },
+}
+
+/// The steps of the same walk as [`find`], one per entry matched; shorter
+/// than `entries` when the walk stops early (no rule applies then).
+pub(super) fn steps<'a>(domain: &'a Domain, entries: &[(String, String)]) -> Vec<Step<'a>> {
+    let mut out = Vec::with_capacity(entries.len());
+    let mut level = &domain.root;
+    for (i, (key, value)) in entries.iter().enumerate() {
+        let Some((node, step)) = lookup_step(level, key, value) else {
+            break;
+        };
+        out.push(step);
+        if i + 1 < entries.len() && is_empty(&node.children) {
+            break;
+        }
+        level = &node.children;
+    }
+    out
+}
+
+fn lookup_step<'a>(level: &'a Level, key: &str, value: &str) -> Option<(&'a Node, Step<'a>)> {
+    if let Some(n) = level.exact.get(&(key, value) as &dyn Pair) {
+        return Some((n, Step::Exact));
+    }
+    if let Some(n) = level
+        .wildcard
+        .iter()
+        .find(|n| n.key == key && glob(&n.value, value))
+    {
+        let step = Step::Wildcard {
+            pattern: &n.value,
+            shared: n.share_threshold,
+            value_to_metric: n.value_to_metric,
+        };
+        return Some((n, step));
+    }
+    let n = level.default.get(key)?;
+    Some((
+        n,
+        Step::Default {
+            value_to_metric: n.value_to_metric,
+        },
+    ))
+}
+
 /// The node chosen for one entry at one level.
 fn lookup<'a>(level: &'a Level, key: &str, value: &str) -> Option<&'a Node> {
     level

@@ -16,10 +16,12 @@ mod walk;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
-pub use load::{LoadOptions, MAX_DEPTH, load_dir, parse_file};
+pub use load::{LoadOptions, MAX_DEPTH, load_dir, load_texts, parse_file};
+pub use matcher::Step;
 pub use stats::{Counts, CountsSnapshot, OVERFLOW, RuleStats};
 pub use walk::{Found, MAX_DIR_DEPTH, MAX_ENTRIES, WalkOptions, walk};
 
@@ -59,6 +61,16 @@ pub struct Rule {
     pub quota_mode: bool,
     /// `detailed_metric`: metrics name the full descriptor values.
     pub detailed_metric: bool,
+    /// Some node on the rule's path has `value_to_metric`: its metrics
+    /// name the runtime values where that node has no value of its own
+    /// (capped like `detailed_metric`, which wins when both are set).
+    pub value_to_metric: bool,
+    /// Some node on the rule's path has `share_threshold`: every value its
+    /// wildcard matches counts on one limiter, named by the pattern.
+    pub share_threshold: bool,
+    /// The descriptor's `metadata` mapping, as JSON: shown on `/rlconfig`
+    /// and, when `response_dynamic_metadata` is on, returned with answers.
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     /// Where the rule was written, for logs: `file.yaml:12`.
     pub source: String,
     /// The rule's place in its tree, `key_value.key2` (a value only where
@@ -76,6 +88,10 @@ pub struct Node {
     pub value: String,
     pub rule: Option<Rule>,
     pub children: Level,
+    /// `share_threshold`: a wildcard whose matches share one limiter.
+    pub share_threshold: bool,
+    /// `value_to_metric`: metrics name the runtime value matched here.
+    pub value_to_metric: bool,
 }
 
 /// The nodes of one level of a rule tree, indexed for matching.
@@ -114,6 +130,18 @@ impl RuleSet {
     /// differs from the rule's, or the matched node carries no limit.
     pub fn find(&self, domain: &str, entries: &[(String, String)]) -> Option<&Rule> {
         matcher::find(self.domains.get(domain)?, entries)
+    }
+
+    /// How each entry of a descriptor was matched, for a rule that shares
+    /// its limiter or names runtime values in metrics (its
+    /// `share_threshold` or `value_to_metric`); the same walk as [`find`].
+    ///
+    /// [`find`]: RuleSet::find
+    pub fn steps<'a>(&'a self, domain: &str, entries: &[(String, String)]) -> Vec<Step<'a>> {
+        match self.domains.get(domain) {
+            Some(d) => matcher::steps(d, entries),
+            None => Vec::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -215,8 +243,9 @@ impl RuleSet {
     }
 }
 
-/// Names every rule under `level` by its path from the root.
-fn name_rules(prefix: &str, level: &mut Level) {
+/// Names every rule under `level` by its path from the root, and marks the
+/// rules below a `share_threshold` or `value_to_metric` node.
+fn name_rules(prefix: &str, level: &mut Level, shared: bool, by_value: bool) {
     let nodes = level
         .exact
         .values_mut()
@@ -233,10 +262,14 @@ fn name_rules(prefix: &str, level: &mut Level) {
         } else {
             format!("{prefix}.{step}")
         };
+        let shared = shared || node.share_threshold;
+        let by_value = by_value || node.value_to_metric;
         if let Some(rule) = &mut node.rule {
             rule.path = path.clone();
+            rule.share_threshold = shared;
+            rule.value_to_metric = by_value;
         }
-        name_rules(&path, &mut node.children);
+        name_rules(&path, &mut node.children, shared, by_value);
     }
 }
 
@@ -270,6 +303,9 @@ fn describe_rule(rule: &Rule) -> String {
         (rule.shadow_mode, "shadow_mode"),
         (rule.quota_mode, "quota_mode"),
         (rule.detailed_metric, "detailed_metric"),
+        (rule.value_to_metric, "value_to_metric"),
+        (rule.share_threshold, "share_threshold"),
+        (rule.metadata.is_some(), "metadata"),
     ] {
         if on {
             text.push(' ');

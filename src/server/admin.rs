@@ -27,6 +27,7 @@ pub fn public(
     limiter: RateLimiter,
     telemetry: Option<Arc<Telemetry>>,
     draining: watch::Receiver<bool>,
+    rules_ready: watch::Receiver<bool>,
     max_message_bytes: usize,
 ) -> axum::Router {
     let ready_store = engine.store().clone();
@@ -35,9 +36,12 @@ pub fn public(
         axum::routing::get(move || {
             let store = ready_store.clone();
             let draining = *draining.borrow();
+            let rules_ready = *rules_ready.borrow();
             async move {
                 if draining {
                     (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+                } else if !rules_ready {
+                    (StatusCode::SERVICE_UNAVAILABLE, "no rules from xDS yet\n")
                 } else if store.is_ready() {
                     (StatusCode::OK, "OK\n")
                 } else {
@@ -223,6 +227,9 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 "shadowMode": r.shadow_mode,
                 "quotaMode": r.quota_mode,
                 "detailedMetric": r.detailed_metric,
+                "valueToMetric": r.value_to_metric,
+                "shareThreshold": r.share_threshold,
+                "metadata": r.metadata.as_deref(),
                 "source": r.source,
             });
             match &r.limit {

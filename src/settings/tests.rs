@@ -16,7 +16,7 @@ fn env(pairs: &[(&str, &str)]) -> Sources {
 #[test]
 fn defaults() {
     let s = Settings::load(&Sources::default()).unwrap();
-    assert_eq!(s.grpc_addr.port(), 8081);
+    assert_eq!(s.grpc_addr.unwrap().port(), 8081);
     assert_eq!(s.http_addr.port(), 8080);
     assert_eq!(s.default_algorithm, Algorithm::SlidingWindowCounter);
     assert_eq!(s.store, StoreSetting::Memory);
@@ -42,7 +42,7 @@ fn env_then_flags_win() {
     let s = Settings::load(&src).unwrap();
     assert_eq!(s.default_algorithm, Algorithm::FixedWindow);
     assert_eq!(s.redis.connection.pool_size, 8);
-    assert_eq!(s.grpc_addr, "127.0.0.1:9001".parse().unwrap());
+    assert_eq!(s.grpc_addr, Some("127.0.0.1:9001".parse().unwrap()));
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn kubernetes_service_links_are_ignored_and_strays_warned() {
         ("TOLLGATE_REDIS__POOLSIZE", "3"),
     ]);
     let s = Settings::load(&src).unwrap();
-    assert_eq!(s.grpc_addr, "127.0.0.1:9999".parse().unwrap());
+    assert_eq!(s.grpc_addr, Some("127.0.0.1:9999".parse().unwrap()));
     assert_eq!(
         s.warnings,
         [

@@ -48,6 +48,11 @@
 //!   too, so a digest never equals a value sent as it is: two long values
 //!   differing in their last byte are two limiters, equal ones share one.
 //!
+//! * A value a `share_threshold` wildcard matched enters the identity as
+//!   [`SHARED_MARK`] and the pattern, so every value it matches shares one
+//!   limiter; a value sent starting with that mark is digested, so no
+//!   client value equals a shared one.
+//!
 //! A key is built in one buffer, its tag written in place once the identity
 //! after it is known: one allocation per key, since every decision builds
 //! one.
@@ -63,13 +68,27 @@ use crate::storage::{Hit, Shard};
 /// control character, which no ordinary value begins with.
 pub const DIGEST_MARK: char = '\u{1}';
 
+/// Starts the value of an entry a `share_threshold` wildcard matched: the
+/// pattern follows, so every value it matches shares one limiter. A value
+/// sent with this mark is digested ([`identity_value`]), so none equals it.
+pub const SHARED_MARK: char = '\u{2}';
+
+/// The value a `share_threshold` wildcard's matches share: the mark, then
+/// the pattern.
+pub fn shared_value(pattern: &str) -> String {
+    let mut out = String::with_capacity(1 + pattern.len());
+    out.push(SHARED_MARK);
+    out.push_str(pattern);
+    out
+}
+
 /// Default for the longest descriptor value kept as it is in an identity.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 256;
 
 /// The value as it enters a limiter's identity: itself when at most `max`
 /// bytes, else its digest (see the module docs).
 pub fn identity_value(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if value.len() <= max && !value.starts_with(DIGEST_MARK) {
+    if value.len() <= max && !value.starts_with([DIGEST_MARK, SHARED_MARK]) {
         return std::borrow::Cow::Borrowed(value);
     }
     let digest = Sha256::digest(value.as_bytes());
@@ -90,7 +109,7 @@ pub fn identity_entries(
 ) -> std::borrow::Cow<'_, [(String, String)]> {
     if entries
         .iter()
-        .all(|(_, v)| v.len() <= max_value && !v.starts_with(DIGEST_MARK))
+        .all(|(_, v)| v.len() <= max_value && !v.starts_with([DIGEST_MARK, SHARED_MARK]))
     {
         return std::borrow::Cow::Borrowed(entries);
     }

@@ -21,6 +21,7 @@ mod depth;
 mod yaml;
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -45,6 +46,10 @@ pub struct LoadOptions {
     /// `max_log_limit` setting): a log keeps one entry per admitted hit, so
     /// its memory grows with the limit.
     pub max_log_limit: u32,
+    /// The `merge_domain_config` setting: files naming the same domain are
+    /// merged into it (a descriptor defined in two of them is still an
+    /// error); off, a domain defined twice is an error.
+    pub merge_domains: bool,
 }
 
 impl Default for LoadOptions {
@@ -53,6 +58,7 @@ impl Default for LoadOptions {
         LoadOptions {
             default_algorithm: Algorithm::SlidingWindowCounter,
             max_log_limit: 10_000,
+            merge_domains: false,
         }
     }
 }
@@ -83,25 +89,50 @@ pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors
         .collect();
     files.sort();
 
+    let mut texts = Vec::with_capacity(files.len());
+    for file in files {
+        match fs::read_to_string(&file) {
+            Ok(text) => texts.push((file, text)),
+            Err(e) => errors.push(RuleError {
+                file: file.clone(),
+                line: None,
+                path: String::new(),
+                reason: format!("cannot read rule file: {e}"),
+            }),
+        }
+    }
+    match load_texts(texts, options) {
+        Ok(set) if errors.is_empty() => Ok(set),
+        Ok(_) => Err(RuleErrors(errors)),
+        Err(RuleErrors(mut errs)) => {
+            errors.append(&mut errs);
+            Err(RuleErrors(errors))
+        }
+    }
+}
+
+/// Builds one rule set from rule texts, each named by a path (a file, or
+/// where the text came from: an xDS resource), in the order given: the
+/// same checks as [`load_dir`], every error of every text returned.
+pub fn load_texts(
+    texts: Vec<(PathBuf, String)>,
+    options: &LoadOptions,
+) -> Result<RuleSet, RuleErrors> {
+    let mut errors = Vec::new();
     let mut set = RuleSet::default();
     // Domain name -> (file, line of its `domain` value), to name both files.
     let mut seen: HashMap<String, (PathBuf, usize)> = HashMap::new();
-    for file in files {
-        let text = match fs::read_to_string(&file) {
-            Ok(text) => text,
-            Err(e) => {
-                errors.push(RuleError {
-                    file: file.clone(),
-                    line: None,
-                    path: String::new(),
-                    reason: format!("cannot read rule file: {e}"),
-                });
-                continue;
-            }
-        };
+    for (file, text) in texts {
         match parse(&file, &text, options) {
             Ok((domain, line)) => {
                 if let Some((first, first_line)) = seen.get(&domain.name) {
+                    if options.merge_domains {
+                        if let Some(into) = set.domains.get_mut(&domain.name) {
+                            let mut merge_errors = merge(into, domain, &file, line, first);
+                            errors.append(&mut merge_errors);
+                        }
+                        continue;
+                    }
                     errors.push(RuleError {
                         file: file.clone(),
                         line: Some(line),
@@ -125,6 +156,59 @@ pub fn load_dir(dir: &Path, options: &LoadOptions) -> Result<RuleSet, RuleErrors
     } else {
         Err(RuleErrors(errors))
     }
+}
+
+/// Adds `other`'s top-level descriptors to `into` (the same domain from an
+/// earlier file); a descriptor both define is an error on `other`'s file.
+fn merge(
+    into: &mut Domain,
+    other: Domain,
+    file: &Path,
+    line: usize,
+    first: &Path,
+) -> Vec<RuleError> {
+    let mut errors = Vec::new();
+    let mut clash = |what: String| {
+        errors.push(RuleError {
+            file: file.to_path_buf(),
+            line: Some(line),
+            path: "descriptors".into(),
+            reason: format!(
+                "duplicate descriptor {what} in domain {:?}, already defined in {} (merge_domain_config merges files but not descriptors)",
+                other.name,
+                first.display()
+            ),
+        });
+    };
+    let root = &mut into.root;
+    for (id, node) in other.root.exact {
+        match root.exact.entry(id) {
+            Entry::Occupied(e) => clash(format!("key {:?} with value {:?}", e.key().0, e.key().1)),
+            Entry::Vacant(e) => {
+                e.insert(node);
+            }
+        }
+    }
+    for node in other.root.wildcard {
+        if root
+            .wildcard
+            .iter()
+            .any(|n| n.key == node.key && n.value == node.value)
+        {
+            clash(format!("key {:?} with value {:?}", node.key, node.value));
+        } else {
+            root.wildcard.push(node);
+        }
+    }
+    for (key, node) in other.root.default {
+        match root.default.entry(key) {
+            Entry::Occupied(e) => clash(format!("key {:?} without value", e.key())),
+            Entry::Vacant(e) => {
+                e.insert(node);
+            }
+        }
+    }
+    errors
 }
 
 fn is_rule_file(path: &Path) -> bool {
@@ -177,7 +261,7 @@ fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usiz
         return Err(RuleErrors(w.errors));
     }
     let (domain, domain_line, mut root_level) = w.root(map);
-    super::name_rules("", &mut root_level);
+    super::name_rules("", &mut root_level, false, false);
     // A parent's "missing" error is found after its children's: read top down.
     w.errors.sort_by_key(|e| e.line);
     match domain {

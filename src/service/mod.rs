@@ -2,6 +2,8 @@
 //! The only module that converts between protocol messages and the engine's
 //! types, and the one place where errors become gRPC statuses ([`to_status`]).
 
+mod dynamic;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -35,6 +37,8 @@ pub struct ServiceOptions {
     pub limits: RequestLimits,
     /// Kept back from the caller's `grpc-timeout` for the answer's way back.
     pub deadline_margin: Duration,
+    /// Answers carry `dynamic_metadata` (`response_dynamic_metadata`).
+    pub dynamic_metadata: bool,
 }
 
 pub use crate::observe::ServiceStats;
@@ -181,7 +185,11 @@ impl RateLimiter {
             }
             to_status(e)
         })?;
-        Ok(to_proto(&decision, self.options.headers.as_ref()))
+        let mut response = to_proto(&decision, self.options.headers.as_ref());
+        if self.options.dynamic_metadata {
+            response.dynamic_metadata = Some(dynamic::dynamic_metadata(&req, &decision));
+        }
+        Ok(response)
     }
 }
 
