@@ -1,5 +1,6 @@
-//! The gRPC face: the rate-limit service (RLS), health following the
-//! store, and reflection, on one listener, plain or TLS.
+//! The gRPC face: the rate-limit service (RLS), the quota service (RLQS),
+//! health following the store, and reflection, on one listener, plain or
+//! TLS.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,16 +16,19 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
 use super::grpc_limits::MessageSizeStatus;
+use crate::proto::rlqs::RateLimitQuotaServiceServer;
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitServiceServer};
+use crate::rlqs::QuotaService;
 use crate::service::RateLimiter;
 use crate::settings::Settings;
 use crate::storage::Store;
 
 /// The health service names answered besides the overall "".
-pub const HEALTH_SERVICES: [&str; 3] = [
+pub const HEALTH_SERVICES: [&str; 4] = [
     "",
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];
 
 /// The health service, and the task that keeps it following the store.
@@ -77,6 +81,7 @@ pub(super) fn follow_store_health(
 pub(super) fn serve<F>(
     settings: &Settings,
     limiter: RateLimiter,
+    quota: QuotaService,
     health: HealthServer<impl Health>,
     listener: TcpListener,
     startup: impl Future<Output = ()> + Send + 'static,
@@ -92,10 +97,14 @@ where
     let max_message_bytes = settings.limits.max_message_bytes;
     let service = RateLimitServiceServer::new(limiter).max_decoding_message_size(max_message_bytes);
     let service = MessageSizeStatus::new(service, max_message_bytes);
+    let quota =
+        RateLimitQuotaServiceServer::new(quota).max_decoding_message_size(max_message_bytes);
+    let quota = MessageSizeStatus::new(quota, max_message_bytes);
     let routes = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
-        .add_service(service);
+        .add_service(service)
+        .add_service(quota);
     Ok(match &settings.grpc_tls {
         None => {
             // Answers are small and each is awaited by a caller: send them

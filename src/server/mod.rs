@@ -1,5 +1,5 @@
-//! Wiring: build the engine from settings, then serve gRPC (RLS, health,
-//! reflection), the public HTTP surface and the debug one on listeners the
+//! Wiring: build the engine from settings, then serve gRPC (RLS, RLQS,
+//! health, reflection), the public HTTP surface and the debug one on listeners the
 //! caller bound, until `shutdown`. `grpc` builds the gRPC face, `admin` the
 //! HTTP routers, `listen` serves HTTP with its bounds, `lifecycle` starts
 //! and stops.
@@ -23,6 +23,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::engine::{Engine, EngineOptions, RulesHandle};
 use crate::observe::{self, ObservedStore, Telemetry};
 use crate::reload;
+use crate::rlqs::{IdLimits, QuotaOptions, QuotaService};
 use crate::rules::{self, RuleSet};
 use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
@@ -128,6 +129,21 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
     Ok(Arc::new(HotKeyStore::new(sharded, clock, tracker)))
 }
 
+/// The quota service's options from the settings.
+pub fn quota_options(settings: &Settings) -> QuotaOptions {
+    QuotaOptions {
+        assignment_ttl_secs: settings.rlqs.assignment_ttl_secs,
+        burst: settings.rlqs.burst,
+        abandon_after: settings.rlqs.abandon_after,
+        max_buckets: settings.rlqs.max_buckets,
+        ids: IdLimits {
+            max_entries: settings.limits.max_entries,
+            max_key_bytes: settings.limits.max_key_bytes,
+            max_value_bytes: settings.limits.max_value_bytes,
+        },
+    }
+}
+
 /// The listeners a server answers on, bound by the caller (tests bind
 /// port 0). No debug listener: the debug views are not served.
 pub struct Listeners {
@@ -212,6 +228,7 @@ pub async fn run_with(
         None
     };
 
+    let quota = QuotaService::new(engine.clone(), quota_options(settings));
     let health_task =
         grpc::follow_store_health(engine.store().clone(), drain_rx.clone(), stopped());
     let health = health_task.service;
@@ -249,6 +266,7 @@ pub async fn run_with(
     let grpc_server = grpc::serve(
         settings,
         limiter.clone(),
+        quota.clone(),
         health,
         listeners.grpc,
         startup,
