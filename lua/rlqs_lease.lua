@@ -86,6 +86,7 @@ local target = mine + math.floor(left / n)
 local room = math.max(capacity - others, 0)
 local tokens = math.min(target, room)
 
-redis.call('HSET', KEYS[1], holder, tokens .. ':' .. (now + hold) .. ':' .. demand)
+-- %d: Lua 5.1 writes large numbers in exponent form when concatenated.
+redis.call('HSET', KEYS[1], holder, string.format('%d:%d:%d', tokens, now + hold, demand))
 redis.call('PEXPIRE', KEYS[1], math.ceil((latest - now) / 1000) + 1000)
 return {tokens, n, others + tokens}
