@@ -41,6 +41,9 @@ descriptors:
       - key: name
         value: shared
         rate_limit: {{unit: second, requests_per_unit: 100}}
+      - key: name
+        value: strict
+        rate_limit: {{unit: second, requests_per_unit: 100, on_store_error: deny}}
   - key: name
     value: free
   - key: name
@@ -119,7 +122,10 @@ impl Quota {
             } => {
                 assert_eq!(fill_secs, 60);
                 assert!(ttl_secs >= 1);
-                assert!(max_tokens >= 1 && u64::from(max_tokens) <= 100, "{max_tokens}");
+                assert!(
+                    max_tokens >= 1 && u64::from(max_tokens) <= 100,
+                    "{max_tokens}"
+                );
                 u64::from(per_fill)
             }
             other => panic!("not a share: {other:?}"),
@@ -259,7 +265,11 @@ async fn first_report_gets_a_bucket_within_the_limit(t: &Tollgate, domain: &str)
     };
     assert_eq!(fill_secs, 60);
     assert_eq!(ttl_secs, 15, "the default time to live");
-    assert_eq!(u64::from(per_fill), CAPACITY, "a lone stream gets all of it");
+    assert_eq!(
+        u64::from(per_fill),
+        CAPACITY,
+        "a lone stream gets all of it"
+    );
     assert_eq!(max_tokens, 100, "a burst of one window's share");
 }
 
@@ -285,8 +295,14 @@ async fn shares_follow_a_rising_demand(t: &Tollgate, domain: &str) {
     let mut shares = vec![0; 2];
     // 5 requests in 5 s: 60 tokens per minute.
     rounds(&mut all, &mut shares, &bucket, &[BUSY, 5], 3).await;
-    assert!(shares[1] >= 60, "the light stream keeps its demand: {shares:?}");
-    assert!(shares[0] >= CAPACITY - 200, "the busy one the rest: {shares:?}");
+    assert!(
+        shares[1] >= 60,
+        "the light stream keeps its demand: {shares:?}"
+    );
+    assert!(
+        shares[0] >= CAPACITY - 200,
+        "the busy one the rest: {shares:?}"
+    );
     rounds(&mut all, &mut shares, &bucket, &[BUSY, BUSY], 2).await;
     assert!(
         shares[1] + 1 >= CAPACITY / 2,
@@ -398,6 +414,50 @@ async fn a_closed_streams_share_goes_to_the_others(t: &Tollgate, domain: &str) {
     assert_eq!(last, CAPACITY, "the whole limit once the share expired");
 }
 
+/// The debug view shows each open stream's buckets and shares (values as
+/// digests); the metrics count streams, assignments, reported usage (also
+/// on the rule's own counters) and skipped buckets.
+async fn operations(t: &Tollgate, domain: &str) {
+    let bucket = [("case", "debug"), ("name", "shared")];
+    let mut q = Quota::open(t, domain).await;
+    q.report(vec![usage(&bucket, 7, 3, 5)]).await;
+    let (code, body) = support::http_get(t.debug, "/debug/rlqs").await;
+    assert_eq!(code, 200, "{body}");
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let row = view["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["bucket"]["case"] == tollgate::server::masked("debug"))
+        .unwrap_or_else(|| panic!("no masked bucket in {body}"));
+    assert_eq!(row["domain"], domain);
+    assert_eq!(row["bucket"]["name"], tollgate::server::masked("shared"));
+    assert_eq!(row["rule"], "case.name_shared");
+    assert_eq!(row["assignment"]["token_bucket"]["fill_interval_s"], 60);
+    assert!(row["ledger_tokens_in_force"].as_u64().unwrap() <= CAPACITY);
+    assert!(view["streams"].as_u64().unwrap() >= 1, "{body}");
+
+    let (code, metrics) = support::http_get(t.http, "/metrics").await;
+    assert_eq!(code, 200);
+    for line in [
+        "tollgate_rlqs_streams ",
+        "tollgate_rlqs_assignments_total{kind=\"token_bucket\"",
+        "tollgate_rlqs_assignments_total{kind=\"abandon\"",
+        "tollgate_rlqs_reported_total{result=\"denied\"",
+        "tollgate_rlqs_skipped_total{reason=\"empty_id\"",
+        "tollgate_rlqs_buckets ",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from /metrics");
+    }
+    let denied_on_rule = metrics.lines().any(|l| {
+        l.starts_with("tollgate_rule_over_limit_total")
+            && l.contains(domain)
+            && l.contains("case.name_shared")
+            && !l.ends_with(" 0")
+    });
+    assert!(denied_on_rule, "reported denials on the rule's counters");
+}
+
 /// One server with the default time to live, one with a short one, on the
 /// same store settings.
 async fn servers(files: &[(&str, &str)], store: &[(&str, &str)]) -> (Tollgate, Tollgate) {
@@ -418,6 +478,7 @@ async fn on_the_embedded_store() {
     let text = rules(&domain);
     let (t, short) = servers(&[("rules.yaml", &text)], &[]).await;
     suite(&t, &short, &domain).await;
+    operations(&t, &domain).await;
     t.stop().await;
     short.stop().await;
 }
@@ -428,7 +489,10 @@ async fn on_redis() {
     let domain = unique_domain("rlqs-redis");
     let text = rules(&domain);
     let url = redis.url();
-    let store = [("store", url.as_str()), ("redis.command_timeout_ms", "2000")];
+    let store = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "2000"),
+    ];
     let (t, short) = servers(&[("rules.yaml", &text)], &store).await;
     suite(&t, &short, &domain).await;
     // The ledger lives in Redis, under the limiter's tag, role q.
@@ -444,11 +508,61 @@ async fn on_a_redis_cluster() {
     let domain = unique_domain("rlqs-cluster");
     let text = rules(&domain);
     let url = cluster.url();
-    let store = [("store", url.as_str()), ("redis.command_timeout_ms", "2000")];
+    let store = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "2000"),
+    ];
     let (t, short) = servers(&[("rules.yaml", &text)], &store).await;
     suite(&t, &short, &domain).await;
     t.stop().await;
     short.stop().await;
+}
+
+/// Redis away: a bucket keeps its last share for what is left of its time
+/// to live, then follows the rule's `on_store_error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_keeps_the_last_share_then_follows_the_policy() {
+    let mut redis = RedisServer::start();
+    let domain = unique_domain("rlqs-failure");
+    let text = rules(&domain);
+    let url = redis.url();
+    let settings = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "2000"),
+        ("rlqs.assignment_ttl_ms", "3000"),
+    ];
+    let t = Tollgate::start(&[("rules.yaml", &text)], &settings).await;
+    t.wait_serving(WAIT).await;
+    let bucket = [("case", "failure"), ("name", "strict")];
+    let mut q = Quota::open(&t, &domain).await;
+    let before = outcome(&q.report(vec![usage(&bucket, 5, 0, 5)]).await, &bucket);
+    let Outcome::Bucket { per_fill, .. } = before else {
+        panic!("{before:?}");
+    };
+    let started = tokio::time::Instant::now();
+    redis.stop();
+    let during = outcome(&q.report(vec![usage(&bucket, 5, 0, 5)]).await, &bucket);
+    match during {
+        Outcome::Bucket {
+            per_fill: kept,
+            ttl_secs,
+            ..
+        } => {
+            assert_eq!(kept, per_fill, "the last share");
+            assert!(
+                (1..=3).contains(&ttl_secs),
+                "what is left of it: {ttl_secs}"
+            );
+        }
+        other => {
+            // Only once the last share has run out.
+            assert!(started.elapsed() >= Duration::from_secs(2), "{other:?}");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    let after = outcome(&q.report(vec![usage(&bucket, 5, 0, 5)]).await, &bucket);
+    assert_eq!(after, Outcome::Deny, "on_store_error: deny");
+    t.stop().await;
 }
 
 /// Two replicas on one Redis share one ledger: streams on both split the
@@ -459,7 +573,10 @@ async fn replicas_share_one_ledger() {
     let domain = unique_domain("rlqs-replicas");
     let text = rules(&domain);
     let url = redis.url();
-    let store = [("store", url.as_str()), ("redis.command_timeout_ms", "2000")];
+    let store = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "2000"),
+    ];
     let replicas = Tollgate::start_replicas(2, &[("rules.yaml", &text)], &store).await;
     let bucket = [("case", "replicas"), ("name", "shared")];
     let mut all = vec![

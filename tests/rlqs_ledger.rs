@@ -45,13 +45,7 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     )
 }
 
-async fn lease(
-    store: &dyn Store,
-    domain: &str,
-    case: &str,
-    step: &Step,
-    terms: Terms,
-) -> Grant {
+async fn lease(store: &dyn Store, domain: &str, case: &str, step: &Step, terms: Terms) -> Grant {
     let entries = vec![("case".to_string(), case.to_string())];
     let holder = format!("replica.{}", step.holder);
     store

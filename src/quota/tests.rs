@@ -49,7 +49,11 @@ fn demand_is_scaled_to_the_fill_and_capped() {
 fn water_filling_is_max_min_fair() {
     assert_eq!(fair_target(&[10, 1000, 1000], 0, 100), 10);
     assert_eq!(fair_target(&[10, 1000, 1000], 1, 100), 45);
-    assert_eq!(fair_target(&[10, 20], 0, 100), 10 + 35, "spare split equally");
+    assert_eq!(
+        fair_target(&[10, 20], 0, 100),
+        10 + 35,
+        "spare split equally"
+    );
     assert_eq!(fair_target(&[0], 0, 100), 100);
     assert_eq!(fair_target(&[], 0, 100), 0);
 }

@@ -47,8 +47,10 @@ pub fn entries<'a>(
     id: impl IntoIterator<Item = (&'a String, &'a String)>,
     limits: IdLimits,
 ) -> Result<Vec<(String, String)>, Skip> {
-    let mut entries: Vec<(String, String)> =
-        id.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut entries: Vec<(String, String)> = id
+        .into_iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     if entries.is_empty() || entries.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
         return Err(Skip::Empty);
     }
@@ -170,7 +172,10 @@ mod tests {
         assert_eq!(check(&[]), Err(Skip::Empty));
         assert_eq!(check(&[("a", "")]), Err(Skip::Empty));
         assert_eq!(check(&[("", "b")]), Err(Skip::Empty));
-        assert_eq!(check(&[("a", "1"), ("b", "2"), ("c", "3")]), Err(Skip::TooLarge));
+        assert_eq!(
+            check(&[("a", "1"), ("b", "2"), ("c", "3")]),
+            Err(Skip::TooLarge)
+        );
         assert_eq!(check(&[("a_long_key", "1")]), Err(Skip::TooLarge));
         let long = "v".repeat(100);
         let ok = check(&[("a", long.as_str())]).unwrap();

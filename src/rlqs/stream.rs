@@ -174,15 +174,14 @@ async fn answer(
     let identities: Vec<Option<Vec<(String, String)>>> = items
         .iter()
         .map(|item| match item.plan {
-            Plan::Leased { .. } => Some(bucket::identity(
-                &item.entries,
-                options.ids.max_value_bytes,
-            )),
+            Plan::Leased { .. } => {
+                Some(bucket::identity(&item.entries, options.ids.max_value_bytes))
+            }
             _ => None,
         })
         .collect();
-    let hold_micros = (options.assignment_ttl_secs * 1_000_000)
-        .saturating_add(HOLD_MARGIN.as_micros() as u64);
+    let hold_micros =
+        (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
     let store = inner.engine.store();
     let grants = join_all(items.iter().zip(&identities).map(|(item, identity)| {
         let holder = state.holder.as_str();

@@ -198,6 +198,7 @@ pub async fn run_with(
             deadline_margin: settings.deadline_margin,
         },
     );
+    let quota = QuotaService::new(engine.clone(), quota_options(settings));
     let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
         let telemetry = Telemetry::start(
             settings,
@@ -208,6 +209,7 @@ pub async fn run_with(
                 store: engine.store().clone(),
                 reloads: reloads.clone(),
                 http: http_counts.clone(),
+                quota: quota.stats().clone(),
             },
         )
         .context("starting metrics and traces")?;
@@ -228,7 +230,6 @@ pub async fn run_with(
         None
     };
 
-    let quota = QuotaService::new(engine.clone(), quota_options(settings));
     let health_task =
         grpc::follow_store_health(engine.store().clone(), drain_rx.clone(), stopped());
     let health = health_task.service;
@@ -304,7 +305,12 @@ pub async fn run_with(
     let debug_server = match listeners.debug {
         Some(listener) => {
             tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys)");
-            let router = admin::debug(&engine, reloads.clone(), settings.debug_show_values);
+            let router = admin::debug(
+                &engine,
+                reloads.clone(),
+                quota.clone(),
+                settings.debug_show_values,
+            );
             listen::serve(listener, router, limits, http_counts, stopped()).boxed()
         }
         None => futures_util::future::ready(()).boxed(),

@@ -9,7 +9,8 @@ use super::table::{self, Kind};
 use super::values::{Values, bad};
 use super::{
     CacheConfig, FailurePolicy, GrpcTls, HeaderNames, HttpSettings, LogFormat, MetricsSettings,
-    OtelSettings, RedisSettings, RlqsSettings, RequestLimits, Settings, SettingsError, Sources, StoreSetting,
+    OtelSettings, RedisSettings, RequestLimits, RlqsSettings, Settings, SettingsError, Sources,
+    StoreSetting,
 };
 use crate::storage::{BreakerConfig, RedisConfig};
 

@@ -470,7 +470,9 @@ impl Store for MemoryStore {
         &'a self,
         call: LeaseCall<'a>,
     ) -> BoxFuture<'a, Result<crate::quota::Grant, StoreError>> {
-        let grant = self.leases.lease(&self.keys, &call, self.clock.now_micros());
+        let grant = self
+            .leases
+            .lease(&self.keys, &call, self.clock.now_micros());
         Box::pin(async move { grant })
     }
 
