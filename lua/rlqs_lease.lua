@@ -47,11 +47,11 @@ for i = 1, #raw, 2 do
 end
 
 -- Demand: the report scaled to the fill, rounded up, capped at the
--- capacity; a rise counts at once, a fall halves the gap.
+-- capacity; then the mean with the previous estimate, rounded up.
 local measured = math.min(math.ceil(requests * fill / elapsed), capacity)
 local demand = measured
-if previous and previous > measured then
-  demand = measured + math.floor((previous - measured) / 2)
+if previous then
+  demand = math.ceil((previous + measured) / 2)
 end
 
 -- Water-filling in order of demand, ties by name.

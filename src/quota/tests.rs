@@ -41,8 +41,10 @@ fn demand_is_scaled_to_the_fill_and_capped() {
     assert_eq!(measured(r(1, 0), t), 60, "at least one second");
     assert_eq!(measured(r(u64::MAX, 1), t), 6_000);
     assert_eq!(next_demand(None, 10), 10);
-    assert_eq!(next_demand(Some(10), 30), 30, "a rise counts at once");
-    assert_eq!(next_demand(Some(30), 10), 20, "a fall halves the gap");
+    assert_eq!(next_demand(Some(10), 30), 20, "the mean");
+    assert_eq!(next_demand(Some(30), 10), 20);
+    assert_eq!(next_demand(Some(10), 11), 11, "rounded up");
+    assert_eq!(next_demand(Some(1), 0), 1, "an idle stream keeps one token");
 }
 
 #[test]
