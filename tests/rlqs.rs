@@ -636,3 +636,37 @@ async fn health_and_reflection_name_the_quota_service() {
     assert!(names.contains_key(NAME), "{names:?}");
     t.stop().await;
 }
+
+/// The buckets examples/envoy/rlqs/envoy.yaml builds get what its comments
+/// say from the example's rules: a share of 100/s per tenant, DENY_ALL for
+/// admin, ALLOW_ALL for the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_envoy_example_buckets_get_their_assignments() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy/rlqs/rules");
+    let text = std::fs::read_to_string(dir.join("quota.yaml")).unwrap();
+    let t = Tollgate::start(&[("quota.yaml", &text)], &[]).await;
+    t.wait_serving(WAIT).await;
+    let mut q = Quota::open(&t, "edge_quota").await;
+    let tenant = [("route", "api"), ("tenant", "acme")];
+    let admin = [("route", "admin")];
+    let other = [("route", "other")];
+    let response = q
+        .report(vec![
+            usage(&tenant, 1, 0, 0),
+            usage(&admin, 0, 1, 0),
+            usage(&other, 1, 0, 0),
+        ])
+        .await;
+    assert_eq!(
+        outcome(&response, &tenant),
+        Outcome::Bucket {
+            max_tokens: 100,
+            per_fill: 6_000,
+            fill_secs: 60,
+            ttl_secs: 15
+        }
+    );
+    assert_eq!(outcome(&response, &admin), Outcome::Deny);
+    assert_eq!(outcome(&response, &other), Outcome::Allow);
+    t.stop().await;
+}
