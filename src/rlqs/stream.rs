@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
@@ -18,7 +18,10 @@ use crate::proto::rlqs::{
 };
 use crate::quota::{self, Grant, Report, Terms};
 use crate::rules::{Counts, Rule};
-use crate::storage::LeaseCall;
+use crate::storage::{LeaseCall, StoreError};
+
+/// Lease calls one stream has in flight at once.
+const LEASES_IN_FLIGHT: usize = 32;
 
 /// What a stream remembers of one bucket.
 struct Tracked {
@@ -170,7 +173,10 @@ async fn answer(
         });
     }
 
-    // Leases of one report go out together: a report can carry many buckets.
+    // Leases of one report go out a few at a time: a report can carry
+    // thousands of buckets, and every Envoy reports at about the same
+    // moment; unbounded, they would all wait in the store client's queue at
+    // once and time out together.
     let identities: Vec<Option<Vec<(String, String)>>> = items
         .iter()
         .map(|item| match item.plan {
@@ -183,46 +189,54 @@ async fn answer(
     let hold_micros =
         (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
     let store = inner.engine.store();
-    let grants = join_all(items.iter().zip(&identities).map(|(item, identity)| {
-        let holder = state.holder.as_str();
-        let domain = domain.as_str();
-        async move {
-            let (Plan::Leased { limit, unit }, Some(identity)) = (item.plan, identity) else {
-                return None;
-            };
-            let elapsed = item
-                .usage
-                .time_elapsed
-                .as_ref()
-                .map_or(0, |d| d.seconds.max(0) as u64);
-            let report = Report {
-                requests: item
+    type Lease<'a> = crate::storage::BoxFuture<'a, Option<Result<Grant, StoreError>>>;
+    let leases: Vec<Lease<'_>> = items
+        .iter()
+        .zip(&identities)
+        .map(|(item, identity)| {
+            let holder = state.holder.as_str();
+            let domain = domain.as_str();
+            Box::pin(async move {
+                let (Plan::Leased { limit, unit }, Some(identity)) = (item.plan, identity) else {
+                    return None;
+                };
+                let elapsed = item
                     .usage
-                    .num_requests_allowed
-                    .saturating_add(item.usage.num_requests_denied),
-                elapsed_secs: if elapsed == 0 {
-                    DEFAULT_REPORT_SECS
-                } else {
-                    elapsed
-                },
-            };
-            let terms = Terms {
-                capacity: quota::capacity(limit, unit),
-                fill_secs: quota::fill_secs(unit),
-                hold_micros,
-            };
-            let call = LeaseCall {
-                domain,
-                entries: identity,
-                unit,
-                holder,
-                report,
-                terms,
-            };
-            Some(store.lease(call).await)
-        }
-    }))
-    .await;
+                    .time_elapsed
+                    .as_ref()
+                    .map_or(0, |d| d.seconds.max(0) as u64);
+                let report = Report {
+                    requests: item
+                        .usage
+                        .num_requests_allowed
+                        .saturating_add(item.usage.num_requests_denied),
+                    elapsed_secs: if elapsed == 0 {
+                        DEFAULT_REPORT_SECS
+                    } else {
+                        elapsed
+                    },
+                };
+                let terms = Terms {
+                    capacity: quota::capacity(limit, unit),
+                    fill_secs: quota::fill_secs(unit),
+                    hold_micros,
+                };
+                let call = LeaseCall {
+                    domain,
+                    entries: identity,
+                    unit,
+                    holder,
+                    report,
+                    terms,
+                };
+                Some(store.lease(call).await)
+            }) as Lease<'_>
+        })
+        .collect();
+    let grants: Vec<_> = futures_util::stream::iter(leases)
+        .buffered(LEASES_IN_FLIGHT)
+        .collect()
+        .await;
 
     let ttl = std::time::Duration::from_secs(options.assignment_ttl_secs);
     let mut views = Vec::with_capacity(items.len());
