@@ -366,6 +366,15 @@ async fn malformed_reports(t: &Tollgate, domain: &str) {
     let again = q.report(vec![usage(&good, 1, 0, 5)]).await;
     assert!(matches!(outcome(&again, &good), Outcome::Bucket { .. }));
 
+    // A value of any length is decided (matched whole, kept as a digest).
+    let long = "v".repeat(100_000);
+    let long_bucket = [("case", long.as_str()), ("name", "shared")];
+    let answered = q.report(vec![usage(&long_bucket, 1, 0, 5)]).await;
+    assert!(matches!(
+        outcome(&answered, &long_bucket),
+        Outcome::Bucket { .. }
+    ));
+
     // Nothing answerable: no response, and the stream still works.
     q.send(vec![usage(&[], 1, 0, 5)]).await;
     let after = q.report(vec![usage(&[("name", "free")], 1, 0, 5)]).await;

@@ -127,8 +127,9 @@ impl QuotaStats {
 pub struct ShareView {
     pub stream: u64,
     pub domain: String,
-    /// The bucket id's entries in key order (client data: the debug view
-    /// shows values as digests unless told otherwise).
+    /// The bucket id's entries in key order, values past `max_value_bytes`
+    /// as digests (client data: the debug view shows values as digests
+    /// unless told otherwise).
     pub bucket: Vec<(String, String)>,
     /// The matched rule's path, if any.
     pub rule: Option<String>,

@@ -83,7 +83,10 @@ pub(super) async fn run(
 /// One bucket of a report, once read.
 struct Item<'a> {
     usage: &'a UsageReport,
-    entries: Vec<(String, String)>,
+    /// The entries as a limiter's identity (long values as digests): the
+    /// lease's key, and the stream's, so what a stream keeps per bucket is
+    /// bounded whatever the values' length.
+    identity: Vec<(String, String)>,
     rule: Option<&'a Rule>,
     plan: Plan,
 }
@@ -130,13 +133,14 @@ async fn answer(
         };
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         inner.stats.reported(allowed, denied);
-        if !state.buckets.contains_key(&entries) {
+        let identity = bucket::identity(&entries, options.ids.max_value_bytes);
+        if !state.buckets.contains_key(&identity) {
             if state.buckets.len() >= options.max_buckets {
                 skip(inner, state, &domain, Skip::TooManyBuckets);
                 continue;
             }
             state.buckets.insert(
-                entries.clone(),
+                identity.clone(),
                 Tracked {
                     active: now,
                     last: None,
@@ -144,14 +148,14 @@ async fn answer(
             );
             inner.stats.buckets_added(1);
         }
-        let tracked = state.buckets.get_mut(&entries).expect("inserted above");
+        let tracked = state.buckets.get_mut(&identity).expect("inserted above");
         if allowed > 0 || denied > 0 {
             tracked.active = now;
         } else if options
             .abandon_after
             .is_some_and(|after| now.duration_since(tracked.active) >= after)
         {
-            state.buckets.remove(&entries);
+            state.buckets.remove(&identity);
             inner.stats.buckets_removed(1);
             inner.stats.abandoned();
             actions.push(BucketAction {
@@ -167,7 +171,7 @@ async fn answer(
         }
         items.push(Item {
             usage,
-            entries,
+            identity,
             rule,
             plan,
         });
@@ -177,27 +181,17 @@ async fn answer(
     // thousands of buckets, and every Envoy reports at about the same
     // moment; unbounded, they would all wait in the store client's queue at
     // once and time out together.
-    let identities: Vec<Option<Vec<(String, String)>>> = items
-        .iter()
-        .map(|item| match item.plan {
-            Plan::Leased { .. } => {
-                Some(bucket::identity(&item.entries, options.ids.max_value_bytes))
-            }
-            _ => None,
-        })
-        .collect();
     let hold_micros =
         (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
     let store = inner.engine.store();
     type Lease<'a> = crate::storage::BoxFuture<'a, Option<Result<Grant, StoreError>>>;
     let leases: Vec<Lease<'_>> = items
         .iter()
-        .zip(&identities)
-        .map(|(item, identity)| {
+        .map(|item| {
             let holder = state.holder.as_str();
             let domain = domain.as_str();
             Box::pin(async move {
-                let (Plan::Leased { limit, unit }, Some(identity)) = (item.plan, identity) else {
+                let Plan::Leased { limit, unit } = item.plan else {
                     return None;
                 };
                 let elapsed = item
@@ -223,7 +217,7 @@ async fn answer(
                 };
                 let call = LeaseCall {
                     domain,
-                    entries: identity,
+                    entries: &item.identity,
                     unit,
                     holder,
                     report,
@@ -257,7 +251,7 @@ async fn answer(
         let Some((assignment, ttl)) = assignment else {
             continue;
         };
-        if let Some(tracked) = state.buckets.get_mut(&item.entries) {
+        if let Some(tracked) = state.buckets.get_mut(&item.identity) {
             tracked.last = Some((assignment, now + ttl));
         }
         inner.stats.sent(assignment);
@@ -282,7 +276,7 @@ fn fallback(
     item: &Item<'_>,
     now: Instant,
 ) -> Option<(Assignment, std::time::Duration)> {
-    let last = state.buckets.get(&item.entries).and_then(|t| t.last);
+    let last = state.buckets.get(&item.identity).and_then(|t| t.last);
     if let Some((assignment, until)) = last {
         let left = until.saturating_duration_since(now).as_secs();
         if left >= 1 {
@@ -344,7 +338,7 @@ fn view(
     ShareView {
         stream,
         domain: domain.to_owned(),
-        bucket: item.entries.clone(),
+        bucket: item.identity.clone(),
         rule: item.rule.map(|r| r.path.clone()),
         assignment,
         holders: ledger.map_or(0, |g| g.holders),
