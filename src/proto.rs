@@ -1,7 +1,7 @@
 //! Envoy's rate-limit protocols (RLS and RLQS), generated at build time from `proto/`.
-//! In the library only [`crate::service`] and [`crate::json`] use these
-//! types (and, from the binary, the `check` and `bench` clients); the engine
-//! never sees them.
+//! In the library only [`crate::service`], [`crate::rlqs`] and
+//! [`crate::json`] use these types (and, from the binary, the `check` and
+//! `bench` clients); the engine and the quota ledger never see them.
 
 #![allow(clippy::all, missing_docs)]
 

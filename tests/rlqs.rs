@@ -679,3 +679,40 @@ async fn the_envoy_example_buckets_get_their_assignments() {
     assert_eq!(outcome(&response, &other), Outcome::Allow);
     t.stop().await;
 }
+
+/// Past `rlqs.max_buckets` on one stream, new buckets are skipped and
+/// counted; those already answered still are, and an abandoned bucket
+/// makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_answers_at_most_max_buckets() {
+    let domain = unique_domain("rlqs-max");
+    let text = rules(&domain);
+    let settings = [("rlqs.max_buckets", "2"), ("rlqs.abandon_after_ms", "1000")];
+    let t = Tollgate::start(&[("rules.yaml", &text)], &settings).await;
+    t.wait_serving(WAIT).await;
+    let mut q = Quota::open(&t, &domain).await;
+    let [a, b, c] = [[("name", "free")], [("name", "open")], [("name", "banned")]];
+    let first = q
+        .report(vec![
+            usage(&a, 1, 0, 0),
+            usage(&b, 1, 0, 0),
+            usage(&c, 1, 0, 0),
+        ])
+        .await;
+    assert_eq!(first.bucket_action.len(), 2, "{first:?}");
+    assert_eq!(outcome(&first, &a), Outcome::Allow);
+    assert_eq!(outcome(&first, &b), Outcome::Allow);
+    let (_, metrics) = support::http_get(t.http, "/metrics").await;
+    let skipped = metrics
+        .lines()
+        .find(|l| l.starts_with("tollgate_rlqs_skipped_total{") && l.contains("too_many_buckets"))
+        .unwrap_or_else(|| panic!("no skipped series in\n{metrics}"));
+    assert!(skipped.ends_with(" 1"), "{skipped}");
+    // b goes idle and is abandoned; then c fits.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let second = q.report(vec![usage(&a, 1, 0, 1), usage(&b, 0, 0, 1)]).await;
+    assert_eq!(outcome(&second, &b), Outcome::Abandon);
+    let third = q.report(vec![usage(&c, 0, 1, 1)]).await;
+    assert_eq!(outcome(&third, &c), Outcome::Deny);
+    t.stop().await;
+}
