@@ -304,7 +304,7 @@ pub async fn run_with(
     );
     let debug_server = match listeners.debug {
         Some(listener) => {
-            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys)");
+            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys, /debug/rlqs)");
             let router = admin::debug(
                 &engine,
                 reloads.clone(),
