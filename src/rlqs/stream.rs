@@ -2,6 +2,7 @@
 //! bucket to answer, until the client closes it or the server stops.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 
 use futures_util::StreamExt;
@@ -123,32 +124,38 @@ async fn answer(
         let entries = match id.map(|m| bucket::entries(m.iter(), options.ids)) {
             Some(Ok(entries)) => entries,
             Some(Err(why)) => {
-                skip(inner, state, &domain, why);
+                skip(inner, &mut state.logged, state.number, &domain, why);
                 continue;
             }
             None => {
-                skip(inner, state, &domain, Skip::Empty);
+                skip(inner, &mut state.logged, state.number, &domain, Skip::Empty);
                 continue;
             }
         };
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         inner.stats.reported(allowed, denied);
         let identity = bucket::identity(&entries, options.ids.max_value_bytes);
-        if !state.buckets.contains_key(&identity) {
-            if state.buckets.len() >= options.max_buckets {
-                skip(inner, state, &domain, Skip::TooManyBuckets);
+        let full = state.buckets.len() >= options.max_buckets;
+        let tracked = match state.buckets.entry(identity.clone()) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(_) if full => {
+                skip(
+                    inner,
+                    &mut state.logged,
+                    state.number,
+                    &domain,
+                    Skip::TooManyBuckets,
+                );
                 continue;
             }
-            state.buckets.insert(
-                identity.clone(),
-                Tracked {
+            Entry::Vacant(new) => {
+                inner.stats.buckets_added(1);
+                new.insert(Tracked {
                     active: now,
                     last: None,
-                },
-            );
-            inner.stats.buckets_added(1);
-        }
-        let tracked = state.buckets.get_mut(&identity).expect("inserted above");
+                })
+            }
+        };
         if allowed > 0 || denied > 0 {
             tracked.active = now;
         } else if options
@@ -314,14 +321,14 @@ fn account(counts: &Counts, plan: Plan, allowed: u64, denied: u64) {
     }
 }
 
-fn skip(inner: &Inner, state: &mut State, domain: &str, why: Skip) {
+fn skip(inner: &Inner, logged: &mut [bool; 3], stream: u64, domain: &str, why: Skip) {
     inner.stats.skipped(why);
     let i = Skip::ALL.iter().position(|s| *s == why).unwrap_or(0);
-    if !state.logged[i] {
-        state.logged[i] = true;
+    if !logged[i] {
+        logged[i] = true;
         tracing::warn!(
             domain,
-            stream = state.number,
+            stream,
             reason = why.as_str(),
             "skipping a bucket of a usage report (logged once per stream and reason)"
         );
