@@ -716,3 +716,25 @@ async fn a_stream_answers_at_most_max_buckets() {
     assert_eq!(outcome(&third, &c), Outcome::Deny);
     t.stop().await;
 }
+
+/// A draining server ends its quota streams with UNAVAILABLE (Envoy opens a
+/// new one at its next report, through the load balancer), so an open
+/// stream does not hold the shutdown for its whole grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_ends_the_streams() {
+    let domain = unique_domain("rlqs-drain");
+    let text = rules(&domain);
+    let t = Tollgate::start(&[("rules.yaml", &text)], &[("shutdown_grace_ms", "20000")]).await;
+    t.wait_serving(WAIT).await;
+    let mut q = Quota::open(&t, &domain).await;
+    q.report(vec![usage(&[("name", "free")], 1, 0, 0)]).await;
+    let started = tokio::time::Instant::now();
+    t.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped after {:?}: the open stream held it",
+        started.elapsed()
+    );
+    let status = q.next().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+}

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -83,10 +83,14 @@ struct Inner {
     /// The shares this replica's streams were last given, by stream, for
     /// the debug view. A std mutex: never held across an `.await`.
     shares: Mutex<HashMap<u64, Vec<ShareView>>>,
+    /// True once the server drains: streams end (`UNAVAILABLE`), so Envoys
+    /// reconnect, through the load balancer, to a replica that stays.
+    draining: watch::Receiver<bool>,
 }
 
 impl QuotaService {
-    pub fn new(engine: Engine, options: QuotaOptions) -> Self {
+    /// `draining` turns true when the server starts to drain.
+    pub fn new(engine: Engine, options: QuotaOptions, draining: watch::Receiver<bool>) -> Self {
         // A random replica id without a clock or a new dependency: the
         // standard library seeds every RandomState at random.
         let replica = std::collections::hash_map::RandomState::new().hash_one(0u8);
@@ -98,6 +102,7 @@ impl QuotaService {
                 next_stream: AtomicU64::new(1),
                 stats: Arc::default(),
                 shares: Mutex::default(),
+                draining,
             }),
         }
     }

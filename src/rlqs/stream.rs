@@ -55,10 +55,26 @@ pub(super) async fn run(
         buckets: HashMap::new(),
         logged: [false; 3],
     };
+    let mut draining = inner.draining.clone();
+    let drained = async move {
+        // A dropped sender means no drain will come: wait forever.
+        if draining.wait_for(|d| *d).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(drained);
     loop {
         let message = tokio::select! {
             m = inbound.message() => m,
             () = tx.closed() => break,
+            () = &mut drained => {
+                // Envoy drops the stream and opens a new one at its next
+                // report; the shares it holds stay in force meanwhile.
+                let _ = tx
+                    .send(Err(Status::unavailable("tollgate is shutting down: reconnect")))
+                    .await;
+                break;
+            }
         };
         let reports = match message {
             Ok(Some(reports)) => reports,

@@ -198,7 +198,7 @@ pub async fn run_with(
             deadline_margin: settings.deadline_margin,
         },
     );
-    let quota = QuotaService::new(engine.clone(), quota_options(settings));
+    let quota = QuotaService::new(engine.clone(), quota_options(settings), drain_rx.clone());
     let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
         let telemetry = Telemetry::start(
             settings,
