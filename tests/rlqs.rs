@@ -738,3 +738,107 @@ async fn draining_ends_the_streams() {
     let status = q.next().await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
 }
+
+/// Arbitrary reports from a client (any bucket maps, counts, elapsed times,
+/// missing ids) on one stream: never a panic or a broken stream; every
+/// answer is about buckets of its report, each at most once, within the
+/// limit, with whole-second times; a valid report afterwards is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arbitrary_reports_are_decided_or_skipped() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let domain = unique_domain("rlqs-fuzz");
+    let text = rules(&domain);
+    let t = Tollgate::start(&[("rules.yaml", &text)], &[]).await;
+    t.wait_serving(WAIT).await;
+    let word = prop_oneof![
+        Just(String::new()),
+        Just("case".to_string()),
+        Just("name".to_string()),
+        Just("shared".to_string()),
+        Just("free".to_string()),
+        Just("banned".to_string()),
+        "[a-z]{1,4}",
+        ".{0,40}",
+        "x{300,600}",
+    ];
+    let bucket = proptest::collection::btree_map(word.clone(), word, 0..5);
+    let one = (
+        proptest::option::weighted(0.9, bucket),
+        any::<u64>(),
+        prop_oneof![Just(0u64), 0u64..1_000, any::<u64>()],
+        prop_oneof![Just(0i64), 0i64..100, any::<i64>()],
+    );
+    let reports = proptest::collection::vec(proptest::collection::vec(one, 0..6), 1..5);
+    let mut runner = TestRunner::new(Config {
+        cases: 32,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let handle = tokio::runtime::Handle::current();
+    runner
+        .run(&reports, |reports| {
+            tokio::task::block_in_place(|| {
+                handle.block_on(async {
+                    let mut q = Quota::open(&t, &domain).await;
+                    for report in reports {
+                        let usages: Vec<BucketQuotaUsage> = report
+                            .iter()
+                            .map(|(id, allowed, denied, secs)| BucketQuotaUsage {
+                                bucket_id: id.as_ref().map(|m| BucketId {
+                                    bucket: m.clone().into_iter().collect(),
+                                }),
+                                time_elapsed: Some(PbDuration {
+                                    seconds: *secs,
+                                    nanos: 0,
+                                }),
+                                num_requests_allowed: *allowed,
+                                num_requests_denied: *denied,
+                            })
+                            .collect();
+                        let sent: Vec<BucketId> =
+                            usages.iter().filter_map(|u| u.bucket_id.clone()).collect();
+                        q.send(usages).await;
+                        // A report with nothing answerable gets no answer:
+                        // follow each with a valid one to keep in step.
+                        let probe = [("name", "free")];
+                        q.send(vec![usage(&probe, 1, 0, 5)]).await;
+                        let mut answer = q
+                            .next()
+                            .await
+                            .map_err(|s| TestCaseError::fail(format!("stream broken: {s:?}")))?;
+                        if answer.bucket_action.len() == 1
+                            && answer.bucket_action[0].bucket_id == Some(id(&probe))
+                            && !sent.contains(&id(&probe))
+                        {
+                            continue;
+                        }
+                        let mut seen = Vec::new();
+                        for action in &answer.bucket_action {
+                            let bucket = action.bucket_id.clone().unwrap();
+                            prop_assert!(sent.contains(&bucket), "{bucket:?} not reported");
+                            prop_assert!(!seen.contains(&bucket), "{bucket:?} twice");
+                            seen.push(bucket.clone());
+                            let pairs: Vec<(&str, &str)> = bucket
+                                .bucket
+                                .iter()
+                                .map(|(k, v)| (k.as_str(), v.as_str()))
+                                .collect();
+                            if let Outcome::Bucket { per_fill, .. } = outcome(&answer, &pairs) {
+                                prop_assert!(u64::from(per_fill) <= CAPACITY);
+                            }
+                        }
+                        // Then the probe's own answer.
+                        answer = q
+                            .next()
+                            .await
+                            .map_err(|s| TestCaseError::fail(format!("stream broken: {s:?}")))?;
+                        prop_assert_eq!(outcome(&answer, &probe), Outcome::Allow);
+                    }
+                    Ok(())
+                })
+            })
+        })
+        .unwrap();
+    t.stop().await;
+}
