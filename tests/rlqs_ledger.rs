@@ -147,3 +147,37 @@ async fn the_cluster_grants_as_the_embedded_ledger() {
     let cluster = RedisCluster::start();
     check(Some(connect(cluster.url()).await), 24).await;
 }
+
+/// The ledger key is the limiter's own, role `q`: same hash tag (so the
+/// same Redis Cluster slot as the limiter's RLS state), its own key.
+#[test]
+fn the_ledger_key_shares_the_limiters_slot() {
+    use tollgate::storage::keys::{KeyBuilder, Role};
+    let entries = vec![("tenant".to_string(), "acme".to_string())];
+    let call = LeaseCall {
+        domain: "edge",
+        entries: &entries,
+        unit: Unit::Second,
+        holder: "r.1",
+        report: Report {
+            requests: 1,
+            elapsed_secs: 5,
+        },
+        terms: Terms {
+            capacity: 60,
+            fill_secs: 60,
+            hold_micros: 16_000_000,
+        },
+    };
+    let keys = KeyBuilder::default().limiter(&call.limiter());
+    let lease = keys.key(Role::Lease);
+    let state = keys.key(Role::State);
+    assert_ne!(lease, state);
+    assert!(lease.contains(":q:edge:tenant=acme"), "{lease}");
+    let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_string();
+    assert_eq!(tag(&lease), tag(&state));
+    assert_eq!(
+        tollgate::storage::keys::slot_of(&lease),
+        tollgate::storage::keys::slot_of(&state)
+    );
+}
