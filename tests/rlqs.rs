@@ -842,3 +842,63 @@ async fn arbitrary_reports_are_decided_or_skipped() {
         .unwrap();
     t.stop().await;
 }
+
+/// Redis stops answering (paused, so every call would wait its timeout):
+/// leases go through the store's circuit breaker, so once it opens a
+/// report of many buckets is answered at once, each with its last share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_store_opens_the_circuit_for_leases_too() {
+    let redis = RedisServer::start();
+    let info = redis.cli(&["INFO", "server"]);
+    let pid: u32 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let domain = unique_domain("rlqs-hung");
+    let text = rules(&domain);
+    let url = redis.url();
+    let settings = [("store", url.as_str()), ("redis.command_timeout_ms", "300")];
+    let t = Tollgate::start(&[("rules.yaml", &text)], &settings).await;
+    t.wait_serving(WAIT).await;
+    let names: Vec<String> = (0..400).map(|i| format!("hung{i}")).collect();
+    let buckets: Vec<[(&str, &str); 2]> = names
+        .iter()
+        .map(|n| [("case", n.as_str()), ("name", "strict")])
+        .collect();
+    let usages = || {
+        buckets
+            .iter()
+            .map(|b| usage(b, 5, 0, 5))
+            .collect::<Vec<_>>()
+    };
+    let mut q = Quota::open(&t, &domain).await;
+    let before = q.report(usages()).await;
+    assert_eq!(before.bucket_action.len(), 400);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    // The first report meets the timeouts and opens the circuit.
+    let _ = q.report(usages()).await;
+    let started = tokio::time::Instant::now();
+    let during = q.report(usages()).await;
+    let took = started.elapsed();
+    signal("-CONT");
+    assert_eq!(during.bucket_action.len(), 400, "each with its last share");
+    for b in &buckets {
+        assert!(matches!(outcome(&during, b), Outcome::Bucket { .. }));
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "400 buckets on an open circuit answered in {took:?} (without the circuit: about 4 s)"
+    );
+    t.stop().await;
+}

@@ -307,8 +307,9 @@ pub trait Store: Send + Sync + 'static {
     /// Records `call`'s report in its limiter's lease ledger and grants the
     /// holder its share, in one atomic step ([`crate::quota::Ledger::report`]
     /// in memory, one script in Redis). Layers pass it to the backend
-    /// unchanged: a lease is one call per stream and limiter every few
-    /// seconds, nothing to cache, coalesce or shard.
+    /// unchanged (a lease is one call per stream and limiter every few
+    /// seconds: nothing to cache, coalesce or shard), except the breaker,
+    /// which runs it under the server's circuit like a hit.
     fn lease<'a>(&'a self, call: LeaseCall<'a>) -> BoxFuture<'a, Result<quota::Grant, StoreError>> {
         match self.wrapped() {
             Some(w) => w.lease(call),
