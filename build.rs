@@ -19,6 +19,7 @@ const PROTOS: &[&str] = &[
     "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
     "proto/envoy/config/core/v3/base.proto",
     "proto/envoy/type/v3/ratelimit_unit.proto",
+    "proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
 ];
 
 /// The xDS client's messages (rules over ADS): generated with the others,

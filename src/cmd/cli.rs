@@ -1,4 +1,5 @@
-//! The command line: `serve`, `validate`, `check`, `bench` and `simulate`.
+//! The command line: `serve`, `validate`, `check`, `bench`, `simulate`
+//! and `simulate-rlqs`.
 //! `main` only calls [`main`] here.
 
 use std::path::PathBuf;
@@ -33,6 +34,9 @@ pub enum Command {
     /// Measure how far sliding_window_counter admits over its limit, per
     /// bucket count, on a virtual clock; prints a table.
     Simulate(super::simulate::SimulateArgs),
+    /// Simulate N Envoys sharing one limit through the quota service
+    /// (RLQS) on a virtual clock; prints a table.
+    SimulateRlqs(super::simulate::rlqs::SimulateRlqsArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -114,6 +118,7 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Bench(args) => super::bench::main(args),
         Command::Simulate(args) => super::simulate::main(args),
+        Command::SimulateRlqs(args) => super::simulate::rlqs::main(args),
     }
 }
 

@@ -14,6 +14,7 @@
 
 mod log;
 mod propagation;
+mod quota;
 mod store;
 
 use std::collections::HashMap;
@@ -68,6 +69,8 @@ pub struct Sources {
     pub reloads: ReloadCounts,
     /// What the HTTP listeners turned away.
     pub http: Arc<HttpCounts>,
+    /// The quota service's counters.
+    pub quota: Arc<crate::rlqs::QuotaStats>,
 }
 
 /// What the HTTP listeners turned away, counted by the server's listeners
@@ -294,6 +297,7 @@ impl Telemetry {
 
 /// The instruments read at collection time.
 fn register_observers(meter: &Meter, s: Sources) {
+    quota::register(meter, s.quota.clone());
     type Pick = fn(&CountsSnapshot) -> u64;
     let per_rule: [(&'static str, &'static str, Pick); 6] = [
         ("hits", "Hits counted against the rule", |c| c.total_hits),

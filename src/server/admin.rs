@@ -2,8 +2,9 @@
 //! `http_addr`) serves what probes, Prometheus and the reference service's
 //! users expect there: `/healthcheck`, `/metrics`, `POST /json`. The debug
 //! router (on `debug_addr`, loopback by default) serves the views that show
-//! rules and the heaviest limiters: `/rlconfig` and `/debug/hotkeys`, with
-//! descriptor values as digests unless `debug_show_values` is set.
+//! rules, the quota shares and the heaviest limiters: `/rlconfig`,
+//! `/debug/rlqs` and `/debug/hotkeys`, with descriptor and bucket values as
+//! digests unless `debug_show_values` is set.
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 use crate::engine::Engine;
 use crate::observe::Telemetry;
 use crate::reload;
+use crate::rlqs::{Assignment, QuotaService};
 use crate::rules::RuleSet;
 use crate::service::RateLimiter;
 use crate::storage::hotkeys;
@@ -86,7 +88,12 @@ pub fn public(
 }
 
 /// The debug router: the rules in force and the heaviest limiters.
-pub fn debug(engine: &Engine, reloads: reload::ReloadCounts, show_values: bool) -> axum::Router {
+pub fn debug(
+    engine: &Engine,
+    reloads: reload::ReloadCounts,
+    quota: QuotaService,
+    show_values: bool,
+) -> axum::Router {
     // The rules in force, as the reference service's /rlconfig shows them;
     // the headers count reloads, so a refused edit is visible too.
     let rules = engine.rules().clone();
@@ -107,6 +114,14 @@ pub fn debug(engine: &Engine, reloads: reload::ReloadCounts, show_values: bool) 
                     (counts, rules.current().describe()).into_response()
                 }
             }
+        }),
+    );
+    // The shares this replica's quota streams hold.
+    let router = router.route(
+        "/debug/rlqs",
+        axum::routing::get(move || {
+            let quota = quota.clone();
+            async move { json_response(StatusCode::OK, &quota_json(&quota, show_values)) }
         }),
     );
     // The heaviest limiters of this replica, to tell which rule to shard.
@@ -133,6 +148,57 @@ pub fn debug(engine: &Engine, reloads: reload::ReloadCounts, show_values: bool) 
 /// A descriptor value as the debug views show it by default: enough of its
 /// SHA-256 to tell values apart and to match one a client is known to
 /// send, nothing that reads back. The empty value stays empty.
+/// `/debug/rlqs`: every bucket's last assignment on this replica's open
+/// quota streams (values as digests unless `show_values`), and the ledger
+/// as the stream's last report saw it.
+fn quota_json(quota: &QuotaService, show_values: bool) -> serde_json::Value {
+    let buckets: Vec<serde_json::Value> = quota
+        .shares()
+        .into_iter()
+        .map(|v| {
+            let bucket: serde_json::Map<String, serde_json::Value> = v
+                .bucket
+                .iter()
+                .map(|(k, val)| {
+                    let shown = if show_values {
+                        val.clone()
+                    } else {
+                        masked(val)
+                    };
+                    (k.clone(), serde_json::Value::from(shown))
+                })
+                .collect();
+            let assignment = match v.assignment {
+                Assignment::AllowAll => serde_json::json!({"blanket_rule": "ALLOW_ALL"}),
+                Assignment::DenyAll => serde_json::json!({"blanket_rule": "DENY_ALL"}),
+                Assignment::TokenBucket {
+                    max_tokens,
+                    tokens_per_fill,
+                    fill_secs,
+                } => serde_json::json!({"token_bucket": {
+                    "max_tokens": max_tokens,
+                    "tokens_per_fill": tokens_per_fill,
+                    "fill_interval_s": fill_secs,
+                }}),
+            };
+            serde_json::json!({
+                "stream": v.stream,
+                "domain": v.domain,
+                "bucket": bucket,
+                "rule": v.rule,
+                "assignment": assignment,
+                "ledger_holders": v.holders,
+                "ledger_tokens_in_force": v.granted_total,
+            })
+        })
+        .collect();
+    let stats = quota.stats().snapshot();
+    serde_json::json!({
+        "streams": stats.streams_open,
+        "buckets": buckets,
+    })
+}
+
 pub fn masked(value: &str) -> String {
     if value.is_empty() {
         return String::new();

@@ -1,6 +1,6 @@
-//! The gRPC face: the rate-limit service (RLS), health following the
-//! store, and reflection (v1 and v1alpha), on one listener, plain or TLS,
-//! and on a Unix socket when `grpc_uds` is set.
+//! The gRPC face: the rate-limit service (RLS), the quota service (RLQS),
+//! health following the store, and reflection (v1 and v1alpha), on one
+//! listener, plain or TLS, and on a Unix socket when `grpc_uds` is set.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,16 +17,19 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 
 use super::conn_age::Aged;
 use super::grpc_limits::MessageSizeStatus;
+use crate::proto::rlqs::RateLimitQuotaServiceServer;
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitServiceServer};
+use crate::rlqs::QuotaService;
 use crate::service::RateLimiter;
 use crate::settings::Settings;
 use crate::storage::Store;
 
 /// The health service names answered besides the overall "".
-pub const HEALTH_SERVICES: [&str; 3] = [
+pub const HEALTH_SERVICES: [&str; 4] = [
     "",
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];
 
 /// The health service, and the task that keeps it following the store.
@@ -98,13 +101,19 @@ fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
+/// The services on the gRPC listener: RLS, RLQS and health.
+pub(super) struct Services<H> {
+    pub limiter: RateLimiter,
+    pub quota: QuotaService,
+    pub health: HealthServer<H>,
+}
+
 /// The gRPC server on `listener` (and on `uds`, a Unix socket, when
 /// given): accepts once `startup` resolves, stops accepting when
 /// `stopped()` resolves.
 pub(super) fn serve<F, H>(
     settings: &Settings,
-    limiter: RateLimiter,
-    health: HealthServer<H>,
+    services: Services<H>,
     listener: Option<TcpListener>,
     uds: Option<UnixListener>,
     startup: impl Future<Output = ()> + Send + 'static,
@@ -114,6 +123,16 @@ where
     F: Future<Output = ()> + Send + 'static,
     H: Health,
 {
+    let Services {
+        limiter,
+        quota,
+        health,
+    } = services;
+    let max_message_bytes = settings.limits.max_message_bytes;
+    let quota = MessageSizeStatus::new(
+        RateLimitQuotaServiceServer::new(quota).max_decoding_message_size(max_message_bytes),
+        max_message_bytes,
+    );
     let routes = |health: HealthServer<H>, limiter: RateLimiter| {
         let v1 = reflection_builder()
             .build_v1()
@@ -121,7 +140,6 @@ where
         let v1alpha = reflection_builder()
             .build_v1alpha()
             .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
-        let max_message_bytes = settings.limits.max_message_bytes;
         let service =
             RateLimitServiceServer::new(limiter).max_decoding_message_size(max_message_bytes);
         let service = MessageSizeStatus::new(service, max_message_bytes);
@@ -134,7 +152,8 @@ where
                 .add_service(health)
                 .add_service(v1)
                 .add_service(v1alpha)
-                .add_service(service),
+                .add_service(service)
+                .add_service(quota.clone()),
         )
     };
     // Past its age and grace a connection is closed (see `conn_age`).

@@ -1,5 +1,5 @@
-//! Wiring: build the engine from settings, then serve gRPC (RLS, health,
-//! reflection), the public HTTP surface and the debug one on listeners the
+//! Wiring: build the engine from settings, then serve gRPC (RLS, RLQS,
+//! health, reflection), the public HTTP surface and the debug one on listeners the
 //! caller bound, until `shutdown`. `grpc` builds the gRPC face, `admin` the
 //! HTTP routers, `listen` serves HTTP with its bounds, `lifecycle` starts
 //! and stops.
@@ -24,6 +24,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::engine::{Engine, EngineOptions, RulesHandle};
 use crate::observe::{self, ObservedStore, Telemetry};
 use crate::reload;
+use crate::rlqs::{IdLimits, QuotaOptions, QuotaService};
 use crate::rules::{self, RuleSet};
 use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
@@ -140,6 +141,21 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
     Ok(Arc::new(HotKeyStore::new(sharded, clock, tracker)))
 }
 
+/// The quota service's options from the settings.
+pub fn quota_options(settings: &Settings) -> QuotaOptions {
+    QuotaOptions {
+        assignment_ttl_secs: settings.rlqs.assignment_ttl_secs,
+        burst: settings.rlqs.burst,
+        abandon_after: settings.rlqs.abandon_after,
+        max_buckets: settings.rlqs.max_buckets,
+        ids: IdLimits {
+            max_entries: settings.limits.max_entries,
+            max_key_bytes: settings.limits.max_key_bytes,
+            max_value_bytes: settings.limits.max_value_bytes,
+        },
+    }
+}
+
 /// The listeners a server answers on, bound by the caller (tests bind
 /// port 0). No debug listener: the debug views are not served.
 pub struct Listeners {
@@ -220,6 +236,7 @@ pub async fn run_with(
             dynamic_metadata: settings.response_dynamic_metadata,
         },
     );
+    let quota = QuotaService::new(engine.clone(), quota_options(settings), drain_rx.clone());
     let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
         let telemetry = Telemetry::start(
             settings,
@@ -230,6 +247,7 @@ pub async fn run_with(
                 store: engine.store().clone(),
                 reloads: reloads.clone(),
                 http: http_counts.clone(),
+                quota: quota.stats().clone(),
             },
         )
         .context("starting metrics and traces")?;
@@ -313,8 +331,11 @@ pub async fn run_with(
     let startup = lifecycle::wait_ready(engine.store().clone(), settings.startup_wait);
     let grpc_server = grpc::serve(
         settings,
-        limiter.clone(),
-        health,
+        grpc::Services {
+            limiter: limiter.clone(),
+            quota: quota.clone(),
+            health,
+        },
         listeners.grpc,
         listeners.grpc_uds,
         startup,
@@ -352,8 +373,13 @@ pub async fn run_with(
     );
     let debug_server = match listeners.debug {
         Some(listener) => {
-            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys)");
-            let router = admin::debug(&engine, reloads.clone(), settings.debug_show_values);
+            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys, /debug/rlqs)");
+            let router = admin::debug(
+                &engine,
+                reloads.clone(),
+                quota.clone(),
+                settings.debug_show_values,
+            );
             listen::serve(listener, router, limits, http_counts, stopped()).boxed()
         }
         None => futures_util::future::ready(()).boxed(),

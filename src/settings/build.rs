@@ -9,8 +9,8 @@ use super::table::{self, Kind};
 use super::values::{Values, bad};
 use super::{
     CacheConfig, FailurePolicy, GrpcTls, HeaderNames, HttpSettings, LogFormat, MetricsSettings,
-    OtelSettings, RedisSettings, RequestLimits, Settings, SettingsError, Sources, StoreSetting,
-    XdsSettings, XdsTls,
+    OtelSettings, RedisSettings, RequestLimits, RlqsSettings, Settings, SettingsError, Sources,
+    StoreSetting, XdsSettings, XdsTls,
 };
 use crate::storage::{BreakerConfig, RedisConfig};
 
@@ -111,6 +111,12 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         store,
         redis,
         deadline_margin: v.millis("deadline_margin_ms")?,
+        rlqs: RlqsSettings {
+            assignment_ttl_secs: v.get::<u64>("rlqs.assignment_ttl_ms")?.div_ceil(1000),
+            burst: v.get("rlqs.burst")?,
+            abandon_after: v.every("rlqs.abandon_after_ms")?,
+            max_buckets: v.get("rlqs.max_buckets")?,
+        },
         limits,
         max_log_limit: v.get("max_log_limit")?,
         xds: xds_settings(v)?,

@@ -167,6 +167,16 @@ pub struct OtelSettings {
     pub metrics_interval: Duration,
 }
 
+/// The quota service (RLQS): see `crate::rlqs`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RlqsSettings {
+    /// Whole seconds, at least 1.
+    pub assignment_ttl_secs: u64,
+    pub burst: f64,
+    pub abandon_after: Option<Duration>,
+    pub max_buckets: usize,
+}
+
 /// Bounds on the HTTP listeners (see `server::listen`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HttpSettings {
@@ -201,6 +211,7 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// Kept back from the caller's deadline for the answer's way back.
     pub deadline_margin: Duration,
+    pub rlqs: RlqsSettings,
     pub limits: RequestLimits,
     /// Largest `requests_per_unit` of a `sliding_window_log` limit.
     pub max_log_limit: u32,

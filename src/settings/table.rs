@@ -67,7 +67,7 @@ pub const SETTINGS: &[Setting] = &[
         "debug_addr",
         Some("127.0.0.1:6070"),
         Kind::Text,
-        "debug HTTP listen address: `/rlconfig`, `/debug/hotkeys`; loopback by default (reach it with `kubectl port-forward`); empty or `off`: not served",
+        "debug HTTP listen address: `/rlconfig`, `/debug/hotkeys`, `/debug/rlqs`; loopback by default (reach it with `kubectl port-forward`); empty or `off`: not served",
     ),
     s(
         "debug_show_values",
@@ -242,6 +242,37 @@ pub const SETTINGS: &[Setting] = &[
         Some("true"),
         Kind::Bool,
         "while a limiter's script call is in flight, queue further hits on it and decide them all in the next call",
+    ),
+    s(
+        "rlqs.assignment_ttl_ms",
+        Some("15000"),
+        Kind::Count {
+            min: 1_000,
+            max: 3_600_000,
+        },
+        "how long a quota assignment (RLQS) holds in Envoy, rounded up to whole seconds (Envoy reads only the seconds): three of Envoy's 5 s report intervals, so one lost report does not drop a share; a stream that stops reporting gives its share back this long (plus 1 s) after its last report",
+    ),
+    s(
+        "rlqs.burst",
+        Some("1"),
+        Kind::Number {
+            min: 0.0,
+            max: 100.0,
+            open_min: true,
+        },
+        "`max_tokens` of a quota token bucket as a multiple of the stream's share of one window: 1 lets a stream spend its whole window's share at once, so one window can admit up to (1 + burst) times the limit in the worst case",
+    ),
+    s(
+        "rlqs.abandon_after_ms",
+        Some("60000"),
+        Kind::Millis,
+        "a quota bucket reported idle (nothing allowed or denied) for this long gets `abandon_action`, so Envoy stops reporting it; 0 = never",
+    ),
+    s(
+        "rlqs.max_buckets",
+        Some("10000"),
+        count(1, 1 << 24),
+        "buckets one quota stream may have answered at once; reports of more are skipped (and counted), the others answered",
     ),
     s(
         "deadline_margin_ms",

@@ -25,7 +25,9 @@
 //!   the default 2 buckets adds `b` and its bucket count (`c60b10`), so a
 //!   changed bucket count never reads another layout's state.
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
-//!   log metadata).
+//!   log metadata, `q` the lease ledger of a quota-shared limit, whose
+//!   algorithm part is always `f`: a lease does not depend on the rule's
+//!   algorithm).
 //! * `identity` is the domain then `:key=value` per entry, each part escaped:
 //!   `%`, `:`, `=`, `{`, `}`, space and control bytes become `%XX`. Escaping is
 //!   injective (every `%` in the output starts an escape), so no two different
@@ -136,6 +138,9 @@ pub enum Role {
     LogSet,
     /// The sliding log's running sum and sequence (a hash).
     LogMeta,
+    /// The lease ledger of a limit shared among quota streams (a hash:
+    /// holder to `granted:expires:demand`).
+    Lease,
 }
 
 impl Role {
@@ -144,6 +149,7 @@ impl Role {
             Role::State => "h",
             Role::LogSet => "z",
             Role::LogMeta => "m",
+            Role::Lease => "q",
         }
     }
 }

@@ -17,7 +17,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 pub struct Tollgate {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
-    /// The debug listener (`/rlconfig`, `/debug/hotkeys`).
+    /// The debug listener (`/rlconfig`, `/debug/hotkeys`, `/debug/rlqs`).
     pub debug: SocketAddr,
     pub rules: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,

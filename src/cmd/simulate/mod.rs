@@ -19,6 +19,7 @@
 //! window, while the counter weighs that bucket as if its hits were spread
 //! over it, so close to twice the limit gets through.
 
+pub mod rlqs;
 mod timeline;
 
 use std::fmt::Write;

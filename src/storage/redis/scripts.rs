@@ -15,6 +15,7 @@ pub(super) struct Scripts {
     pub(super) sliding_counter: Script,
     pub(super) sliding_log: Script,
     pub(super) batch: Script,
+    pub(super) lease: Script,
 }
 
 impl Scripts {
@@ -24,6 +25,7 @@ impl Scripts {
             sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
             sliding_log: Script::from_lua(SLIDING_LOG_LUA),
             batch: Script::from_lua(batch_lua()),
+            lease: Script::from_lua(super::lease::LEASE_LUA),
         }
     }
 

@@ -183,6 +183,7 @@ pub(super) async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), F
         &scripts.sliding_counter,
         &scripts.sliding_log,
         &scripts.batch,
+        &scripts.lease,
     ] {
         // On a cluster, loads on every primary.
         script.load(client).await?;
