@@ -44,7 +44,8 @@ async fn python(target: String, args: &[&str]) -> String {
 async fn reflection_v1_and_v1alpha_list_every_service_health_included() {
     let t = Tollgate::start(&[("d.yaml", RULES)], &[]).await;
     let out = python(t.grpc.to_string(), &["reflection"]).await;
-    let services = "envoy.service.ratelimit.v3.RateLimitService,grpc.health.v1.Health,\
+    let services = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService,\
+                    envoy.service.ratelimit.v3.RateLimitService,grpc.health.v1.Health,\
                     grpc.reflection.v1.ServerReflection,grpc.reflection.v1alpha.ServerReflection";
     assert_eq!(
         out,
@@ -81,7 +82,10 @@ async fn grpc_is_served_on_a_unix_socket() {
     );
     let out = python(target, &["reflection"]).await;
     assert!(
-        out.starts_with("v1 envoy.service.ratelimit.v3.RateLimitService,grpc.health.v1.Health"),
+        out.starts_with(
+            "v1 envoy.service.rate_limit_quota.v3.RateLimitQuotaService,\
+             envoy.service.ratelimit.v3.RateLimitService,grpc.health.v1.Health"
+        ),
         "{out}"
     );
     // A socket something still listens on is not taken over.
