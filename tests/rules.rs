@@ -861,7 +861,7 @@ fn deepest_allowed_rule_loads() {
     );
     assert_eq!(rule.path, keys.join("."));
     assert!(
-        set.describe()
+        set.describe(tollgate::limit::Algorithm::SlidingWindowCounter)
             .contains(&format!("deep.{}: 3/second", keys.join(".")))
     );
 

@@ -76,6 +76,9 @@ pub struct Node {
     pub value: String,
     pub rule: Option<Rule>,
     pub children: Level,
+    /// The line of the node in its file (`Rule::source` says the same for
+    /// a node with a limit; a whitelist has only this).
+    pub line: u32,
 }
 
 /// The nodes of one level of a rule tree, indexed for matching.
@@ -121,9 +124,16 @@ impl RuleSet {
     }
 
     /// Every rule, one line each, sorted: `domain.key_value.key2: limit
-    /// [flags] (file:line)`. Rules without an algorithm show `default`.
-    pub fn describe(&self) -> String {
-        fn walk(prefix: &str, level: &Level, out: &mut Vec<String>) {
+    /// algorithm [flags] (file:line)`, with `default` the algorithm of
+    /// rules that name none; whitelists too.
+    pub fn describe(&self, default: Algorithm) -> String {
+        fn walk(
+            prefix: &str,
+            file: &str,
+            default: Algorithm,
+            level: &Level,
+            out: &mut Vec<String>,
+        ) {
             let nodes = level
                 .exact
                 .values()
@@ -136,21 +146,27 @@ impl RuleSet {
                     format!("{prefix}.{}_{}", node.key, node.value)
                 };
                 match &node.rule {
-                    Some(rule) => out.push(format!("{path}: {}", describe_rule(rule))),
-                    None if is_leaf(node) => out.push(format!("{path}: no limit (whitelist)")),
+                    Some(rule) => {
+                        out.push(format!("{path}: {}", describe_rule(rule, default)));
+                    }
+                    None if node.is_leaf() => out.push(format!(
+                        "{path}: no limit (whitelist) ({file}:{})",
+                        node.line
+                    )),
                     None => {}
                 }
-                walk(&path, &node.children, out);
+                walk(&path, file, default, &node.children, out);
             }
-        }
-        fn is_leaf(node: &Node) -> bool {
-            node.children.exact.is_empty()
-                && node.children.wildcard.is_empty()
-                && node.children.default.is_empty()
         }
         let mut lines = Vec::new();
         for (name, domain) in &self.domains {
-            walk(name, &domain.root, &mut lines);
+            walk(
+                name,
+                &domain.short_file(),
+                default,
+                &domain.root,
+                &mut lines,
+            );
         }
         lines.sort();
         let mut text = lines.join("\n");
@@ -162,6 +178,36 @@ impl RuleSet {
 
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
+    }
+
+    /// Every whitelist (a node with neither limit nor children): its
+    /// domain, path and position (`file:line`).
+    pub fn whitelists(&self) -> Vec<(&str, String, String)> {
+        fn walk<'a>(
+            domain: &'a str,
+            file: &str,
+            prefix: &str,
+            level: &'a Level,
+            out: &mut Vec<(&'a str, String, String)>,
+        ) {
+            let nodes = level
+                .exact
+                .values()
+                .chain(&level.wildcard)
+                .chain(level.default.values());
+            for node in nodes {
+                let path = node.step(prefix);
+                if node.rule.is_none() && node.is_leaf() {
+                    out.push((domain, path.clone(), format!("{file}:{}", node.line)));
+                }
+                walk(domain, file, &path, &node.children, out);
+            }
+        }
+        let mut out = Vec::new();
+        for (name, domain) in &self.domains {
+            walk(name, &domain.short_file(), "", &domain.root, &mut out);
+        }
+        out
     }
 
     /// Every rule with its domain.
@@ -215,6 +261,38 @@ impl RuleSet {
     }
 }
 
+impl Node {
+    fn is_leaf(&self) -> bool {
+        self.children.exact.is_empty()
+            && self.children.wildcard.is_empty()
+            && self.children.default.is_empty()
+    }
+
+    /// The node's path: `prefix.key_value` (`key` alone for a default).
+    fn step(&self, prefix: &str) -> String {
+        let step = if self.value.is_empty() {
+            self.key.clone()
+        } else {
+            format!("{}_{}", self.key, self.value)
+        };
+        if prefix.is_empty() {
+            step
+        } else {
+            format!("{prefix}.{step}")
+        }
+    }
+}
+
+impl Domain {
+    /// The file's name, as rules' `source` gives it.
+    fn short_file(&self) -> String {
+        self.file.file_name().map_or_else(
+            || self.file.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+}
+
 /// Names every rule under `level` by its path from the root.
 fn name_rules(prefix: &str, level: &mut Level) {
     let nodes = level
@@ -240,7 +318,7 @@ fn name_rules(prefix: &str, level: &mut Level) {
     }
 }
 
-fn describe_rule(rule: &Rule) -> String {
+fn describe_rule(rule: &Rule, default: Algorithm) -> String {
     let mut text = match &rule.limit {
         LimitSpec::Unlimited => "unlimited".to_string(),
         LimitSpec::PerUnit {
@@ -248,7 +326,7 @@ fn describe_rule(rule: &Rule) -> String {
             unit,
         } => format!(
             "{requests_per_unit}/{unit} {}",
-            rule.algorithm.map(|a| a.as_str()).unwrap_or("default")
+            rule.algorithm.unwrap_or(default).as_str()
         ),
     };
     if let Some(buckets) = rule.buckets {

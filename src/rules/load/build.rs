@@ -174,6 +174,7 @@ impl Walker<'_> {
             value: value?,
             rule,
             children,
+            line: u32::try_from(line).unwrap_or(u32::MAX),
         })
     }
 
