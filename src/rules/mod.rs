@@ -16,6 +16,7 @@ mod walk;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
@@ -60,7 +61,7 @@ pub struct Rule {
     /// `detailed_metric`: metrics name the full descriptor values.
     pub detailed_metric: bool,
     /// Where the rule was written, for logs: `file.yaml:12`.
-    pub source: String,
+    pub source: Source,
     /// The rule's place in its tree, `key_value.key2` (a value only where
     /// the node has one): its metric label, bounded by the rule files.
     pub path: String,
@@ -68,12 +69,52 @@ pub struct Rule {
     pub stats: RuleStats,
 }
 
-/// One descriptor node of a rule tree.
+/// Where a rule was written: its file's name, shared by every rule of the
+/// file, and its line. Shows as `file.yaml:12`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub file: Arc<str>,
+    pub line: u32,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+impl PartialEq<&str> for Source {
+    fn eq(&self, other: &&str) -> bool {
+        other
+            .rsplit_once(':')
+            .is_some_and(|(file, line)| *file == *self.file && line.parse() == Ok(self.line))
+    }
+}
+
+/// `file.yaml:12`; a text without a line is a file at line 0.
+impl From<&str> for Source {
+    fn from(text: &str) -> Self {
+        match text.rsplit_once(':').map(|(f, l)| (f, l.parse())) {
+            Some((file, Ok(line))) => Source {
+                file: file.into(),
+                line,
+            },
+            _ => Source {
+                file: text.into(),
+                line: 0,
+            },
+        }
+    }
+}
+
+/// One descriptor node of a rule tree. Keys are shared by every node of
+/// a file that has them, and an exact node's key and value by the index
+/// of its level: a rule set may hold a million nodes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Node {
-    pub key: String,
+    pub key: Arc<str>,
     /// Empty for the key-only default node.
-    pub value: String,
+    pub value: Arc<str>,
     pub rule: Option<Rule>,
     pub children: Level,
     /// The line of the node in its file (`Rule::source` says the same for
@@ -81,16 +122,60 @@ pub struct Node {
     pub line: u32,
 }
 
+/// The nodes of one level of a rule tree: a pointer, and nothing more
+/// for the level under a leaf (most nodes of a large rule set). Reads see
+/// [`Nodes`] through `Deref`, empty when there are none; writing through
+/// `DerefMut` makes the nodes, so walks that may meet empty levels change
+/// them through [`Level::nodes_mut`].
+#[derive(Debug, Clone, Default)]
+pub struct Level(Option<Box<Nodes>>);
+
 /// The nodes of one level of a rule tree, indexed for matching.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Level {
+pub struct Nodes {
     /// `(key, value)` with a value free of `*`.
-    pub exact: HashMap<(String, String), Node>,
+    pub exact: HashMap<(Arc<str>, Arc<str>), Node>,
     /// Values containing `*`, in file order (the first match wins).
     pub wildcard: Vec<Node>,
     /// Key-only nodes (no `value`).
-    pub default: HashMap<String, Node>,
+    pub default: HashMap<Arc<str>, Node>,
 }
+
+impl Level {
+    /// The nodes, when there are any to change.
+    pub fn nodes_mut(&mut self) -> Option<&mut Nodes> {
+        self.0.as_deref_mut()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcard.is_empty() && self.default.is_empty()
+    }
+}
+
+impl std::ops::Deref for Level {
+    type Target = Nodes;
+
+    fn deref(&self) -> &Nodes {
+        static EMPTY: std::sync::OnceLock<Nodes> = std::sync::OnceLock::new();
+        self.0
+            .as_deref()
+            .unwrap_or_else(|| EMPTY.get_or_init(Nodes::default))
+    }
+}
+
+impl std::ops::DerefMut for Level {
+    fn deref_mut(&mut self) -> &mut Nodes {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl PartialEq for Level {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Level {}
 
 /// A domain: one rule file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -241,6 +326,9 @@ impl RuleSet {
             .map(|(d, r)| ((d, r.path.as_str()), &r.stats))
             .collect();
         fn walk(domain: &str, level: &mut Level, old: &HashMap<(&str, &str), &RuleStats>) {
+            let Some(level) = level.nodes_mut() else {
+                return;
+            };
             let nodes = level
                 .exact
                 .values_mut()
@@ -263,15 +351,13 @@ impl RuleSet {
 
 impl Node {
     fn is_leaf(&self) -> bool {
-        self.children.exact.is_empty()
-            && self.children.wildcard.is_empty()
-            && self.children.default.is_empty()
+        self.children.is_empty()
     }
 
     /// The node's path: `prefix.key_value` (`key` alone for a default).
     fn step(&self, prefix: &str) -> String {
         let step = if self.value.is_empty() {
-            self.key.clone()
+            self.key.to_string()
         } else {
             format!("{}_{}", self.key, self.value)
         };
@@ -295,26 +381,20 @@ impl Domain {
 
 /// Names every rule under `level` by its path from the root.
 fn name_rules(prefix: &str, level: &mut Level) {
+    let Some(level) = level.nodes_mut() else {
+        return;
+    };
     let nodes = level
         .exact
         .values_mut()
         .chain(level.wildcard.iter_mut())
         .chain(level.default.values_mut());
     for node in nodes {
-        let step = if node.value.is_empty() {
-            node.key.clone()
-        } else {
-            format!("{}_{}", node.key, node.value)
-        };
-        let path = if prefix.is_empty() {
-            step
-        } else {
-            format!("{prefix}.{step}")
-        };
-        if let Some(rule) = &mut node.rule {
-            rule.path = path.clone();
-        }
+        let path = node.step(prefix);
         name_rules(&path, &mut node.children);
+        if let Some(rule) = &mut node.rule {
+            rule.path = path;
+        }
     }
 }
 

@@ -230,7 +230,7 @@ fn rules_json(
                 "shadowMode": r.shadow_mode,
                 "quotaMode": r.quota_mode,
                 "detailedMetric": r.detailed_metric,
-                "source": r.source,
+                "source": r.source.to_string(),
             });
             match &r.limit {
                 LimitSpec::Unlimited => v["unlimited"] = true.into(),

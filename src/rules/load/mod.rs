@@ -1,37 +1,35 @@
 //! Reading rule files into [`Domain`]s.
 //!
-//! The YAML is parsed with `marked-yaml`, whose nodes keep their line, and
-//! then walked by hand so that every problem of a file is reported at once
-//! (serde's `deny_unknown_fields` would stop at the first). Scalars are read
-//! as the reference service's `yaml.v2` reads them into Go fields: a plain
-//! `null`, `~` or empty value is the same as an absent key, and numbers and
-//! booleans are parsed from the scalar's text.
+//! The YAML is parsed into a small tree whose nodes keep their line
+//! (`tree`), then walked by hand so that every problem of a file is
+//! reported at once (serde's `deny_unknown_fields` would stop at the
+//! first). Scalars are read as the reference service's `yaml.v2` reads them
+//! into Go fields: a plain `null`, `~` or empty value is the same as an
+//! absent key, and numbers and booleans are parsed from the scalar's text.
 //!
 //! Limits of the YAML subset: anchors, aliases and tags are refused, and a
 //! duplicate mapping key stops the file at the parser (so it is the only
-//! error reported for that file). Nesting is bounded ([`MAX_DEPTH`]) before
-//! the parser runs, because the parser recurses once per level.
+//! error reported for that file). Nesting is bounded ([`MAX_DEPTH`]) while
+//! the events are read, before any node deeper than that exists.
 //!
-//! `depth` bounds the nesting first, `yaml` walks the parsed tree with
-//! positions and reads scalars, `build` turns the walk into rules and
+//! `tree` parses (and bounds the nesting, `depth`), `yaml` walks the tree
+//! with positions and reads scalars, `build` turns the walk into rules and
 //! validates them; this file reads the directory and each file.
 
 mod build;
 mod depth;
+mod tree;
 mod yaml;
 
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use marked_yaml::LoaderOptions;
-
 use super::walk::{WalkOptions, walk};
 use super::{Domain, RuleError, RuleErrors, RuleSet};
 use crate::limit::Algorithm;
 
-use depth::too_deep;
-use yaml::{Walker, line_of, load_error};
+use yaml::Walker;
 
 pub use depth::MAX_DEPTH;
 
@@ -142,32 +140,14 @@ pub fn parse_file(file: &Path, text: &str, options: &LoadOptions) -> Result<Doma
 /// The domain and the line of its `domain` value.
 fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usize), RuleErrors> {
     let mut w = Walker::new(file, options);
-    if let Some((line, path)) = too_deep(text) {
-        w.error(
-            Some(line),
-            &path,
-            format!("nested deeper than {MAX_DEPTH} levels"),
-        );
-        return Err(RuleErrors(w.errors));
-    }
-    let options = LoaderOptions::default()
-        .error_on_duplicate_keys(true)
-        // Keeps `may_coerce()` true only for plain scalars, so a quoted
-        // "null" is a string and a plain `null` is absent.
-        .prevent_coercion(true);
-    let root = match marked_yaml::parse_yaml_with_options(0, text, options) {
+    let root = match tree::parse(text) {
         Ok(root) => root,
-        Err(e) => {
-            let (line, reason) = load_error(&e);
-            w.error(Some(line), "", reason);
+        Err(refused) => {
+            w.error(Some(refused.line), &refused.path, refused.reason);
             return Err(RuleErrors(w.errors));
         }
     };
-    let Some(map) = root.as_mapping() else {
-        // parse_yaml refuses any other top level already.
-        w.error(line_of(&root), "", "a rule file must be a mapping");
-        return Err(RuleErrors(w.errors));
-    };
+    let map = &root;
     if map.is_empty() {
         w.error(
             None,
@@ -197,6 +177,7 @@ fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usiz
 mod tests {
     use super::*;
     use crate::rules::LimitSpec;
+    use std::sync::Arc;
 
     #[test]
     fn null_values_read_as_absent() {
@@ -216,7 +197,7 @@ mod tests {
         assert!(
             d.root
                 .exact
-                .contains_key(&("k".to_string(), "null".to_string()))
+                .contains_key(&(Arc::from("k"), Arc::from("null")))
         );
     }
 }
