@@ -10,7 +10,9 @@
 //!   cost, whatever the allocator does with freed memory.
 //! - `allocs/rule`: allocations made while loading, per rule (the parse's
 //!   temporary ones included); `peak MB`: the most the heap held meanwhile.
-//! - `load s`: `rules::load_dir` in this process.
+//! - `load s`: `rules::load_dir` in this process, wall clock, and `cpu s`,
+//!   the CPU time it took (every thread; 10 ms steps), which a busy
+//!   machine changes less.
 //! - `serve RSS B/rule`: the resident memory of a real `tollgate serve`
 //!   with the N rules less one with a single rule, per rule (`VmRSS`:
 //!   what a replica pays, allocator overhead and metrics included), and
@@ -81,6 +83,21 @@ fn write_rules(dir: &Path, n: usize) {
     std::fs::write(dir.join("tenants.yaml"), text).unwrap();
 }
 
+/// CPU seconds this process has used, every thread (`/proc/self/stat`,
+/// in clock ticks of 10 ms).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
 fn vm_rss(pid: u32) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kib: usize = status
@@ -142,12 +159,13 @@ fn main() {
     write_rules(base.path(), 1);
     let (base_rss, _) = serve_rss(base.path());
     println!(
-        "{:>9} {:>12} {:>12} {:>9} {:>8} {:>17} {:>8} {:>11}",
+        "{:>9} {:>12} {:>12} {:>9} {:>8} {:>6} {:>17} {:>8} {:>11}",
         "rules",
         "heap B/rule",
         "allocs/rule",
         "peak MB",
         "load s",
+        "cpu s",
         "serve RSS B/rule",
         "start s",
         "validate s"
@@ -159,9 +177,11 @@ fn main() {
         let before = LIVE.load(Ordering::Relaxed);
         PEAK.store(before, Ordering::Relaxed);
         let allocs = ALLOCS.load(Ordering::Relaxed);
+        let cpu = cpu_seconds();
         let started = Instant::now();
         let set = load_dir(dir.path(), &options).expect("the generated rules load");
         let load = started.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu;
         let heap = LIVE.load(Ordering::Relaxed) - before;
         let peak = PEAK.load(Ordering::Relaxed) - before;
         let allocs = ALLOCS.load(Ordering::Relaxed) - allocs;
@@ -180,7 +200,7 @@ fn main() {
         let validate = started.elapsed().as_secs_f64();
         assert!(status.success());
         println!(
-            "{n:>9} {:>12.0} {:>12.1} {:>9.1} {load:>8.3} {:>17.0} {start:>8.3} {validate:>11.3}",
+            "{n:>9} {:>12.0} {:>12.1} {:>9.1} {load:>8.3} {cpu:>6.2} {:>17.0} {start:>8.3} {validate:>11.3}",
             heap as f64 / n as f64,
             allocs as f64 / n as f64,
             peak as f64 / 1e6,

@@ -173,7 +173,9 @@ fn path_of(open: &[Open<'_>]) -> String {
 }
 
 /// The scalar `value` read at char index `at`: a slice of `text` when it
-/// holds the value as it is there, else the value itself.
+/// holds the value as it is there (or just after an opening quote), else
+/// the value itself. (The index counts chars: after a multi-byte one it
+/// misses, and the value is kept.)
 fn scalar<'t>(
     text: &'t str,
     at: usize,
@@ -181,9 +183,10 @@ fn scalar<'t>(
     line: u32,
     plain: bool,
 ) -> MarkedScalarNode<'t> {
-    let text = match text.get(at..at + value.len()) {
-        Some(slice) if slice == value => Cow::Borrowed(slice),
-        _ => Cow::Owned(value),
+    let slice = |from: usize| text.get(from..from + value.len()).filter(|s| *s == value);
+    let text = match slice(at).or_else(|| slice(at + 1)) {
+        Some(slice) => Cow::Borrowed(slice),
+        None => Cow::Owned(value),
     };
     MarkedScalarNode { text, line, plain }
 }
@@ -382,5 +385,99 @@ pub(super) fn parse(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
             1,
             "a rule file must be a mapping with `domain` and `descriptors`",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys<'a>(m: &'a MarkedMappingNode<'_>) -> Vec<&'a str> {
+        m.iter().map(|(k, _)| k.as_str()).collect()
+    }
+
+    #[test]
+    fn scalars_slice_the_text_when_they_can() {
+        let root = parse("a: plain\nb: 'quoted'\nc: \"esc\\taped\"\n").unwrap();
+        let values: Vec<(&str, bool, bool)> = root
+            .iter()
+            .map(|(_, v)| match v {
+                Yaml::Scalar(s) => (
+                    s.as_str(),
+                    s.may_coerce(),
+                    matches!(s.text, Cow::Borrowed(_)),
+                ),
+                _ => panic!("{v:?}"),
+            })
+            .collect();
+        assert_eq!(
+            values,
+            [
+                ("plain", true, true),
+                ("quoted", false, true),
+                ("esc\taped", false, false)
+            ]
+        );
+        assert_eq!(root.span().start().unwrap().line(), 1);
+    }
+
+    #[test]
+    fn lines_and_nesting() {
+        let root = parse("domain: d\ndescriptors:\n  - key: k\n    value: v\n").unwrap();
+        assert_eq!(keys(&root), ["domain", "descriptors"]);
+        let (_, list) = root.iter().nth(1).unwrap();
+        let item = list.as_sequence().unwrap().iter().next().unwrap();
+        assert_eq!(item.span().start().unwrap().line(), 3);
+        let item = item.as_mapping().unwrap();
+        assert_eq!(keys(item), ["key", "value"]);
+        assert_eq!(
+            item.iter().nth(1).unwrap().0.span().start().unwrap().line(),
+            4
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        let reason = |text: &str| parse(text).map(|_| ()).unwrap_err();
+        let r = reason("a: 1\nb: 2\na: 3\n");
+        assert_eq!(
+            (r.line, r.reason.as_str()),
+            (3, "duplicate key \"a\" (first on line 1)")
+        );
+        // Past the size where keys are indexed, and a third time.
+        let mut many: String = (0..40).map(|i| format!("k{i}: {i}\n")).collect();
+        many.push_str("k7: again\nk7: and again\n");
+        let r = reason(&many);
+        assert_eq!(
+            (r.line, r.reason.as_str()),
+            (41, "duplicate key \"k7\" (first on line 8)")
+        );
+        assert_eq!(
+            reason("- a\n").reason,
+            "a rule file must be a mapping with `domain` and `descriptors`"
+        );
+        assert_eq!(
+            reason("a: &x 1\nb: *x\n").reason,
+            "YAML anchors and aliases are not supported"
+        );
+        assert_eq!(reason("a: !tag 1\n").reason, "YAML tags are not supported");
+        assert_eq!(
+            reason("? [a]\n: 1\n").reason,
+            "mapping keys must be strings"
+        );
+        assert!(reason("a: [1\n").reason.starts_with("invalid YAML: "));
+        // Too deep: refused with the path, before the node exists.
+        let deep = format!("a: {}{}\n", "[".repeat(70), "]".repeat(70));
+        let r = reason(&deep);
+        assert_eq!(r.reason, format!("nested deeper than {MAX_DEPTH} levels"));
+        assert!(r.path.starts_with("a[0][0]"), "{}", r.path);
+    }
+
+    #[test]
+    fn empty_file_and_first_document_only() {
+        assert!(parse("").unwrap().is_empty());
+        assert!(parse("# nothing\n").unwrap().is_empty());
+        let root = parse("a: 1\n---\nb: [\n").unwrap();
+        assert_eq!(keys(&root), ["a"]);
     }
 }
