@@ -18,6 +18,7 @@
 
 mod build;
 mod depth;
+mod fast;
 mod tree;
 mod yaml;
 

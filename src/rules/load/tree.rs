@@ -99,6 +99,14 @@ impl<'t> Yaml<'t> {
 }
 
 impl<'t> MarkedScalarNode<'t> {
+    pub(super) fn new(text: Cow<'t, str>, line: u32, plain: bool) -> Self {
+        MarkedScalarNode { text, line, plain }
+    }
+
+    pub(super) fn line(&self) -> u32 {
+        self.line
+    }
+
     pub(super) fn span(&self) -> Span {
         span(self.line)
     }
@@ -114,6 +122,14 @@ impl<'t> MarkedScalarNode<'t> {
 }
 
 impl<'t> MarkedMappingNode<'t> {
+    pub(super) fn new(entries: Vec<(MarkedScalarNode<'t>, Yaml<'t>)>, line: u32) -> Self {
+        MarkedMappingNode { entries, line }
+    }
+
+    pub(super) fn into_entries(self) -> Vec<(MarkedScalarNode<'t>, Yaml<'t>)> {
+        self.entries
+    }
+
     pub(super) fn span(&self) -> Span {
         span(self.line)
     }
@@ -128,6 +144,10 @@ impl<'t> MarkedMappingNode<'t> {
 }
 
 impl<'t> MarkedSequenceNode<'t> {
+    pub(super) fn new(items: Vec<Yaml<'t>>, line: u32) -> Self {
+        MarkedSequenceNode { items, line }
+    }
+
     pub(super) fn iter(&self) -> std::slice::Iter<'_, Yaml<'t>> {
         self.items.iter()
     }
@@ -191,8 +211,19 @@ fn scalar<'t>(
     MarkedScalarNode { text, line, plain }
 }
 
-/// Parses a rule file's text into its top-level mapping.
+/// Parses a rule file's text into its top-level mapping: straight from
+/// its lines when it is in the plainest block style (`fast`), else from
+/// the YAML parser's events.
 pub(super) fn parse(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
+    match super::fast::parse(text) {
+        Some(root) => Ok(root),
+        None => parse_events(text),
+    }
+}
+
+/// Parses a rule file's text into its top-level mapping from the YAML
+/// parser's events.
+pub(super) fn parse_events(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
     let refused = |line: usize, reason: &str| Refused {
         line,
         path: String::new(),
