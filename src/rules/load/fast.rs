@@ -21,58 +21,81 @@ struct Line<'t> {
     text: &'t str,
 }
 
+/// The lines with content, read as they are asked for (a file's lines
+/// are never all held at once).
 struct Reader<'t> {
-    lines: Vec<Line<'t>>,
-    next: usize,
+    raw: std::iter::Enumerate<std::str::Split<'t, char>>,
+    peeked: Option<Line<'t>>,
+    /// A line this subset does not read was met: the file is not ours.
+    foreign: bool,
     /// The line where the text ends.
     end: u32,
 }
 
 /// The tree of `text`, when it is in the plain block subset.
 pub(super) fn parse(text: &str) -> Option<MarkedMappingNode<'_>> {
-    let mut lines = Vec::new();
-    for (i, raw) in text.split('\n').enumerate() {
-        // Printable ASCII only: no tabs, carriage returns, byte order
-        // marks or characters the YAML scanner would refuse.
-        if raw.bytes().any(|b| !(0x20..=0x7e).contains(&b)) {
-            return None;
-        }
-        let content = raw.trim_start_matches(' ');
-        if content.is_empty() || content.starts_with('#') {
-            continue;
-        }
-        if raw.starts_with("---") || raw.starts_with("...") || raw.starts_with('%') {
-            return None;
-        }
-        lines.push(Line {
-            number: u32::try_from(i + 1).ok()?,
-            indent: raw.len() - content.len(),
-            text: content.trim_end_matches(' '),
-        });
-    }
     // The parser ends the stream on a line of its own.
     let unterminated = usize::from(!text.is_empty() && !text.ends_with('\n'));
     let end = u32::try_from(text.matches('\n').count() + 1 + unterminated).ok()?;
     let mut r = Reader {
-        lines,
-        next: 0,
+        raw: text.split('\n').enumerate(),
+        peeked: None,
+        foreign: false,
         end,
     };
     let Some(first) = r.peek() else {
         // Nothing but comments: an empty mapping where the text ends.
-        return Some(MarkedMappingNode::new(Vec::new(), end));
+        return (!r.foreign).then(|| MarkedMappingNode::new(Vec::new(), end));
     };
     if first.indent != 0 || first.text.starts_with('-') {
         return None;
     }
     let root = r.mapping(0, 1)?;
-    // Everything read, or something this subset does not know.
-    (r.next == r.lines.len()).then_some(root)
+    // Everything read, and nothing this subset does not know.
+    (r.peek().is_none() && !r.foreign).then_some(root)
 }
 
 impl<'t> Reader<'t> {
-    fn peek(&self) -> Option<Line<'t>> {
-        self.lines.get(self.next).copied()
+    fn peek(&mut self) -> Option<Line<'t>> {
+        if self.peeked.is_none() && !self.foreign {
+            self.peeked = self.read();
+        }
+        self.peeked
+    }
+
+    fn advance(&mut self) {
+        self.peeked = None;
+    }
+
+    /// The next line with content; `None` at the end, or at a line this
+    /// subset does not read (`foreign` then says so).
+    fn read(&mut self) -> Option<Line<'t>> {
+        for (i, raw) in self.raw.by_ref() {
+            // Printable ASCII only: no tabs, carriage returns, byte order
+            // marks or characters the YAML scanner would refuse.
+            if raw.bytes().any(|b| !(0x20..=0x7e).contains(&b))
+                || raw.starts_with("---")
+                || raw.starts_with("...")
+                || raw.starts_with('%')
+            {
+                self.foreign = true;
+                return None;
+            }
+            let content = raw.trim_start_matches(' ');
+            if content.is_empty() || content.starts_with('#') {
+                continue;
+            }
+            let Ok(number) = u32::try_from(i + 1) else {
+                self.foreign = true;
+                return None;
+            };
+            return Some(Line {
+                number,
+                indent: raw.len() - content.len(),
+                text: content.trim_end_matches(' '),
+            });
+        }
+        None
     }
 
     /// A block mapping whose keys are at column `indent`.
@@ -89,7 +112,7 @@ impl<'t> Reader<'t> {
             if line.indent > indent {
                 return None;
             }
-            self.next += 1;
+            self.advance();
             let entry = self.entry(line, line.text, indent, depth)?;
             // Few keys per mapping in a rule file; a duplicate is the
             // general parser's to report.
@@ -153,7 +176,7 @@ impl<'t> Reader<'t> {
             if line.indent > indent {
                 return None;
             }
-            self.next += 1;
+            self.advance();
             let rest = line.text.strip_prefix("- ")?;
             let spaces = rest.len() - rest.trim_start_matches(' ').len();
             let rest = &rest[spaces..];
