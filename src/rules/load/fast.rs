@@ -1,6 +1,6 @@
 //! The tree of a rule file written in the plainest block style, read
 //! straight from its lines: what a control plane generates (`key: value`
-//! lines, `- ` items, comments), about ten times faster than the general
+//! lines, `- ` items, comments), several times faster than the general
 //! parser. Anything else (flow collections, quotes with escapes, block
 //! scalars, anchors, tags, documents markers, tabs, a value that runs over
 //! lines, a duplicate key, deep nesting...) gives `None`, and the general
@@ -264,7 +264,7 @@ fn scalar(text: &str, line: u32) -> Option<MarkedScalarNode<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::load::tree::parse_events;
+    use crate::rules::load::tree::parse as parse_events;
 
     /// The tree as text: kind, line, scalar text and style, nested.
     fn render(node: &Yaml<'_>, out: &mut String) {

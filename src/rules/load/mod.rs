@@ -185,19 +185,22 @@ const OWN_THREAD_BYTES: usize = 64 << 10;
 /// in the process between the rules, which outlive them: about 1 KB of
 /// resident memory more per rule.
 fn parse_tree(text: &str) -> Result<tree::MarkedMappingNode<'_>, tree::Refused> {
+    // Straight from the lines when the file is in the plainest block
+    // style, else from the YAML parser's events.
+    let read = || fast::parse(text).map_or_else(|| tree::parse(text), Ok);
     if text.len() < OWN_THREAD_BYTES {
-        return tree::parse(text);
+        return read();
     }
     std::thread::scope(|scope| {
         match std::thread::Builder::new()
             .name("rules-parse".into())
-            .spawn_scoped(scope, || tree::parse(text))
+            .spawn_scoped(scope, read)
         {
             Ok(thread) => thread
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             // No thread to be had: here, then.
-            Err(_) => tree::parse(text),
+            Err(_) => read(),
         }
     })
 }

@@ -23,7 +23,6 @@ use yaml_rust2::parser::Parser;
 use yaml_rust2::scanner::TScalarStyle;
 
 use super::depth::MAX_DEPTH;
-use super::yaml::join;
 
 /// Where a node starts: its 1-based line.
 #[derive(Debug, Clone, Copy)]
@@ -184,7 +183,8 @@ fn path_of(open: &[Open<'_>]) -> String {
     let mut path = String::new();
     for o in open {
         match o {
-            Open::Mapping { key: Some(k), .. } => path = join(&path, k.as_str()),
+            Open::Mapping { key: Some(k), .. } if path.is_empty() => path = k.as_str().into(),
+            Open::Mapping { key: Some(k), .. } => path = format!("{path}.{}", k.as_str()),
             Open::Mapping { .. } => {}
             Open::Sequence { items, .. } => path = format!("{path}[{}]", items.len()),
         }
@@ -211,19 +211,9 @@ fn scalar<'t>(
     MarkedScalarNode { text, line, plain }
 }
 
-/// Parses a rule file's text into its top-level mapping: straight from
-/// its lines when it is in the plainest block style (`fast`), else from
-/// the YAML parser's events.
-pub(super) fn parse(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
-    match super::fast::parse(text) {
-        Some(root) => Ok(root),
-        None => parse_events(text),
-    }
-}
-
 /// Parses a rule file's text into its top-level mapping from the YAML
 /// parser's events.
-pub(super) fn parse_events(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
+pub(super) fn parse(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
     let refused = |line: usize, reason: &str| Refused {
         line,
         path: String::new(),
