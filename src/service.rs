@@ -76,7 +76,7 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (metadata, _, message) = request.into_parts();
-        let unknown = !self.engine.rules().current().has_domain(&message.domain);
+        let unknown = !self.engine.rules().has_domain(&message.domain);
         let mut response = self.decide(&metadata, message).await.map(Response::new)?;
         if unknown {
             // Envoy ignores it; `tollgate check` tells a mistyped domain
