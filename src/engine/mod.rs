@@ -45,6 +45,15 @@ impl RulesHandle {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Whether a rule file names `domain`, without taking a handle on
+    /// the rules.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .has_domain(domain)
+    }
+
     pub fn replace(&self, rules: RuleSet) {
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
     }

@@ -35,7 +35,7 @@ use crate::rules::{CountsSnapshot, OVERFLOW};
 use crate::settings::Settings;
 use crate::storage::{NodeId, Store};
 
-pub use log::logger;
+pub use log::{error_chain, logger};
 pub use propagation::extract;
 pub use store::ObservedStore;
 

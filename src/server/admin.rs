@@ -97,6 +97,7 @@ pub fn debug(
     // The rules in force, as the reference service's /rlconfig shows them;
     // the headers count reloads, so a refused edit is visible too.
     let rules = engine.rules().clone();
+    let default = engine.options().default_algorithm;
     let router = axum::Router::new().route(
         "/rlconfig",
         axum::routing::get(move |uri: Uri, headers: HeaderMap| {
@@ -108,10 +109,10 @@ pub fn debug(
                     ("x-rules-refused", reloads.refused().to_string()),
                 ];
                 if wants_json(&uri, &headers) {
-                    let body = rules_json(&rules.current(), &reloads);
+                    let body = rules_json(&rules.current(), &reloads, default);
                     (counts, json_response(StatusCode::OK, &body)).into_response()
                 } else {
-                    (counts, rules.current().describe()).into_response()
+                    (counts, rules.current().describe(default)).into_response()
                 }
             }
         }),
@@ -273,19 +274,25 @@ fn hot_keys_json(report: &hotkeys::Report, show_values: bool) -> serde_json::Val
     })
 }
 
-/// The rules in force as JSON, sorted by domain and path.
-fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Value {
+/// The rules in force as JSON, sorted by domain and path: each with the
+/// algorithm it runs (`algorithmSetBy` says whether the rule names it or
+/// `default_algorithm` gives it) and its position; whitelists too.
+fn rules_json(
+    rules: &RuleSet,
+    reloads: &reload::ReloadCounts,
+    default: crate::limit::Algorithm,
+) -> serde_json::Value {
     use crate::rules::LimitSpec;
+    let whitelists = rules.whitelists();
     let mut list = rules.rules();
     list.sort_by(|a, b| (a.0, &a.1.path).cmp(&(b.0, &b.1.path)));
-    let rules: Vec<serde_json::Value> = list
+    let mut rules: Vec<(String, String, serde_json::Value)> = list
         .into_iter()
         .map(|(domain, r)| {
             let mut v = serde_json::json!({
                 "domain": domain,
                 "rule": r.path,
                 "name": r.name,
-                "algorithm": r.algorithm.map(|a| a.as_str()),
                 "buckets": r.buckets,
                 "shards": r.shards,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
@@ -296,7 +303,7 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 "valueToMetric": r.value_to_metric,
                 "shareThreshold": r.share_threshold,
                 "metadata": r.metadata.as_deref(),
-                "source": r.source,
+                "source": r.source.to_string(),
             });
             match &r.limit {
                 LimitSpec::Unlimited => v["unlimited"] = true.into(),
@@ -306,14 +313,33 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 } => {
                     v["requestsPerUnit"] = (*requests_per_unit).into();
                     v["unit"] = unit.as_str().into();
+                    v["algorithm"] = r.algorithm.unwrap_or(default).as_str().into();
+                    v["algorithmSetBy"] = if r.algorithm.is_some() {
+                        "rule"
+                    } else {
+                        "default_algorithm"
+                    }
+                    .into();
                 }
             }
-            v
+            (domain.to_string(), r.path.clone(), v)
         })
         .collect();
+    for (domain, path, source) in whitelists {
+        let v = serde_json::json!({
+            "domain": domain,
+            "rule": path,
+            "whitelist": true,
+            "source": source,
+        });
+        rules.push((domain.to_string(), path, v));
+    }
+    rules.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    let rules: Vec<serde_json::Value> = rules.into_iter().map(|(_, _, v)| v).collect();
     serde_json::json!({
         "rules": rules,
-        "reloads": { "loaded": reloads.loaded(), "refused": reloads.refused() },
+        // Named as the headers name them.
+        "reloads": { "reloaded": reloads.loaded(), "refused": reloads.refused() },
     })
 }
 

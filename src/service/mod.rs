@@ -80,9 +80,23 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (metadata, _, message) = request.into_parts();
-        self.decide(&metadata, message).await.map(Response::new)
+        let unknown = !self.engine.rules().has_domain(&message.domain);
+        let mut response = self.decide(&metadata, message).await.map(Response::new)?;
+        if unknown {
+            // Envoy ignores it; `tollgate check` tells a mistyped domain
+            // from one whose rules let everything through.
+            response.metadata_mut().insert(
+                DOMAIN_HEADER,
+                tonic::metadata::MetadataValue::from_static("unknown"),
+            );
+        }
+        Ok(response)
     }
 }
+
+/// Response metadata set to `unknown` when no rule file names the
+/// request's domain (every descriptor is then OK with no limit).
+pub const DOMAIN_HEADER: &str = "tollgate-domain";
 
 impl RateLimiter {
     /// Adds metrics (and traces, when the instruments carry a tracer).

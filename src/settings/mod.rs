@@ -374,7 +374,12 @@ fn load(sources: &Sources) -> Result<(Settings, HashSet<&'static str>), Settings
                 env.insert(var.clone(), value.clone());
             }
             EnvVar::ServiceLink => {}
-            EnvVar::Unknown => warnings.push(format!("{var} is not a tollgate setting; ignored")),
+            EnvVar::Unknown => warnings.push(match env::nearest(var) {
+                Some(near) => {
+                    format!("{var} is not a tollgate setting; ignored (did you mean {near}?)")
+                }
+                None => format!("{var} is not a tollgate setting; ignored"),
+            }),
         }
     }
     builder = builder.add_source(

@@ -3,13 +3,12 @@
 //! checked against itself and the settings (`LoadOptions`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use marked_yaml::Node as Yaml;
-use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
-
+use super::tree::{MarkedMappingNode, MarkedScalarNode, Yaml};
 use super::yaml::{Walker, join, key_line, kind, line_of};
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS, Unit};
-use crate::rules::{Level, LimitSpec, Node, Rule};
+use crate::rules::{Level, LimitSpec, Node, Rule, Source};
 
 const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -77,8 +76,9 @@ impl Walker<'_> {
             );
             return level;
         };
-        // (key, value) -> line of the first node, for duplicate errors.
-        let mut seen: HashMap<(String, String), usize> = HashMap::new();
+        // Wildcards by (key, value) -> line, for duplicate errors (the
+        // other two kinds are found in their maps).
+        let mut wildcards: HashMap<(Arc<str>, Arc<str>), u32> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
             let item_path = format!("{path}[{i}]");
             let Some(node) = self.descriptor(item, &item_path) else {
@@ -86,7 +86,14 @@ impl Walker<'_> {
             };
             let line = line_of(item).unwrap_or(0);
             let id = (node.key.clone(), node.value.clone());
-            if let Some(first) = seen.get(&id) {
+            let first = if node.value.is_empty() {
+                level.default.get(&node.key).map(|n| n.line)
+            } else if node.value.contains('*') {
+                wildcards.get(&id).copied()
+            } else {
+                level.exact.get(&id).map(|n| n.line)
+            };
+            if let Some(first) = first {
                 let what = if node.value.is_empty() {
                     format!("key {:?} without value", node.key)
                 } else {
@@ -99,10 +106,10 @@ impl Walker<'_> {
                 );
                 continue;
             }
-            seen.insert(id.clone(), line);
             if node.value.is_empty() {
                 level.default.insert(node.key.clone(), node);
             } else if node.value.contains('*') {
+                wildcards.insert(id, node.line);
                 level.wildcard.push(node);
             } else {
                 level.exact.insert(id, node);
@@ -186,7 +193,10 @@ impl Walker<'_> {
                 value_to_metric: false,
                 share_threshold: false,
                 metadata: metadata.clone(),
-                source: format!("{}:{line}", self.short),
+                source: Source {
+                    file: self.short.clone(),
+                    line: u32::try_from(line).unwrap_or(u32::MAX),
+                },
                 path: String::new(),
                 stats: Default::default(),
             })
@@ -199,12 +209,13 @@ impl Walker<'_> {
             return None;
         }
         Some(Node {
-            key: key?,
-            value: value?,
+            key: self.intern(key?),
+            value: value?.into(),
             rule,
             children,
             share_threshold,
             value_to_metric,
+            line: u32::try_from(line).unwrap_or(u32::MAX),
         })
     }
 

@@ -1,23 +1,25 @@
 //! Reading rule files into [`Domain`]s.
 //!
-//! The YAML is parsed with `marked-yaml`, whose nodes keep their line, and
-//! then walked by hand so that every problem of a file is reported at once
-//! (serde's `deny_unknown_fields` would stop at the first). Scalars are read
-//! as the reference service's `yaml.v2` reads them into Go fields: a plain
-//! `null`, `~` or empty value is the same as an absent key, and numbers and
-//! booleans are parsed from the scalar's text.
+//! The YAML is parsed into a small tree whose nodes keep their line
+//! (`tree`), then walked by hand so that every problem of a file is
+//! reported at once (serde's `deny_unknown_fields` would stop at the
+//! first). Scalars are read as the reference service's `yaml.v2` reads them
+//! into Go fields: a plain `null`, `~` or empty value is the same as an
+//! absent key, and numbers and booleans are parsed from the scalar's text.
 //!
 //! Limits of the YAML subset: anchors, aliases and tags are refused, and a
 //! duplicate mapping key stops the file at the parser (so it is the only
-//! error reported for that file). Nesting is bounded ([`MAX_DEPTH`]) before
-//! the parser runs, because the parser recurses once per level.
+//! error reported for that file). Nesting is bounded ([`MAX_DEPTH`]) while
+//! the events are read, before any node deeper than that exists.
 //!
-//! `depth` bounds the nesting first, `yaml` walks the parsed tree with
-//! positions and reads scalars, `build` turns the walk into rules and
+//! `tree` parses (and bounds the nesting, `depth`), `yaml` walks the tree
+//! with positions and reads scalars, `build` turns the walk into rules and
 //! validates them; this file reads the directory and each file.
 
 mod build;
 mod depth;
+mod fast;
+mod tree;
 mod yaml;
 
 use std::collections::HashMap;
@@ -25,14 +27,11 @@ use std::collections::hash_map::Entry;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use marked_yaml::LoaderOptions;
-
 use super::walk::{WalkOptions, walk};
 use super::{Domain, RuleError, RuleErrors, RuleSet};
 use crate::limit::Algorithm;
 
-use depth::too_deep;
-use yaml::{Walker, line_of, load_error};
+use yaml::Walker;
 
 pub use depth::MAX_DEPTH;
 
@@ -181,7 +180,8 @@ fn merge(
         });
     };
     let root = &mut into.root;
-    for (id, node) in other.root.exact {
+    let other_root = other.root.into_nodes();
+    for (id, node) in other_root.exact {
         match root.exact.entry(id) {
             Entry::Occupied(e) => clash(format!("key {:?} with value {:?}", e.key().0, e.key().1)),
             Entry::Vacant(e) => {
@@ -189,7 +189,7 @@ fn merge(
             }
         }
     }
-    for node in other.root.wildcard {
+    for node in other_root.wildcard {
         if root
             .wildcard
             .iter()
@@ -200,7 +200,7 @@ fn merge(
             root.wildcard.push(node);
         }
     }
-    for (key, node) in other.root.default {
+    for (key, node) in other_root.default {
         match root.default.entry(key) {
             Entry::Occupied(e) => clash(format!("key {:?} without value", e.key())),
             Entry::Vacant(e) => {
@@ -226,32 +226,14 @@ pub fn parse_file(file: &Path, text: &str, options: &LoadOptions) -> Result<Doma
 /// The domain and the line of its `domain` value.
 fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usize), RuleErrors> {
     let mut w = Walker::new(file, options);
-    if let Some((line, path)) = too_deep(text) {
-        w.error(
-            Some(line),
-            &path,
-            format!("nested deeper than {MAX_DEPTH} levels"),
-        );
-        return Err(RuleErrors(w.errors));
-    }
-    let options = LoaderOptions::default()
-        .error_on_duplicate_keys(true)
-        // Keeps `may_coerce()` true only for plain scalars, so a quoted
-        // "null" is a string and a plain `null` is absent.
-        .prevent_coercion(true);
-    let root = match marked_yaml::parse_yaml_with_options(0, text, options) {
+    let root = match parse_tree(text) {
         Ok(root) => root,
-        Err(e) => {
-            let (line, reason) = load_error(&e);
-            w.error(Some(line), "", reason);
+        Err(refused) => {
+            w.error(Some(refused.line), &refused.path, refused.reason);
             return Err(RuleErrors(w.errors));
         }
     };
-    let Some(map) = root.as_mapping() else {
-        // parse_yaml refuses any other top level already.
-        w.error(line_of(&root), "", "a rule file must be a mapping");
-        return Err(RuleErrors(w.errors));
-    };
+    let map = &root;
     if map.is_empty() {
         w.error(
             None,
@@ -277,10 +259,42 @@ fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<(Domain, usiz
     }
 }
 
+/// A file from this size on is parsed on a thread of its own.
+const OWN_THREAD_BYTES: usize = 64 << 10;
+
+/// The file's tree. A large one is built on a thread of its own: the
+/// allocator serves a new thread from a heap of its own, so the tree, the
+/// parser's garbage and nothing else live there, and once the tree is
+/// dropped (after the rules are built from it, here) that heap is empty
+/// and goes back to the system. Built here, their freed memory would stay
+/// in the process between the rules, which outlive them: about 1 KB of
+/// resident memory more per rule.
+fn parse_tree(text: &str) -> Result<tree::MarkedMappingNode<'_>, tree::Refused> {
+    // Straight from the lines when the file is in the plainest block
+    // style, else from the YAML parser's events.
+    let read = || fast::parse(text).map_or_else(|| tree::parse(text), Ok);
+    if text.len() < OWN_THREAD_BYTES {
+        return read();
+    }
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("rules-parse".into())
+            .spawn_scoped(scope, read)
+        {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            // No thread to be had: here, then.
+            Err(_) => read(),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rules::LimitSpec;
+    use std::sync::Arc;
 
     #[test]
     fn null_values_read_as_absent() {
@@ -300,7 +314,7 @@ mod tests {
         assert!(
             d.root
                 .exact
-                .contains_key(&("k".to_string(), "null".to_string()))
+                .contains_key(&(Arc::from("k"), Arc::from("null")))
         );
     }
 }
