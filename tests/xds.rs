@@ -232,7 +232,7 @@ async fn reloads(t: &Tollgate) -> (u64, u64) {
     let (_, json) = support::http_get(t.debug, "/rlconfig?format=json").await;
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     (
-        v["reloads"]["loaded"].as_u64().unwrap(),
+        v["reloads"]["reloaded"].as_u64().unwrap(),
         v["reloads"]["refused"].as_u64().unwrap(),
     )
 }
