@@ -115,6 +115,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         negative: false,
         usage_reports: false,
         buckets: tollgate::limit::DEFAULT_BUCKETS,
+        burst: 0,
         shard: tollgate::storage::Shard::NONE,
     };
     bencher.bench_local(|| {

@@ -45,6 +45,7 @@ impl Fixture {
                 negative,
                 usage_reports: false,
                 buckets: 2,
+                burst: 0,
                 shard: tollgate::storage::Shard::NONE,
             })
             .await
@@ -269,6 +270,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: tollgate::storage::Shard::NONE,
         })
         .await
@@ -356,6 +358,7 @@ async fn expired_limiters_are_reclaimed() {
                     negative: false,
                     usage_reports: false,
                     buckets: 2,
+                    burst: 0,
                     shard: tollgate::storage::Shard::NONE,
                 })
                 .await
@@ -389,6 +392,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     negative: false,
                     usage_reports: false,
                     buckets: 4,
+                    burst: 0,
                     shard: tollgate::storage::Shard::NONE,
                 })
                 .await

@@ -19,13 +19,15 @@
 //!   fixed by its definition, so every replica and version computes the same
 //!   tag. Sharding a hot limiter over several slots adds a suffix inside the
 //!   braces (`{<tag>.<n>}`), which no identity-derived tag can contain.
-//! * `algo` is `f`, `c` or `l` (fixed window, counter, log) followed by the
+//! * `algo` is `f`, `c`, `l` or `t` (fixed window, counter, log, token
+//!   bucket) followed by the
 //!   window length, so changing a rule's algorithm or unit starts a fresh
 //!   counter instead of misreading an old one. A counter with other than
 //!   the default 2 buckets adds `b` and its bucket count (`c60b10`), so a
 //!   changed bucket count never reads another layout's state.
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
-//!   log metadata).
+//!   log metadata). A token bucket has one key, its `h` hash; its burst
+//!   is not in the key (a changed burst keeps the tokens spent).
 //! * `identity` is the domain then `:key=value` per entry, each part escaped:
 //!   `%`, `:`, `=`, `{`, `}`, space and control bytes become `%XX`. Escaping is
 //!   injective (every `%` in the output starts an escape), so no two different
@@ -364,6 +366,7 @@ fn algo_code(algorithm: Algorithm) -> char {
         Algorithm::FixedWindow => 'f',
         Algorithm::SlidingWindowCounter => 'c',
         Algorithm::SlidingWindowLog => 'l',
+        Algorithm::TokenBucket => 't',
     }
 }
 
@@ -438,6 +441,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: crate::storage::Shard::NONE,
         })
     }
@@ -524,6 +528,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: DEFAULT_BUCKETS,
+            burst: 0,
             shard: crate::storage::Shard::NONE,
         };
         let b = KeyBuilder::default();
@@ -591,6 +596,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard,
         };
         let b = KeyBuilder::default();

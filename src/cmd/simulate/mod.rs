@@ -100,6 +100,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         negative: false,
         usage_reports: false,
         buckets,
+        burst: 0,
         shard: Shard::NONE,
     };
     let mut admitted = Vec::new();
