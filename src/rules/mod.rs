@@ -257,6 +257,9 @@ fn describe_rule(rule: &Rule) -> String {
     if let Some(buckets) = rule.buckets {
         text.push_str(&format!(" buckets={buckets}"));
     }
+    if let Some(burst) = rule.burst {
+        text.push_str(&format!(" burst={burst}"));
+    }
     if let Some(shards) = rule.shards {
         text.push_str(&format!(" shards={shards}"));
     }

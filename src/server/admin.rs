@@ -217,6 +217,7 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 "name": r.name,
                 "algorithm": r.algorithm.map(|a| a.as_str()),
                 "buckets": r.buckets,
+                "burst": r.burst,
                 "shards": r.shards,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
                 "replaces": r.replaces,
