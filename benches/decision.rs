@@ -24,11 +24,7 @@ fn main() {
     divan::main();
 }
 
-const ALGORITHMS: [Algorithm; 3] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowCounter,
-    Algorithm::SlidingWindowLog,
-];
+const ALGORITHMS: [Algorithm; 4] = Algorithm::ALL;
 
 /// The rules `scripts/bench.sh` serves: one rule per algorithm under
 /// `algo=<name>`, keyed by `user`, with a limit never reached.
