@@ -482,3 +482,22 @@ fn validate_accepts_buckets_and_refuses_a_misplaced_burst() {
     let (code, stderr) = validate(bad.path(), &["--default-algorithm", "token_bucket"]);
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// `shards: 4` splits the rate and the burst: a bucket of 20 at 10 a day
+/// over four shards admits 20 at once, as one bucket would, and no more.
+#[tokio::test]
+async fn shards_split_the_burst_too() {
+    use tollgate::storage::Sharded;
+    let clock = ManualClock::at_micros(T0);
+    let store = Sharded::new(Arc::new(MemoryStore::new(Arc::new(clock.clone()))));
+    let entries = vec![("k".to_string(), "v".to_string())];
+    let h = Hit {
+        shard: Shard { index: 0, count: 4 },
+        ..hit(&entries, 10, Unit::Day, 20)
+    };
+    let mut admitted = 0;
+    for _ in 0..40 {
+        admitted += u64::from(store.hit(h).await.unwrap().admitted);
+    }
+    assert_eq!(admitted, 20);
+}
