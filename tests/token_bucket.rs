@@ -501,3 +501,39 @@ async fn shards_split_the_burst_too() {
     }
     assert_eq!(admitted, 20);
 }
+
+/// With `default_algorithm: token_bucket`, a request's own `limit` is a
+/// bucket whose burst is that limit: 3 a minute passes 3 at once, then one
+/// token every 20 s (the reset says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_is_a_bucket_with_its_limit_as_burst() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use support::tollgate::{Tollgate, descriptor};
+    let t = Tollgate::start(
+        &[("api.yaml", RULES)],
+        &[("default_algorithm", "token_bucket")],
+    )
+    .await;
+    let mut d = descriptor(&[("anything", &unique_domain("o"))]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 3,
+        unit: 2, // MINUTE
+    });
+    let request = RateLimitRequest {
+        domain: "api".into(),
+        descriptors: vec![d],
+        hits_addend: 1,
+    };
+    for left in (0..3).rev() {
+        let r = t.ask(request.clone()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        assert_eq!(r.statuses[0].limit_remaining, left, "{r:?}");
+    }
+    let r = t.ask(request).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    let reset = r.statuses[0].duration_until_reset.expect("a reset");
+    assert!((19..=20).contains(&reset.seconds), "{reset:?}");
+    t.stop().await;
+}
