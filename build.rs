@@ -19,6 +19,14 @@ const PROTOS: &[&str] = &[
     "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
     "proto/envoy/config/core/v3/base.proto",
     "proto/envoy/type/v3/ratelimit_unit.proto",
+    "proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
+];
+
+/// The xDS client's messages (rules over ADS): generated with the others,
+/// but not in the set reflection serves, as tollgate serves none of them.
+const XDS_PROTOS: &[&str] = &[
+    "proto/envoy/service/discovery/v3/discovery.proto",
+    "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
 ];
 
 /// The message whose fields are read as bytes, and those fields.
@@ -32,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     // Server reflection serves this set (it includes the well-known types).
     std::fs::write(out.join("tollgate_descriptor.bin"), fds.encode_to_vec())?;
-    let mut generated = fds;
+    let mut generated = protox::compile(PROTOS.iter().chain(XDS_PROTOS), ["proto"])?;
     let mut patched = 0;
     for file in &mut generated.file {
         if file.package() != ENTRY_PACKAGE {

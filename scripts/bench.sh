@@ -59,6 +59,8 @@ C=${C:-16}
 CONNS=${CONNS:-4}
 KEYS=${KEYS:-1}
 RB_N=${RB_N:-200000}
+# Seconds of the strace run per row (0: no system-call columns).
+SYSCALL_SECS=${SYSCALL_SECS:-2}
 ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log token_bucket)
 # shellcheck disable=SC2206
 MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
@@ -172,6 +174,80 @@ LABELS+=(new) BINS+=("$BIN") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
 # --- measure -----------------------------------------------------------------
 # User + system CPU of a process so far, in clock ticks.
 
+# System calls per decision, from `strace -c` attached for SYSCALL_SECS
+# to a process, during a second, shorter run of the same load (strace
+# slows what it traces, so the CPU columns come from the first run):
+# prints "reads writes futex" per decision.
+syscalls_per_decision() {
+    local pid=$1 out=$2 decisions=$3
+    awk -v n="$decisions" '
+        $NF ~ /^(read|readv|recvfrom|recvmsg)$/ { r += $4 }
+        $NF ~ /^(write|writev|sendto|sendmsg)$/ { w += $4 }
+        $NF == "futex" { f += $4 }
+        END { if (n > 0) printf "%.2f %.2f %.2f", r / n, w / n, f / n; else print "0 0 0" }' "$out"
+}
+
+# measure_tollgate INDEX ROW-NAME DESCRIPTOR: one closed-loop run of
+# `tollgate bench` against server INDEX (CPU of tollgate, Redis and the
+# generator read around it), then, with strace, a short run for the
+# system-call columns; appends a row to ROWS. Reads rb_* of the
+# algorithm's redis-benchmark run.
+measure_tollgate() {
+    local i=$1 a=$2 desc=$3 tg tg0 tg1 rd0 rd1 gen_cpu tg_rate tg_p50 tg_p99 tg_over tg_err
+    echo "measuring $a with tollgate (${LABELS[$i]})..." >&2
+    tg0=$(cpu_ticks "${TG_PIDS[$i]}")
+    rd0=$(cpu_ticks "$REDIS_PID")
+    # bash's `time` gives the load generator's own CPU (user, system).
+    tg=$({ TIMEFORMAT='%U %S'; time timeout $((SECS + WARMUP + 30)) "${BINS[$i]}" bench \
+        --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "$desc" \
+        --keys "$KEYS" --concurrency "$C" --connections "$CONNS" --duration "$SECS" \
+        --warmup "$WARMUP" --json; } 2>"$WORK/gen-time")
+    gen_cpu=$(awk 'END { print $1 + $2 }' "$WORK/gen-time")
+    tg1=$(cpu_ticks "${TG_PIDS[$i]}")
+    rd1=$(cpu_ticks "$REDIS_PID")
+    tg_rate=$(json_num decisions_per_s <<<"$tg")
+    tg_p50=$(json_num p50 <<<"$tg")
+    tg_p99=$(json_num p99 <<<"$tg")
+    tg_over=$(json_num over_limit <<<"$tg")
+    tg_err=$(sed -n 's/.*"errors":\([0-9]*\),.*/\1/p' <<<"$tg")
+    local sys_tg="- - -" sys_rd="- - -"
+    if ((SYSCALL_SECS > 0)); then
+        timeout $((SYSCALL_SECS + 20)) strace -c -f -p "${TG_PIDS[$i]}" -o "$WORK/strace-tg" 2>/dev/null &
+        local st_tg=$!
+        timeout $((SYSCALL_SECS + 20)) strace -c -f -p "$REDIS_PID" -o "$WORK/strace-rd" 2>/dev/null &
+        local st_rd=$!
+        sleep 0.5
+        local short n
+        short=$(timeout $((SYSCALL_SECS + 30)) "${BINS[$i]}" bench \
+            --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "$desc" \
+            --keys "$KEYS" --concurrency "$C" --connections "$CONNS" --duration "$SYSCALL_SECS" \
+            --warmup 0 --json)
+        kill -INT "$st_tg" "$st_rd" 2>/dev/null || true
+        wait "$st_tg" "$st_rd" 2>/dev/null || true
+        # Calls made while strace was attached but outside the measured
+        # seconds (the attach and detach) are few next to the run's.
+        n=$(awk -v r="$(json_num decisions_per_s <<<"$short")" -v s="$SYSCALL_SECS" 'BEGIN { printf "%.0f", r * s }')
+        sys_tg=$(syscalls_per_decision "${TG_PIDS[$i]}" "$WORK/strace-tg" "$n")
+        sys_rd=$(syscalls_per_decision "$REDIS_PID" "$WORK/strace-rd" "$n")
+    fi
+    # CPU is read around the whole run, warm-up included, so the
+    # decisions are estimated over the same span from the measured rate.
+    ROWS+=("$(awk -v a="$a" -v l="${LABELS[$i]}" -v t="$tg_rate" -v r="$rb_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
+        -v rp50="$rb_p50" -v rp99="$rb_p99" -v over="$tg_over" -v err="$tg_err" \
+        -v tgt=$((tg1 - tg0)) -v rdt=$((rd1 - rd0)) -v tick="$TICK_US" -v span=$((SECS + WARMUP)) \
+        -v rbcpu="$rb_cpu" -v gen="$gen_cpu" -v systg="$sys_tg" -v sysrd="$sys_rd" 'BEGIN {
+            n = t * span
+            tgc = (n > 0 ? tgt * tick / n : 0)
+            rdc = (n > 0 ? rdt * tick / n : 0)
+            genc = (n > 0 ? gen * 1000000 / n : 0)
+            split(systg, st, " "); split(sysrd, sr, " ")
+            printf "%-23s %-6s %10.0f %10.0f %6.2f %8d %8d %8d %8d %8.1f %8.1f %6.2f %8.1f %8.1f %9s %6s %6s %6s %6s %6s\n",
+                a, l, t, r, (r > 0 ? t / r : 0), tp50, tp99, rp50 * 1000, rp99 * 1000,
+                tgc, rdc, (rdc > 0 ? tgc / rdc : 0), rbcpu, genc, over "/" err,
+                st[1], st[2], st[3], sr[1], sr[2]
+        }')")
+}
+
 ROWS=()
 for a in "${MEASURED[@]}"; do
     sha=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "lua/$a.lua")")
@@ -200,44 +276,27 @@ for a in "${MEASURED[@]}"; do
     IFS=, read -r _ rb_rate _ _ rb_p50 _ rb_p99 _ <<<"${rb//\"/}"
 
     for i in "${!LABELS[@]}"; do
-        echo "measuring $a with tollgate (${LABELS[$i]})..." >&2
-        tg0=$(cpu_ticks "${TG_PIDS[$i]}")
-        rd0=$(cpu_ticks "$REDIS_PID")
-        # bash's `time` gives the load generator's own CPU (user, system).
-        tg=$({ TIMEFORMAT='%U %S'; time timeout $((SECS + WARMUP + 30)) "${BINS[$i]}" bench \
-            --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "algo=$a,user=u" \
-            --keys "$KEYS" --concurrency "$C" --connections "$CONNS" --duration "$SECS" \
-            --warmup "$WARMUP" --json; } 2>"$WORK/gen-time")
-        gen_cpu=$(awk 'END { print $1 + $2 }' "$WORK/gen-time")
-        tg1=$(cpu_ticks "${TG_PIDS[$i]}")
-        rd1=$(cpu_ticks "$REDIS_PID")
-        tg_rate=$(json_num decisions_per_s <<<"$tg")
-        tg_p50=$(json_num p50 <<<"$tg")
-        tg_p99=$(json_num p99 <<<"$tg")
-        tg_over=$(json_num over_limit <<<"$tg")
-        tg_err=$(sed -n 's/.*"errors":\([0-9]*\),.*/\1/p' <<<"$tg")
-        # CPU is read around the whole run, warm-up included, so the
-        # decisions are estimated over the same span from the measured rate.
-        ROWS+=("$(awk -v a="$a" -v l="${LABELS[$i]}" -v t="$tg_rate" -v r="$rb_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
-            -v rp50="$rb_p50" -v rp99="$rb_p99" -v over="$tg_over" -v err="$tg_err" \
-            -v tgt=$((tg1 - tg0)) -v rdt=$((rd1 - rd0)) -v tick="$TICK_US" -v span=$((SECS + WARMUP)) \
-            -v rbcpu="$rb_cpu" -v gen="$gen_cpu" 'BEGIN {
-                n = t * span
-                tgc = (n > 0 ? tgt * tick / n : 0)
-                rdc = (n > 0 ? rdt * tick / n : 0)
-                genc = (n > 0 ? gen * 1000000 / n : 0)
-                printf "%-23s %-6s %10.0f %10.0f %6.2f %8d %8d %8d %8d %8.1f %8.1f %6.2f %8.1f %8.1f %9s\n",
-                    a, l, t, r, (r > 0 ? t / r : 0), tp50, tp99, rp50 * 1000, rp99 * 1000,
-                    tgc, rdc, (rdc > 0 ? tgc / rdc : 0), rbcpu, genc, over "/" err
-            }')")
+        measure_tollgate "$i" "$a" "algo=$a,user=u"
     done
+done
+
+# The gRPC floor: a descriptor that matches no rule is decided without a
+# store call, so this row is what tollgate costs before any store.
+for i in "${!LABELS[@]}"; do
+    rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
+    measure_tollgate "$i" no_rule "norule=u"
 done
 
 echo
 echo "C=$C KEYS=$KEYS CONNS=$CONNS SECS=$SECS RB_N=$RB_N STORE=${BENCH_STORE:-redis} ($(nproc 2>/dev/null || echo '?') cores, all shared)"
-printf "%-23s %-6s %10s %10s %6s %8s %8s %8s %8s %8s %8s %6s %8s %8s %9s\n" algorithm bin "tg dec/s" "rb call/s" ratio \
-    "tg p50" "tg p99" "rb p50" "rb p99" "tg cpu" "rd cpu" "cpu x" "rb cpu" "gen cpu" "ref/err"
+printf "%-23s %-6s %10s %10s %6s %8s %8s %8s %8s %8s %8s %6s %8s %8s %9s %6s %6s %6s %6s %6s\n" algorithm bin "tg dec/s" "rb call/s" ratio \
+    "tg p50" "tg p99" "rb p50" "rb p99" "tg cpu" "rd cpu" "cpu x" "rb cpu" "gen cpu" "ref/err" \
+    "tg rd" "tg wr" "futex" "rd rd" "rd wr"
 printf '%s\n' "${ROWS[@]}"
 echo "latencies in µs; cpu: µs of CPU per decision (tg: tollgate, rd: the Redis server during tollgate's run),"
 echo "cpu x = tg cpu / rd cpu; rb cpu: the Redis server's µs per call under redis-benchmark;"
-echo "gen cpu: the load generator (tollgate bench) per decision, on the same cores"
+echo "gen cpu: the load generator (tollgate bench) per decision, on the same cores;"
+echo "no_rule: a descriptor that matches no rule (no store call: the gRPC floor);"
+echo "system calls per decision from strace -c in a separate ${SYSCALL_SECS}s run: tg rd/wr: tollgate's socket"
+echo "reads/writes (gRPC and Redis; the Redis side is about rd wr/rd rd), futex: tollgate's wake-ups"
+echo "across threads; rd rd/wr: the Redis server's reads/writes, all on tollgate's connections"

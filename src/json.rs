@@ -208,7 +208,31 @@ pub fn response(r: &RateLimitResponse) -> Value {
             headers(&r.request_headers_to_add),
         );
     }
+    if let Some(md) = &r.dynamic_metadata {
+        out.insert("dynamicMetadata".into(), struct_json(md));
+    }
     Value::Object(out)
+}
+
+/// A `google.protobuf.Struct` in its JSON mapping: the object itself.
+fn struct_json(s: &prost_types::Struct) -> Value {
+    use prost_types::value::Kind;
+    fn value(v: &prost_types::Value) -> Value {
+        match &v.kind {
+            None | Some(Kind::NullValue(_)) => Value::Null,
+            Some(Kind::NumberValue(n)) => json!(n),
+            Some(Kind::StringValue(s)) => json!(s),
+            Some(Kind::BoolValue(b)) => json!(b),
+            Some(Kind::StructValue(s)) => struct_json(s),
+            Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value).collect()),
+        }
+    }
+    Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value(v)))
+            .collect(),
+    )
 }
 
 #[cfg(test)]

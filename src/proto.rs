@@ -1,7 +1,8 @@
-//! Envoy's rate-limit protocol, generated at build time from `proto/`.
-//! In the library only [`crate::service`] and [`crate::json`] use these
-//! types (and, from the binary, the `check` and `bench` clients); the engine
-//! never sees them.
+//! Envoy's rate-limit protocols (RLS and RLQS) and the xDS client's
+//! messages, generated at build time from `proto/`. In the library only
+//! [`crate::service`], [`crate::rlqs`], [`crate::json`] and [`crate::xds`]
+//! use these types (and, from the binary, the `check` and `bench`
+//! clients); the engine and the quota ledger never see them.
 
 #![allow(clippy::all, missing_docs)]
 
@@ -21,3 +22,23 @@ pub use envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 pub use envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 pub use envoy::r#type::v3::RateLimitUnit;
+
+/// The Rate Limit Quota Service's types, under the names [`crate::rlqs`]
+/// uses.
+pub mod rlqs {
+    pub use super::envoy::r#type::v3::TokenBucket;
+    pub use super::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+    pub use super::envoy::r#type::v3::{RateLimitStrategy, rate_limit_strategy};
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+        AbandonAction, BucketAction as BucketActionKind, QuotaAssignmentAction,
+    };
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+        RateLimitQuotaService, RateLimitQuotaServiceServer,
+    };
+    pub use super::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage as UsageReport;
+    pub use super::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    };
+}

@@ -36,6 +36,16 @@ impl ReloadCounts {
     pub fn refused(&self) -> u64 {
         self.0[1].load(Ordering::Relaxed)
     }
+
+    /// One rule set loaded (from files or from xDS).
+    pub fn count_loaded(&self) {
+        self.0[0].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One rule set refused.
+    pub fn count_refused(&self) {
+        self.0[1].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// What a poll sees of the rules directory: the path, size and modification
@@ -108,10 +118,10 @@ pub async fn watch(
                 set.keep_stats(&handle.current());
                 tracing::info!(dir = %dir.display(), domains = set.len(), "rules reloaded");
                 handle.replace(set);
-                counts.0[0].fetch_add(1, Ordering::Relaxed);
+                counts.count_loaded();
             }
             Err(errors) => {
-                counts.0[1].fetch_add(1, Ordering::Relaxed);
+                counts.count_refused();
                 for e in &errors.0 {
                     tracing::error!("{e}");
                 }

@@ -411,9 +411,9 @@ async fn health_reflection_and_http_healthcheck() {
     for line in [
         "shop.log: 3/minute sliding_window_log name=log_limit (shop.yaml:",
         "shop.open: unlimited (shop.yaml:",
-        "shop.trusted: no limit (whitelist)",
-        "shop.shadow: 1/minute default shadow_mode (shop.yaml:",
-        "shop.narrow: 100/minute default replaces=broad (shop.yaml:",
+        "shop.trusted: no limit (whitelist) (shop.yaml:",
+        "shop.shadow: 1/minute sliding_window_counter shadow_mode (shop.yaml:",
+        "shop.narrow: 100/minute sliding_window_counter replaces=broad (shop.yaml:",
     ] {
         assert!(body.contains(line), "{line:?} missing from:\n{body}");
     }

@@ -107,7 +107,7 @@ async fn reload_counts(debug: SocketAddr) -> (u64, u64) {
             .as_u64()
             .unwrap_or_else(|| panic!("no reloads.{name} in {body}"))
     };
-    (count("loaded"), count("refused"))
+    (count("reloaded"), count("refused"))
 }
 
 /// Waits until at least `n` reloads were refused.

@@ -123,6 +123,9 @@ fn limits_and_flags_are_parsed() {
             shadow_mode: true,
             quota_mode: true,
             detailed_metric: true,
+            value_to_metric: false,
+            share_threshold: false,
+            metadata: None,
             source: "matching.yaml:81".into(),
             path: "user".into(),
             stats: Default::default(),
@@ -149,7 +152,7 @@ fn index_layout() {
     let set = matching();
     let root = &set.domains["matching"].root;
     // In file order.
-    let wildcards: Vec<&str> = root.wildcard.iter().map(|n| n.value.as_str()).collect();
+    let wildcards: Vec<&str> = root.wildcard.iter().map(|n| &*n.value).collect();
     assert_eq!(
         wildcards,
         [
@@ -165,7 +168,7 @@ fn index_layout() {
     assert!(root.default.contains_key("path"));
     assert!(
         root.exact
-            .contains_key(&("path".to_string(), "/exact".to_string()))
+            .contains_key(&(std::sync::Arc::from("path"), std::sync::Arc::from("/exact")))
     );
     assert_eq!(
         set.domains["matching"].file,
@@ -931,7 +934,7 @@ fn deepest_allowed_rule_loads() {
     );
     assert_eq!(rule.path, keys.join("."));
     assert!(
-        set.describe()
+        set.describe(tollgate::limit::Algorithm::SlidingWindowCounter)
             .contains(&format!("deep.{}: 3/second", keys.join(".")))
     );
 

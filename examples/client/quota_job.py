@@ -7,10 +7,16 @@ waits for the reset time tollgate returns, then tries again, so the jobs
 never exceed the upstream's quota however many run at once.
 
     pip install grpcio grpcio-tools
-    tollgate serve --rules examples/client/rules &
-    python3 examples/client/quota_job.py --addr 127.0.0.1:8081 --calls 5 --cost 30
+    cargo build --release
+    TOLLGATE_DEBUG_ADDR=off target/release/tollgate serve --rules examples/client/rules \
+      --grpc-addr 127.0.0.1:18081 --http-addr 127.0.0.1:18080 &
+    python3 examples/client/quota_job.py --addr 127.0.0.1:18081 --calls 5 --cost 30
 
-The gRPC stubs are generated from this repository's proto/ at start.
+(docs/deploy.md, section 7, has the whole run.) The gRPC stubs are
+generated from this repository's proto/ at start. It stops with a message
+and exit code 1 when the server has no limit for the budget (a server
+without examples/client/rules, or another domain) and when one call costs
+more than the whole limit (it could never pass).
 """
 
 import argparse
@@ -61,8 +67,21 @@ def main():
     over = rls.RateLimitResponse.OVER_LIMIT
     done = 0
     while done < args.calls:
-        answer = stub.ShouldRateLimit(request, timeout=2.0)
+        # Waits up to the timeout for the server, which may be starting.
+        answer, call = stub.ShouldRateLimit.with_call(request, timeout=5.0, wait_for_ready=True)
         status = answer.statuses[0]
+        if not status.HasField("current_limit"):
+            # Not a budget: every call would pass, and nothing is counted.
+            unknown = ("tollgate-domain", "unknown") in tuple(call.initial_metadata() or ())
+            why = (f"the server at {args.addr} has no rules for domain {args.domain!r}"
+                   if unknown else
+                   f"no rule of domain {args.domain!r} limits upstream_api={args.api}")
+            sys.exit(f"{why}: no budget applies (is it serving examples/client/rules?)")
+        limit = status.current_limit.requests_per_unit
+        if args.cost > limit:
+            unit = rls.RateLimitResponse.RateLimit.Unit.Name(status.current_limit.unit).lower()
+            sys.exit(f"a call costs {args.cost} but the whole budget is {limit} per {unit}: "
+                     "it can never pass")
         if answer.overall_code == over:
             reset = status.duration_until_reset
             wait = reset.seconds + reset.nanos / 1e9

@@ -178,13 +178,22 @@ pub fn request(domain: &str, descriptors: &[Vec<(String, String)>], hits: u32) -
     }
 }
 
+/// A response, and whether the server said it has no rules for the domain
+/// (tollgate's `tollgate-domain: unknown` response metadata; other
+/// services never say so).
+#[derive(Debug)]
+pub struct Answer {
+    pub response: RateLimitResponse,
+    pub unknown_domain: bool,
+}
+
 /// Sends one request to `addr` (`host:port`, `http://` or `https://`).
 pub async fn call(
     addr: &str,
     tls: Option<&ClientTls>,
     req: RateLimitRequest,
     timeout: Duration,
-) -> anyhow::Result<RateLimitResponse> {
+) -> anyhow::Result<Answer> {
     let channel = endpoint(addr, timeout, tls)?
         .timeout(timeout)
         .connect()
@@ -195,7 +204,14 @@ pub async fn call(
         .should_rate_limit(req)
         .await
         .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
-    Ok(resp.into_inner())
+    let unknown_domain = resp
+        .metadata()
+        .get(tollgate::service::DOMAIN_HEADER)
+        .is_some_and(|v| v == "unknown");
+    Ok(Answer {
+        response: resp.into_inner(),
+        unknown_domain,
+    })
 }
 
 fn code_name(code: i32) -> &'static str {

@@ -1,11 +1,12 @@
-//! The command line: `serve`, `validate`, `check`, `bench` and `simulate`.
+//! The command line: `serve`, `validate`, `check`, `bench`, `simulate`
+//! and `simulate-rlqs`.
 //! `main` only calls [`main`] here.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use tollgate::settings::{Settings, Sources};
 
@@ -24,15 +25,21 @@ pub struct Cli {
 pub enum Command {
     /// Serve the RLS gRPC API and the HTTP health check.
     Serve(ServeArgs),
-    /// Check a directory of rule files; prints every error, exits 1 if any.
+    /// Check a directory of rule files; prints every error, exits 1 if any
+    /// (or if the directory holds no rule file, unless --allow-empty).
     Validate(ValidateArgs),
-    /// Send one ShouldRateLimit request and print the answer.
+    /// Send one ShouldRateLimit request and print the answer. Exit codes:
+    /// 0 OK, 1 the call failed, 2 OVER_LIMIT, 3 OK but the domain has no
+    /// rules on that server, 64 bad flags.
     Check(CheckArgs),
     /// Load-test an RLS address (tollgate or any Envoy rate-limit service).
     Bench(super::bench::BenchArgs),
     /// Measure how far sliding_window_counter admits over its limit, per
     /// bucket count, on a virtual clock; prints a table.
     Simulate(super::simulate::SimulateArgs),
+    /// Simulate N Envoys sharing one limit through the quota service
+    /// (RLQS) on a virtual clock; prints a table.
+    SimulateRlqs(super::simulate::rlqs::SimulateRlqsArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -72,6 +79,10 @@ pub struct ValidateArgs {
     /// Largest requests_per_unit of a sliding_window_log limit [default: 10000].
     #[arg(long)]
     pub max_log_limit: Option<String>,
+    /// Accept a directory that holds no rule file (by default an error, so
+    /// that a mistyped path does not look valid).
+    #[arg(long)]
+    pub allow_empty: bool,
 }
 
 impl ValidateArgs {
@@ -106,14 +117,57 @@ pub struct CheckArgs {
 /// Exit code for bad settings (EX_USAGE).
 pub const EXIT_BAD_SETTINGS: u8 = 64;
 
+/// `check`'s exit code when the answer is OVER_LIMIT.
+pub const EXIT_OVER_LIMIT: u8 = 2;
+/// `check`'s exit code when the server has no rules for the domain.
+pub const EXIT_NO_DOMAIN: u8 = 3;
+
+/// What `serve --help` (and `validate --help`) add after the flags: every
+/// setting with its variable and default, from the one declaration.
+fn settings_help() -> String {
+    use tollgate::settings::table::SETTINGS;
+    let mut text = String::from(
+        "Settings: a YAML file (--config), then TOLLGATE_* variables, then flags. \
+         Every setting, its variable and its default (README's Settings section explains them):\n",
+    );
+    for s in SETTINGS {
+        let default = s.default.map_or("unset".to_string(), |d| {
+            if d.is_empty() {
+                "\"\"".to_string()
+            } else {
+                d.to_string()
+            }
+        });
+        text.push_str(&format!(
+            "  {} ({}) [default: {default}]\n      {}\n",
+            s.name,
+            tollgate::settings::env_name(s.name),
+            s.meaning
+        ));
+    }
+    text
+}
+
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let short = "Every setting, with its TOLLGATE_* variable and default: --help";
+    let command = Cli::command()
+        .mut_subcommand("serve", |c| {
+            c.after_help(short).after_long_help(settings_help())
+        })
+        .mut_subcommand("validate", |c| {
+            c.after_help(short).after_long_help(settings_help())
+        });
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Validate(args) => validate(&args),
         Command::Check(args) => check(args),
         Command::Bench(args) => super::bench::main(args),
         Command::Simulate(args) => super::simulate::main(args),
+        Command::SimulateRlqs(args) => super::simulate::rlqs::main(args),
     }
 }
 
@@ -175,8 +229,9 @@ fn serve(args: ServeArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("tollgate: {e:#}");
+            // Once, in the log (where an operator's collector looks), not
+            // again on stderr.
+            tracing::error!("{}", tollgate::observe::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -227,6 +282,13 @@ fn validate(args: &ValidateArgs) -> ExitCode {
     };
     let dir = &args.dir;
     match tollgate::rules::load_dir(dir, &tollgate::server::rule_options(&settings)) {
+        Ok(set) if set.is_empty() && !args.allow_empty => {
+            eprintln!(
+                "{}: no rule file (*.yaml, *.yml) found; give --allow-empty if that is intended",
+                dir.display()
+            );
+            ExitCode::from(1)
+        }
         Ok(set) => {
             let mut names: Vec<&str> = set.domains.keys().map(String::as_str).collect();
             names.sort_unstable();
@@ -274,12 +336,29 @@ fn check(args: CheckArgs) -> ExitCode {
         ))
     });
     match result {
-        Ok(resp) => {
-            print!("{}", super::check::render(&req, &resp));
-            ExitCode::SUCCESS
+        Ok(answer) => {
+            print!("{}", super::check::render(&req, &answer.response));
+            if answer.unknown_domain {
+                println!(
+                    "note: the server has no rules for domain {:?}: every descriptor is OK with no limit",
+                    args.target.domain
+                );
+            }
+            if answer.response.overall_code
+                == tollgate::proto::rate_limit_response::Code::OverLimit as i32
+            {
+                ExitCode::from(EXIT_OVER_LIMIT)
+            } else if answer.unknown_domain {
+                ExitCode::from(EXIT_NO_DOMAIN)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(e) => {
-            eprintln!("tollgate check: {e:#}");
+            eprintln!(
+                "tollgate check: {}",
+                tollgate::observe::error_chain(e.as_ref())
+            );
             ExitCode::FAILURE
         }
     }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::limit::FailurePolicy;
-use crate::rules::Rule;
+use crate::rules::{Rule, Step};
 use crate::storage::{Decision, StoreError};
 
 use super::plan::Limited;
@@ -47,6 +47,7 @@ impl Engine {
     ) -> Result<Status, EngineError> {
         let Limited {
             rule,
+            steps,
             limit,
             policy,
         } = limited;
@@ -60,7 +61,7 @@ impl Engine {
                         remaining: 0,
                         reset_micros: 0,
                     };
-                    self.count(rule, entries, hits, &limit, &refused);
+                    self.count(rule, entries, &steps, hits, &limit, &refused);
                 }
                 let w = limit.unit.micros();
                 let now = self.clock.now_micros();
@@ -76,7 +77,7 @@ impl Engine {
                     && !descriptor.negative
                 {
                     let hits = descriptor.hits.unwrap_or(request_hits);
-                    self.count(rule, entries, hits, &limit, &decision);
+                    self.count(rule, entries, &steps, hits, &limit, &decision);
                 }
                 limited_status(limit, decision, descriptor.negative)
             }
@@ -112,11 +113,14 @@ impl Engine {
     }
 
     /// Adds one decided call to its rule's stats (and, for a
-    /// `detailed_metric` rule, to its descriptor value's).
+    /// `detailed_metric` or `value_to_metric` rule, to its series named by
+    /// the descriptor's values).
+    #[allow(clippy::too_many_arguments)]
     fn count(
         &self,
         rule: &Rule,
         entries: &[(String, String)],
+        steps: &[Step<'_>],
         hits: u64,
         limit: &AppliedLimit,
         d: &Decision,
@@ -132,8 +136,7 @@ impl Engine {
         if recorded_over {
             rule.stats.counts().record_reported_over(hits);
         }
-        if rule.detailed_metric {
-            let value = detailed_value(entries);
+        if let Some(value) = metric_label(rule, entries, steps) {
             rule.stats
                 .detailed(&value, self.options.detailed_metric_max_series)
                 .record(hits, max, threshold, d.admitted, d.remaining, shadow);
@@ -155,20 +158,56 @@ impl Engine {
     }
 }
 
-/// A descriptor's runtime values as one label: `key_value.key2_value2`.
-fn detailed_value(entries: &[(String, String)]) -> String {
+/// The series a call of a `detailed_metric` or `value_to_metric` rule
+/// counts on, named as the reference service names its metric keys
+/// (`key_value.key2`): `detailed_metric` names every runtime value;
+/// `value_to_metric` names the runtime value where the node matched has no
+/// value of its own (the key alone) or a wildcard, and the configured
+/// value elsewhere. A value a `share_threshold` wildcard matched is named
+/// by the pattern either way. `None` for other rules.
+fn metric_label(rule: &Rule, entries: &[(String, String)], steps: &[Step<'_>]) -> Option<String> {
+    if !rule.detailed_metric && !rule.value_to_metric {
+        return None;
+    }
     let mut out = String::new();
     for (i, (k, v)) in entries.iter().enumerate() {
         if i > 0 {
             out.push('.');
         }
         out.push_str(k);
-        if !v.is_empty() {
+        let shown: &str = match steps.get(i) {
+            Some(Step::Wildcard {
+                pattern,
+                shared: true,
+                ..
+            }) => pattern,
+            _ if rule.detailed_metric => v,
+            Some(Step::Wildcard {
+                pattern,
+                value_to_metric,
+                ..
+            }) => {
+                if *value_to_metric {
+                    v
+                } else {
+                    pattern
+                }
+            }
+            Some(Step::Default { value_to_metric }) => {
+                if *value_to_metric {
+                    v
+                } else {
+                    ""
+                }
+            }
+            Some(Step::Exact) | None => v,
+        };
+        if !shown.is_empty() {
             out.push('_');
-            out.push_str(v);
+            out.push_str(shown);
         }
     }
-    out
+    Some(out)
 }
 
 fn limited_status(limit: AppliedLimit, d: Decision, negative: bool) -> Status {

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::limit::Algorithm;
-use crate::rules::RuleSet;
-use crate::storage::keys::identity_entries;
+use crate::rules::{RuleSet, Step};
+use crate::storage::keys::{identity_entries, shared_value};
 use crate::storage::{Hit, Store};
 
 use answer::Failure;
@@ -43,6 +43,15 @@ impl RulesHandle {
 
     pub fn current(&self) -> Arc<RuleSet> {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether a rule file names `domain`, without taking a handle on
+    /// the rules.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .has_domain(domain)
     }
 
     pub fn replace(&self, rules: RuleSet) {
@@ -132,11 +141,19 @@ impl Engine {
         let plans = self.plan(&rules, req);
         let request_hits = if req.hits == 0 { 1 } else { req.hits };
 
-        // Matching saw the values whole; limiters see long ones as digests.
+        // Matching saw the values whole; limiters see long ones as digests,
+        // and values a `share_threshold` wildcard matched as its pattern.
         let identities: Vec<_> = req
             .descriptors
             .iter()
-            .map(|d| identity_entries(&d.entries, self.options.max_value_bytes))
+            .zip(&plans)
+            .map(|(d, plan)| {
+                let entries = identity_entries(&d.entries, self.options.max_value_bytes);
+                match plan {
+                    Plan::Limited(l) if !l.steps.is_empty() => shared_identity(entries, &l.steps),
+                    _ => entries,
+                }
+            })
             .collect();
         let mut calls = identities.iter().zip(&req.descriptors).zip(&plans).map(
             |((entries, d), plan)| async move {
@@ -194,6 +211,7 @@ impl Engine {
         };
 
         let mut statuses = Vec::with_capacity(plans.len());
+        let mut metadata = Vec::new();
         let mut any_over = false;
         let mut quota_total = 0;
         let mut quota_over = 0;
@@ -214,6 +232,7 @@ impl Engine {
                 },
                 Plan::Limited(limited) => {
                     let rule = limited.rule;
+                    let rule_metadata = rule.and_then(|r| r.metadata.clone());
                     let mut status =
                         self.decided(index, descriptor, entries, request_hits, limited, outcome)?;
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
@@ -228,6 +247,11 @@ impl Engine {
                     } else if status.code == Code::OverLimit {
                         any_over = true;
                     }
+                    if status.code == Code::Ok
+                        && let Some(m) = rule_metadata
+                    {
+                        metadata.push(m);
+                    }
                     status
                 }
             };
@@ -239,6 +263,35 @@ impl Engine {
         } else {
             Code::Ok
         };
-        Ok(Response { overall, statuses })
+        Ok(Response {
+            overall,
+            statuses,
+            metadata,
+        })
     }
+}
+
+/// A descriptor's identity with each value a `share_threshold` wildcard
+/// matched replaced by the pattern (marked, so no value a client sends
+/// equals it): every such value counts on one limiter.
+fn shared_identity<'a>(
+    entries: std::borrow::Cow<'a, [(String, String)]>,
+    steps: &[Step<'_>],
+) -> std::borrow::Cow<'a, [(String, String)]> {
+    let shared = |s: &Step<'_>| matches!(s, Step::Wildcard { shared: true, .. });
+    if !steps.iter().any(shared) {
+        return entries;
+    }
+    let mut owned = entries.into_owned();
+    for (entry, step) in owned.iter_mut().zip(steps) {
+        if let Step::Wildcard {
+            pattern,
+            shared: true,
+            ..
+        } = step
+        {
+            entry.1 = shared_value(pattern);
+        }
+    }
+    std::borrow::Cow::Owned(owned)
 }

@@ -3,7 +3,7 @@
 //! `replaces` across the request.
 
 use crate::limit::{DEFAULT_BUCKETS, FailurePolicy};
-use crate::rules::{LimitSpec, Rule, RuleSet};
+use crate::rules::{LimitSpec, Rule, RuleSet, Step};
 
 use super::{AppliedLimit, Engine, LimitOverride, Request};
 
@@ -18,6 +18,9 @@ pub(super) enum Plan<'r> {
 /// limit applied and the failure policy of its store calls.
 pub(super) struct Limited<'r> {
     pub rule: Option<&'r Rule>,
+    /// How each entry matched, for a rule that shares its limiter or names
+    /// runtime values in metrics; empty (no allocation) otherwise.
+    pub steps: Vec<Step<'r>>,
     pub limit: AppliedLimit,
     pub policy: FailurePolicy,
 }
@@ -44,10 +47,12 @@ impl Engine {
             .collect();
         found
             .into_iter()
-            .map(|(rule, over)| {
+            .zip(&req.descriptors)
+            .map(|((rule, over), d)| {
                 if let Some(o) = over {
                     return Plan::Limited(Limited {
                         rule: None,
+                        steps: Vec::new(),
                         limit: AppliedLimit {
                             requests_per_unit: o.requests_per_unit,
                             unit: o.unit,
@@ -75,6 +80,11 @@ impl Engine {
                         unit,
                     } => Plan::Limited(Limited {
                         rule: Some(rule),
+                        steps: if rule.share_threshold || rule.value_to_metric {
+                            rules.steps(&req.domain, &d.entries)
+                        } else {
+                            Vec::new()
+                        },
                         limit: AppliedLimit {
                             requests_per_unit,
                             unit,

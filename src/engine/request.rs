@@ -2,6 +2,7 @@
 //! `service` and `json` convert to and from Envoy's messages and the engine
 //! never sees them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -89,6 +90,10 @@ impl Status {
 pub struct Response {
     pub overall: Code,
     pub statuses: Vec<Status>,
+    /// The `metadata` of the rules of descriptors answered OK (after
+    /// shadow mode), in request order: what `response_dynamic_metadata`
+    /// returns.
+    pub metadata: Vec<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -39,3 +39,65 @@ where
         ),
     }
 }
+
+/// An error and its causes joined by `: `, each said once: a layer whose
+/// text its cause repeats (a connector's `tcp connect error` wraps one
+/// that says the same) or that only repeats its wrapper is left out.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        match parts.last_mut() {
+            Some(last) if last.contains(&text) => {}
+            Some(last) if text.starts_with(last.as_str()) => *last = text,
+            _ => parts.push(text),
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::error_chain;
+
+    #[derive(Debug)]
+    struct E(&'static str, Option<Box<E>>);
+    impl std::fmt::Display for E {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for E {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn each_cause_once() {
+        let refused = E(
+            "connecting to 127.0.0.1:1",
+            Some(Box::new(E(
+                "tcp connect error",
+                Some(Box::new(E(
+                    "tcp connect error",
+                    Some(Box::new(E("Connection refused (os error 111)", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&refused),
+            "connecting to 127.0.0.1:1: tcp connect error: Connection refused (os error 111)"
+        );
+        let prefixed = E(
+            "binding",
+            Some(Box::new(E(
+                "in use",
+                Some(Box::new(E("in use: port 1", None))),
+            ))),
+        );
+        assert_eq!(error_chain(&prefixed), "binding: in use: port 1");
+    }
+}

@@ -14,6 +14,7 @@
 
 mod log;
 mod propagation;
+mod quota;
 mod store;
 
 use std::collections::HashMap;
@@ -34,7 +35,7 @@ use crate::rules::{CountsSnapshot, OVERFLOW};
 use crate::settings::Settings;
 use crate::storage::{NodeId, Store};
 
-pub use log::logger;
+pub use log::{error_chain, logger};
 pub use propagation::extract;
 pub use store::ObservedStore;
 
@@ -68,6 +69,8 @@ pub struct Sources {
     pub reloads: ReloadCounts,
     /// What the HTTP listeners turned away.
     pub http: Arc<HttpCounts>,
+    /// The quota service's counters.
+    pub quota: Arc<crate::rlqs::QuotaStats>,
 }
 
 /// What the HTTP listeners turned away, counted by the server's listeners
@@ -294,6 +297,7 @@ impl Telemetry {
 
 /// The instruments read at collection time.
 fn register_observers(meter: &Meter, s: Sources) {
+    quota::register(meter, s.quota.clone());
     type Pick = fn(&CountsSnapshot) -> u64;
     let per_rule: [(&'static str, &'static str, Pick); 6] = [
         ("hits", "Hits counted against the rule", |c| c.total_hits),
@@ -336,11 +340,12 @@ fn register_observers(meter: &Meter, s: Sources) {
         meter
             .u64_observable_counter(format!("tollgate.rule.detailed.{name}"))
             .with_description(format!(
-                "{help}, per descriptor value of detailed_metric rules ({OVERFLOW} past the cap)"
+                "{help}, per descriptor value of detailed_metric and value_to_metric rules ({OVERFLOW} past the cap)"
             ))
             .with_callback(move |o| {
                 for (domain, rule) in rules.current().rules() {
-                    if !rule.detailed_metric || !rule.stats.has_detailed() {
+                    let named = rule.detailed_metric || rule.value_to_metric;
+                    if !named || !rule.stats.has_detailed() {
                         continue;
                     }
                     let overflow = (Arc::from(OVERFLOW), rule.stats.overflow().snapshot());

@@ -11,6 +11,7 @@
 
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use super::{Domain, Level, Node, Rule};
 
@@ -19,12 +20,70 @@ pub(super) fn find<'a>(domain: &'a Domain, entries: &[(String, String)]) -> Opti
     let mut level = &domain.root;
     for (key, value) in init {
         let node = lookup(level, key, value)?;
-        if is_empty(&node.children) {
+        if node.children.is_empty() {
             return None;
         }
         level = &node.children;
     }
     lookup(level, last_key, last_value)?.rule.as_ref()
+}
+
+/// How one entry of a descriptor was matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step<'a> {
+    /// By its exact key and value.
+    Exact,
+    /// By a wildcard value: the pattern, and that node's flags.
+    Wildcard {
+        pattern: &'a str,
+        shared: bool,
+        value_to_metric: bool,
+    },
+    /// By the key alone (the node has no value).
+    Default { value_to_metric: bool },
+}
+
+/// The steps of the same walk as [`find`], one per entry matched; shorter
+/// than `entries` when the walk stops early (no rule applies then).
+pub(super) fn steps<'a>(domain: &'a Domain, entries: &[(String, String)]) -> Vec<Step<'a>> {
+    let mut out = Vec::with_capacity(entries.len());
+    let mut level = &domain.root;
+    for (i, (key, value)) in entries.iter().enumerate() {
+        let Some((node, step)) = lookup_step(level, key, value) else {
+            break;
+        };
+        out.push(step);
+        if i + 1 < entries.len() && node.children.is_empty() {
+            break;
+        }
+        level = &node.children;
+    }
+    out
+}
+
+fn lookup_step<'a>(level: &'a Level, key: &str, value: &str) -> Option<(&'a Node, Step<'a>)> {
+    if let Some(n) = level.exact.get(&(key, value) as &dyn Pair) {
+        return Some((n, Step::Exact));
+    }
+    if let Some(n) = level
+        .wildcard
+        .iter()
+        .find(|n| &*n.key == key && glob(&n.value, value))
+    {
+        let step = Step::Wildcard {
+            pattern: &n.value,
+            shared: n.share_threshold,
+            value_to_metric: n.value_to_metric,
+        };
+        return Some((n, step));
+    }
+    let n = level.default.get(key)?;
+    Some((
+        n,
+        Step::Default {
+            value_to_metric: n.value_to_metric,
+        },
+    ))
 }
 
 /// The node chosen for one entry at one level.
@@ -36,13 +95,9 @@ fn lookup<'a>(level: &'a Level, key: &str, value: &str) -> Option<&'a Node> {
             level
                 .wildcard
                 .iter()
-                .find(|n| n.key == key && glob(&n.value, value))
+                .find(|n| &*n.key == key && glob(&n.value, value))
         })
         .or_else(|| level.default.get(key))
-}
-
-fn is_empty(level: &Level) -> bool {
-    level.exact.is_empty() && level.wildcard.is_empty() && level.default.is_empty()
 }
 
 /// Whether `text` matches `pattern`, where `*` matches any run of characters
@@ -74,15 +129,15 @@ pub(super) fn glob(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&b| b == b'*')
 }
 
-/// Looks up `exact: HashMap<(String, String), _>` with two `&str` without
-/// building two `String`s per entry on the request path: both tuple kinds
-/// hash and compare through this trait, the same way as `(String, String)`
-/// does (each field's `str` hash, in order).
+/// Looks up `exact: HashMap<(Arc<str>, Arc<str>), _>` with two `&str`
+/// without building two strings per entry on the request path: both tuple
+/// kinds hash and compare through this trait, the same way as the owned
+/// tuple does (each field's `str` hash, in order).
 trait Pair {
     fn pair(&self) -> (&str, &str);
 }
 
-impl Pair for (String, String) {
+impl Pair for (Arc<str>, Arc<str>) {
     fn pair(&self) -> (&str, &str) {
         (&self.0, &self.1)
     }
@@ -94,7 +149,7 @@ impl Pair for (&str, &str) {
     }
 }
 
-impl<'a> Borrow<dyn Pair + 'a> for (String, String) {
+impl<'a> Borrow<dyn Pair + 'a> for (Arc<str>, Arc<str>) {
     fn borrow(&self) -> &(dyn Pair + 'a) {
         self
     }
@@ -155,8 +210,8 @@ mod tests {
     #[test]
     fn borrowed_lookup_matches_owned_keys() {
         let mut map = std::collections::HashMap::new();
-        map.insert(("k".to_string(), "v".to_string()), 1);
-        map.insert(("k".to_string(), "w".to_string()), 2);
+        map.insert((Arc::from("k"), Arc::from("v")), 1);
+        map.insert((Arc::from("k"), Arc::from("w")), 2);
         assert_eq!(map.get(&("k", "v") as &dyn Pair), Some(&1));
         assert_eq!(map.get(&("k", "w") as &dyn Pair), Some(&2));
         assert_eq!(map.get(&("kv", "") as &dyn Pair), None);

@@ -16,10 +16,12 @@ mod walk;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::limit::{Algorithm, FailurePolicy, Unit};
 
-pub use load::{LoadOptions, MAX_DEPTH, load_dir, parse_file};
+pub use load::{LoadOptions, MAX_DEPTH, load_dir, load_texts, parse_file};
+pub use matcher::Step;
 pub use stats::{Counts, CountsSnapshot, OVERFLOW, RuleStats};
 pub use walk::{Found, MAX_DIR_DEPTH, MAX_ENTRIES, WalkOptions, walk};
 
@@ -62,8 +64,18 @@ pub struct Rule {
     pub quota_mode: bool,
     /// `detailed_metric`: metrics name the full descriptor values.
     pub detailed_metric: bool,
+    /// Some node on the rule's path has `value_to_metric`: its metrics
+    /// name the runtime values where that node has no value of its own
+    /// (capped like `detailed_metric`, which wins when both are set).
+    pub value_to_metric: bool,
+    /// Some node on the rule's path has `share_threshold`: every value its
+    /// wildcard matches counts on one limiter, named by the pattern.
+    pub share_threshold: bool,
+    /// The descriptor's `metadata` mapping, as JSON: shown on `/rlconfig`
+    /// and, when `response_dynamic_metadata` is on, returned with answers.
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     /// Where the rule was written, for logs: `file.yaml:12`.
-    pub source: String,
+    pub source: Source,
     /// The rule's place in its tree, `key_value.key2` (a value only where
     /// the node has one): its metric label, bounded by the rule files.
     pub path: String,
@@ -71,26 +83,122 @@ pub struct Rule {
     pub stats: RuleStats,
 }
 
-/// One descriptor node of a rule tree.
+/// Where a rule was written: its file's name, shared by every rule of the
+/// file, and its line. Shows as `file.yaml:12`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub file: Arc<str>,
+    pub line: u32,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+impl PartialEq<&str> for Source {
+    fn eq(&self, other: &&str) -> bool {
+        other
+            .rsplit_once(':')
+            .is_some_and(|(file, line)| *file == *self.file && line.parse() == Ok(self.line))
+    }
+}
+
+/// `file.yaml:12`; a text without a line is a file at line 0.
+impl From<&str> for Source {
+    fn from(text: &str) -> Self {
+        match text.rsplit_once(':').map(|(f, l)| (f, l.parse())) {
+            Some((file, Ok(line))) => Source {
+                file: file.into(),
+                line,
+            },
+            _ => Source {
+                file: text.into(),
+                line: 0,
+            },
+        }
+    }
+}
+
+/// One descriptor node of a rule tree. Keys are shared by every node of
+/// a file that has them, and an exact node's key and value by the index
+/// of its level: a rule set may hold a million nodes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Node {
-    pub key: String,
+    pub key: Arc<str>,
     /// Empty for the key-only default node.
-    pub value: String,
+    pub value: Arc<str>,
     pub rule: Option<Rule>,
     pub children: Level,
+    /// `share_threshold`: a wildcard whose matches share one limiter.
+    pub share_threshold: bool,
+    /// `value_to_metric`: metrics name the runtime value matched here.
+    pub value_to_metric: bool,
+    /// The line of the node in its file (`Rule::source` says the same for
+    /// a node with a limit; a whitelist has only this).
+    pub line: u32,
 }
+
+/// The nodes of one level of a rule tree: a pointer, and nothing more
+/// for the level under a leaf (most nodes of a large rule set). Reads see
+/// [`Nodes`] through `Deref`, empty when there are none; writing through
+/// `DerefMut` makes the nodes, so walks that may meet empty levels change
+/// them through [`Level::nodes_mut`].
+#[derive(Debug, Clone, Default)]
+pub struct Level(Option<Box<Nodes>>);
 
 /// The nodes of one level of a rule tree, indexed for matching.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Level {
+pub struct Nodes {
     /// `(key, value)` with a value free of `*`.
-    pub exact: HashMap<(String, String), Node>,
+    pub exact: HashMap<(Arc<str>, Arc<str>), Node>,
     /// Values containing `*`, in file order (the first match wins).
     pub wildcard: Vec<Node>,
     /// Key-only nodes (no `value`).
-    pub default: HashMap<String, Node>,
+    pub default: HashMap<Arc<str>, Node>,
 }
+
+impl Level {
+    /// The nodes, when there are any to change.
+    pub fn nodes_mut(&mut self) -> Option<&mut Nodes> {
+        self.0.as_deref_mut()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcard.is_empty() && self.default.is_empty()
+    }
+
+    /// The nodes, taken out of the level.
+    pub fn into_nodes(self) -> Nodes {
+        self.0.map(|nodes| *nodes).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for Level {
+    type Target = Nodes;
+
+    fn deref(&self) -> &Nodes {
+        static EMPTY: std::sync::OnceLock<Nodes> = std::sync::OnceLock::new();
+        self.0
+            .as_deref()
+            .unwrap_or_else(|| EMPTY.get_or_init(Nodes::default))
+    }
+}
+
+impl std::ops::DerefMut for Level {
+    fn deref_mut(&mut self) -> &mut Nodes {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl PartialEq for Level {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Level {}
 
 /// A domain: one rule file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,14 +227,33 @@ impl RuleSet {
         matcher::find(self.domains.get(domain)?, entries)
     }
 
+    /// How each entry of a descriptor was matched, for a rule that shares
+    /// its limiter or names runtime values in metrics (its
+    /// `share_threshold` or `value_to_metric`); the same walk as [`find`].
+    ///
+    /// [`find`]: RuleSet::find
+    pub fn steps<'a>(&'a self, domain: &str, entries: &[(String, String)]) -> Vec<Step<'a>> {
+        match self.domains.get(domain) {
+            Some(d) => matcher::steps(d, entries),
+            None => Vec::new(),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.domains.len()
     }
 
     /// Every rule, one line each, sorted: `domain.key_value.key2: limit
-    /// [flags] (file:line)`. Rules without an algorithm show `default`.
-    pub fn describe(&self) -> String {
-        fn walk(prefix: &str, level: &Level, out: &mut Vec<String>) {
+    /// algorithm [flags] (file:line)`, with `default` the algorithm of
+    /// rules that name none; whitelists too.
+    pub fn describe(&self, default: Algorithm) -> String {
+        fn walk(
+            prefix: &str,
+            file: &str,
+            default: Algorithm,
+            level: &Level,
+            out: &mut Vec<String>,
+        ) {
             let nodes = level
                 .exact
                 .values()
@@ -139,21 +266,27 @@ impl RuleSet {
                     format!("{prefix}.{}_{}", node.key, node.value)
                 };
                 match &node.rule {
-                    Some(rule) => out.push(format!("{path}: {}", describe_rule(rule))),
-                    None if is_leaf(node) => out.push(format!("{path}: no limit (whitelist)")),
+                    Some(rule) => {
+                        out.push(format!("{path}: {}", describe_rule(rule, default)));
+                    }
+                    None if node.is_leaf() => out.push(format!(
+                        "{path}: no limit (whitelist) ({file}:{})",
+                        node.line
+                    )),
                     None => {}
                 }
-                walk(&path, &node.children, out);
+                walk(&path, file, default, &node.children, out);
             }
-        }
-        fn is_leaf(node: &Node) -> bool {
-            node.children.exact.is_empty()
-                && node.children.wildcard.is_empty()
-                && node.children.default.is_empty()
         }
         let mut lines = Vec::new();
         for (name, domain) in &self.domains {
-            walk(name, &domain.root, &mut lines);
+            walk(
+                name,
+                &domain.short_file(),
+                default,
+                &domain.root,
+                &mut lines,
+            );
         }
         lines.sort();
         let mut text = lines.join("\n");
@@ -165,6 +298,36 @@ impl RuleSet {
 
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
+    }
+
+    /// Every whitelist (a node with neither limit nor children): its
+    /// domain, path and position (`file:line`).
+    pub fn whitelists(&self) -> Vec<(&str, String, String)> {
+        fn walk<'a>(
+            domain: &'a str,
+            file: &str,
+            prefix: &str,
+            level: &'a Level,
+            out: &mut Vec<(&'a str, String, String)>,
+        ) {
+            let nodes = level
+                .exact
+                .values()
+                .chain(&level.wildcard)
+                .chain(level.default.values());
+            for node in nodes {
+                let path = node.step(prefix);
+                if node.rule.is_none() && node.is_leaf() {
+                    out.push((domain, path.clone(), format!("{file}:{}", node.line)));
+                }
+                walk(domain, file, &path, &node.children, out);
+            }
+        }
+        let mut out = Vec::new();
+        for (name, domain) in &self.domains {
+            walk(name, &domain.short_file(), "", &domain.root, &mut out);
+        }
+        out
     }
 
     /// Every rule with its domain.
@@ -198,6 +361,9 @@ impl RuleSet {
             .map(|(d, r)| ((d, r.path.as_str()), &r.stats))
             .collect();
         fn walk(domain: &str, level: &mut Level, old: &HashMap<(&str, &str), &RuleStats>) {
+            let Some(level) = level.nodes_mut() else {
+                return;
+            };
             let nodes = level
                 .exact
                 .values_mut()
@@ -218,32 +384,61 @@ impl RuleSet {
     }
 }
 
-/// Names every rule under `level` by its path from the root.
-fn name_rules(prefix: &str, level: &mut Level) {
+impl Node {
+    fn is_leaf(&self) -> bool {
+        self.children.is_empty()
+    }
+
+    /// The node's path: `prefix.key_value` (`key` alone for a default).
+    fn step(&self, prefix: &str) -> String {
+        let step = if self.value.is_empty() {
+            self.key.to_string()
+        } else {
+            format!("{}_{}", self.key, self.value)
+        };
+        if prefix.is_empty() {
+            step
+        } else {
+            format!("{prefix}.{step}")
+        }
+    }
+}
+
+impl Domain {
+    /// The file's name, as rules' `source` gives it.
+    fn short_file(&self) -> String {
+        self.file.file_name().map_or_else(
+            || self.file.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+}
+
+/// Names every rule under `level` by its path from the root, and marks the
+/// rules below a `share_threshold` or `value_to_metric` node.
+fn name_rules(prefix: &str, level: &mut Level, shared: bool, by_value: bool) {
+    let Some(level) = level.nodes_mut() else {
+        return;
+    };
     let nodes = level
         .exact
         .values_mut()
         .chain(level.wildcard.iter_mut())
         .chain(level.default.values_mut());
     for node in nodes {
-        let step = if node.value.is_empty() {
-            node.key.clone()
-        } else {
-            format!("{}_{}", node.key, node.value)
-        };
-        let path = if prefix.is_empty() {
-            step
-        } else {
-            format!("{prefix}.{step}")
-        };
+        let path = node.step(prefix);
+        let shared = shared || node.share_threshold;
+        let by_value = by_value || node.value_to_metric;
+        name_rules(&path, &mut node.children, shared, by_value);
         if let Some(rule) = &mut node.rule {
-            rule.path = path.clone();
+            rule.path = path;
+            rule.share_threshold = shared;
+            rule.value_to_metric = by_value;
         }
-        name_rules(&path, &mut node.children);
     }
 }
 
-fn describe_rule(rule: &Rule) -> String {
+fn describe_rule(rule: &Rule, default: Algorithm) -> String {
     let mut text = match &rule.limit {
         LimitSpec::Unlimited => "unlimited".to_string(),
         LimitSpec::PerUnit {
@@ -251,7 +446,7 @@ fn describe_rule(rule: &Rule) -> String {
             unit,
         } => format!(
             "{requests_per_unit}/{unit} {}",
-            rule.algorithm.map(|a| a.as_str()).unwrap_or("default")
+            rule.algorithm.unwrap_or(default).as_str()
         ),
     };
     if let Some(buckets) = rule.buckets {
@@ -276,6 +471,9 @@ fn describe_rule(rule: &Rule) -> String {
         (rule.shadow_mode, "shadow_mode"),
         (rule.quota_mode, "quota_mode"),
         (rule.detailed_metric, "detailed_metric"),
+        (rule.value_to_metric, "value_to_metric"),
+        (rule.share_threshold, "share_threshold"),
+        (rule.metadata.is_some(), "metadata"),
     ] {
         if on {
             text.push(' ');

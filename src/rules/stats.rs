@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One set of counts, in hits (a call of cost 3 counts 3).
 #[derive(Debug, Default)]
@@ -109,11 +109,27 @@ pub struct RuleStats(Arc<Inner>);
 #[derive(Debug, Default)]
 struct Inner {
     counts: Counts,
-    /// `detailed_metric` rules only: counts per descriptor value, at most
-    /// the cap, then [`OVERFLOW`].
-    detailed: Mutex<HashMap<Arc<str>, Arc<Counts>>>,
+    /// `detailed_metric` rules only, made on their first value: most rules
+    /// never need it, and a rule set may hold a million rules.
+    detailed: OnceLock<Box<Detailed>>,
+}
+
+#[derive(Debug, Default)]
+struct Detailed {
+    /// Counts per descriptor value, at most the cap, then [`OVERFLOW`].
+    values: Mutex<HashMap<Arc<str>, Arc<Counts>>>,
     overflow: Arc<Counts>,
 }
+
+/// What an untouched rule's overflow reads: zero.
+static NO_COUNTS: Counts = Counts {
+    total_hits: AtomicU64::new(0),
+    within_limit: AtomicU64::new(0),
+    near_limit: AtomicU64::new(0),
+    over_limit: AtomicU64::new(0),
+    shadow_mode: AtomicU64::new(0),
+    recorded_over: AtomicU64::new(0),
+};
 
 impl PartialEq for RuleStats {
     fn eq(&self, _: &Self) -> bool {
@@ -131,13 +147,14 @@ impl RuleStats {
     /// The counts of one descriptor value of a `detailed_metric` rule: its
     /// own while fewer than `cap` values are known, else the overflow's.
     pub fn detailed(&self, value: &str, cap: usize) -> Arc<Counts> {
+        let detailed = self.0.detailed.get_or_init(Box::default);
         // Never held across an await: a map lookup, then released.
-        let mut map = self.0.detailed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = detailed.values.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(value) {
             return c.clone();
         }
         if map.len() >= cap {
-            return self.0.overflow.clone();
+            return detailed.overflow.clone();
         }
         let c = Arc::new(Counts::default());
         map.insert(Arc::from(value), c.clone());
@@ -145,22 +162,25 @@ impl RuleStats {
     }
 
     pub fn overflow(&self) -> &Counts {
-        &self.0.overflow
+        self.0.detailed.get().map_or(&NO_COUNTS, |d| &d.overflow)
     }
 
     /// Every detailed value's counts, and the overflow's.
     pub fn detailed_snapshot(&self) -> Vec<(Arc<str>, CountsSnapshot)> {
-        let map = self.0.detailed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(detailed) = self.0.detailed.get() else {
+            return Vec::new();
+        };
+        let map = detailed.values.lock().unwrap_or_else(|e| e.into_inner());
         map.iter().map(|(k, c)| (k.clone(), c.snapshot())).collect()
     }
 
     pub fn has_detailed(&self) -> bool {
-        !self
-            .0
-            .detailed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        self.0.detailed.get().is_some_and(|d| {
+            !d.values
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+        })
     }
 }
 

@@ -2,8 +2,9 @@
 //! `http_addr`) serves what probes, Prometheus and the reference service's
 //! users expect there: `/healthcheck`, `/metrics`, `POST /json`. The debug
 //! router (on `debug_addr`, loopback by default) serves the views that show
-//! rules and the heaviest limiters: `/rlconfig` and `/debug/hotkeys`, with
-//! descriptor values as digests unless `debug_show_values` is set.
+//! rules, the quota shares and the heaviest limiters: `/rlconfig`,
+//! `/debug/rlqs` and `/debug/hotkeys`, with descriptor and bucket values as
+//! digests unless `debug_show_values` is set.
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 use crate::engine::Engine;
 use crate::observe::Telemetry;
 use crate::reload;
+use crate::rlqs::{Assignment, QuotaService};
 use crate::rules::RuleSet;
 use crate::service::RateLimiter;
 use crate::storage::hotkeys;
@@ -27,6 +29,7 @@ pub fn public(
     limiter: RateLimiter,
     telemetry: Option<Arc<Telemetry>>,
     draining: watch::Receiver<bool>,
+    rules_ready: watch::Receiver<bool>,
     max_message_bytes: usize,
 ) -> axum::Router {
     let ready_store = engine.store().clone();
@@ -35,9 +38,12 @@ pub fn public(
         axum::routing::get(move || {
             let store = ready_store.clone();
             let draining = *draining.borrow();
+            let rules_ready = *rules_ready.borrow();
             async move {
                 if draining {
                     (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+                } else if !rules_ready {
+                    (StatusCode::SERVICE_UNAVAILABLE, "no rules from xDS yet\n")
                 } else if store.is_ready() {
                     (StatusCode::OK, "OK\n")
                 } else {
@@ -82,10 +88,16 @@ pub fn public(
 }
 
 /// The debug router: the rules in force and the heaviest limiters.
-pub fn debug(engine: &Engine, reloads: reload::ReloadCounts, show_values: bool) -> axum::Router {
+pub fn debug(
+    engine: &Engine,
+    reloads: reload::ReloadCounts,
+    quota: QuotaService,
+    show_values: bool,
+) -> axum::Router {
     // The rules in force, as the reference service's /rlconfig shows them;
     // the headers count reloads, so a refused edit is visible too.
     let rules = engine.rules().clone();
+    let default = engine.options().default_algorithm;
     let router = axum::Router::new().route(
         "/rlconfig",
         axum::routing::get(move |uri: Uri, headers: HeaderMap| {
@@ -97,12 +109,20 @@ pub fn debug(engine: &Engine, reloads: reload::ReloadCounts, show_values: bool) 
                     ("x-rules-refused", reloads.refused().to_string()),
                 ];
                 if wants_json(&uri, &headers) {
-                    let body = rules_json(&rules.current(), &reloads);
+                    let body = rules_json(&rules.current(), &reloads, default);
                     (counts, json_response(StatusCode::OK, &body)).into_response()
                 } else {
-                    (counts, rules.current().describe()).into_response()
+                    (counts, rules.current().describe(default)).into_response()
                 }
             }
+        }),
+    );
+    // The shares this replica's quota streams hold.
+    let router = router.route(
+        "/debug/rlqs",
+        axum::routing::get(move || {
+            let quota = quota.clone();
+            async move { json_response(StatusCode::OK, &quota_json(&quota, show_values)) }
         }),
     );
     // The heaviest limiters of this replica, to tell which rule to shard.
@@ -129,6 +149,57 @@ pub fn debug(engine: &Engine, reloads: reload::ReloadCounts, show_values: bool) 
 /// A descriptor value as the debug views show it by default: enough of its
 /// SHA-256 to tell values apart and to match one a client is known to
 /// send, nothing that reads back. The empty value stays empty.
+/// `/debug/rlqs`: every bucket's last assignment on this replica's open
+/// quota streams (values as digests unless `show_values`), and the ledger
+/// as the stream's last report saw it.
+fn quota_json(quota: &QuotaService, show_values: bool) -> serde_json::Value {
+    let buckets: Vec<serde_json::Value> = quota
+        .shares()
+        .into_iter()
+        .map(|v| {
+            let bucket: serde_json::Map<String, serde_json::Value> = v
+                .bucket
+                .iter()
+                .map(|(k, val)| {
+                    let shown = if show_values {
+                        val.clone()
+                    } else {
+                        masked(val)
+                    };
+                    (k.clone(), serde_json::Value::from(shown))
+                })
+                .collect();
+            let assignment = match v.assignment {
+                Assignment::AllowAll => serde_json::json!({"blanket_rule": "ALLOW_ALL"}),
+                Assignment::DenyAll => serde_json::json!({"blanket_rule": "DENY_ALL"}),
+                Assignment::TokenBucket {
+                    max_tokens,
+                    tokens_per_fill,
+                    fill_secs,
+                } => serde_json::json!({"token_bucket": {
+                    "max_tokens": max_tokens,
+                    "tokens_per_fill": tokens_per_fill,
+                    "fill_interval_s": fill_secs,
+                }}),
+            };
+            serde_json::json!({
+                "stream": v.stream,
+                "domain": v.domain,
+                "bucket": bucket,
+                "rule": v.rule,
+                "assignment": assignment,
+                "ledger_holders": v.holders,
+                "ledger_tokens_in_force": v.granted_total,
+            })
+        })
+        .collect();
+    let stats = quota.stats().snapshot();
+    serde_json::json!({
+        "streams": stats.streams_open,
+        "buckets": buckets,
+    })
+}
+
 pub fn masked(value: &str) -> String {
     if value.is_empty() {
         return String::new();
@@ -203,19 +274,25 @@ fn hot_keys_json(report: &hotkeys::Report, show_values: bool) -> serde_json::Val
     })
 }
 
-/// The rules in force as JSON, sorted by domain and path.
-fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Value {
+/// The rules in force as JSON, sorted by domain and path: each with the
+/// algorithm it runs (`algorithmSetBy` says whether the rule names it or
+/// `default_algorithm` gives it) and its position; whitelists too.
+fn rules_json(
+    rules: &RuleSet,
+    reloads: &reload::ReloadCounts,
+    default: crate::limit::Algorithm,
+) -> serde_json::Value {
     use crate::rules::LimitSpec;
+    let whitelists = rules.whitelists();
     let mut list = rules.rules();
     list.sort_by(|a, b| (a.0, &a.1.path).cmp(&(b.0, &b.1.path)));
-    let rules: Vec<serde_json::Value> = list
+    let mut rules: Vec<(String, String, serde_json::Value)> = list
         .into_iter()
         .map(|(domain, r)| {
             let mut v = serde_json::json!({
                 "domain": domain,
                 "rule": r.path,
                 "name": r.name,
-                "algorithm": r.algorithm.map(|a| a.as_str()),
                 "buckets": r.buckets,
                 "burst": r.burst,
                 "shards": r.shards,
@@ -224,7 +301,10 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 "shadowMode": r.shadow_mode,
                 "quotaMode": r.quota_mode,
                 "detailedMetric": r.detailed_metric,
-                "source": r.source,
+                "valueToMetric": r.value_to_metric,
+                "shareThreshold": r.share_threshold,
+                "metadata": r.metadata.as_deref(),
+                "source": r.source.to_string(),
             });
             match &r.limit {
                 LimitSpec::Unlimited => v["unlimited"] = true.into(),
@@ -234,14 +314,33 @@ fn rules_json(rules: &RuleSet, reloads: &reload::ReloadCounts) -> serde_json::Va
                 } => {
                     v["requestsPerUnit"] = (*requests_per_unit).into();
                     v["unit"] = unit.as_str().into();
+                    v["algorithm"] = r.algorithm.unwrap_or(default).as_str().into();
+                    v["algorithmSetBy"] = if r.algorithm.is_some() {
+                        "rule"
+                    } else {
+                        "default_algorithm"
+                    }
+                    .into();
                 }
             }
-            v
+            (domain.to_string(), r.path.clone(), v)
         })
         .collect();
+    for (domain, path, source) in whitelists {
+        let v = serde_json::json!({
+            "domain": domain,
+            "rule": path,
+            "whitelist": true,
+            "source": source,
+        });
+        rules.push((domain.to_string(), path, v));
+    }
+    rules.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    let rules: Vec<serde_json::Value> = rules.into_iter().map(|(_, _, v)| v).collect();
     serde_json::json!({
         "rules": rules,
-        "reloads": { "loaded": reloads.loaded(), "refused": reloads.refused() },
+        // Named as the headers name them.
+        "reloads": { "reloaded": reloads.loaded(), "refused": reloads.refused() },
     })
 }
 

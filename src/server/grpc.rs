@@ -1,5 +1,6 @@
-//! The gRPC face: the rate-limit service (RLS), health following the
-//! store, and reflection, on one listener, plain or TLS.
+//! The gRPC face: the rate-limit service (RLS), the quota service (RLQS),
+//! health following the store, and reflection (v1 and v1alpha), on one
+//! listener, plain or TLS, and on a Unix socket when `grpc_uds` is set.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -7,24 +8,28 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
+use super::conn_age::Aged;
 use super::grpc_limits::MessageSizeStatus;
+use crate::proto::rlqs::RateLimitQuotaServiceServer;
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitServiceServer};
+use crate::rlqs::QuotaService;
 use crate::service::RateLimiter;
 use crate::settings::Settings;
 use crate::storage::Store;
 
 /// The health service names answered besides the overall "".
-pub const HEALTH_SERVICES: [&str; 3] = [
+pub const HEALTH_SERVICES: [&str; 4] = [
     "",
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];
 
 /// The health service, and the task that keeps it following the store.
@@ -33,10 +38,13 @@ pub(super) struct HealthTask<S> {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Health follows the store: SERVING only while it can answer and the
-/// server is not draining; NOT_SERVING once stopped.
+/// Health follows the store: SERVING only while it can answer, the rules
+/// are there (the first set from xDS arrived, unless
+/// `xds.serve_without_config`) and the server is not draining;
+/// NOT_SERVING once stopped.
 pub(super) fn follow_store_health(
     store: Arc<dyn Store>,
+    mut rules_ready: watch::Receiver<bool>,
     mut draining: watch::Receiver<bool>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> HealthTask<impl Health> {
@@ -45,7 +53,7 @@ pub(super) fn follow_store_health(
         tokio::pin!(stop);
         let mut last = None;
         loop {
-            let status = if !*draining.borrow() && store.is_ready() {
+            let status = if !*draining.borrow() && store.is_ready() && *rules_ready.borrow() {
                 ServingStatus::Serving
             } else {
                 ServingStatus::NotServing
@@ -60,6 +68,7 @@ pub(super) fn follow_store_health(
             tokio::select! {
                 _ = &mut stop => break,
                 _ = draining.changed() => {}
+                Ok(()) = rules_ready.changed() => {}
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
@@ -72,47 +81,139 @@ pub(super) fn follow_store_health(
     HealthTask { service, task }
 }
 
-/// The gRPC server on `listener`: accepts once `startup` resolves, stops
-/// accepting when `stopped()` resolves.
-pub(super) fn serve<F>(
+/// Wraps each accepted connection to end `end` after it is accepted.
+fn aged<T>(
+    end: Option<Duration>,
+) -> impl Fn(std::io::Result<T>) -> std::io::Result<Aged<T>> + Send + 'static {
+    move |accepted| accepted.map(|io| Aged::new(io, end))
+}
+
+/// Reflection over every service served: RLS, health and reflection
+/// itself, in both versions (`grpc.reflection.v1` and the older
+/// `v1alpha`, which older grpcurl and several GUI clients still call).
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // Registered here once each, so both versions list both.
+        .include_reflection_service(false)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+}
+
+/// The services on the gRPC listener: RLS, RLQS and health.
+pub(super) struct Services<H> {
+    pub limiter: RateLimiter,
+    pub quota: QuotaService,
+    pub health: HealthServer<H>,
+}
+
+/// The gRPC server on `listener` (and on `uds`, a Unix socket, when
+/// given): accepts once `startup` resolves, stops accepting when
+/// `stopped()` resolves.
+pub(super) fn serve<F, H>(
     settings: &Settings,
-    limiter: RateLimiter,
-    health: HealthServer<impl Health>,
-    listener: TcpListener,
+    services: Services<H>,
+    listener: Option<TcpListener>,
+    uds: Option<UnixListener>,
     startup: impl Future<Output = ()> + Send + 'static,
     stopped: &impl Fn() -> F,
 ) -> anyhow::Result<BoxFuture<'static, Result<(), tonic::transport::Error>>>
 where
     F: Future<Output = ()> + Send + 'static,
+    H: Health,
 {
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+    let Services {
+        limiter,
+        quota,
+        health,
+    } = services;
     let max_message_bytes = settings.limits.max_message_bytes;
-    let service = RateLimitServiceServer::new(limiter).max_decoding_message_size(max_message_bytes);
-    let service = MessageSizeStatus::new(service, max_message_bytes);
-    let routes = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(reflection)
-        .add_service(service);
-    Ok(match &settings.grpc_tls {
-        None => {
+    let quota = MessageSizeStatus::new(
+        RateLimitQuotaServiceServer::new(quota).max_decoding_message_size(max_message_bytes),
+        max_message_bytes,
+    );
+    let routes = |health: HealthServer<H>, limiter: RateLimiter| {
+        let v1 = reflection_builder()
+            .build_v1()
+            .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+        let v1alpha = reflection_builder()
+            .build_v1alpha()
+            .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+        let service =
+            RateLimitServiceServer::new(limiter).max_decoding_message_size(max_message_bytes);
+        let service = MessageSizeStatus::new(service, max_message_bytes);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(age) = settings.grpc_max_connection_age {
+            builder = builder.max_connection_age(age);
+        }
+        anyhow::Ok(
+            builder
+                .add_service(health)
+                .add_service(v1)
+                .add_service(v1alpha)
+                .add_service(service)
+                .add_service(quota.clone()),
+        )
+    };
+    // Past its age and grace a connection is closed (see `conn_age`).
+    let end = settings
+        .grpc_max_connection_age
+        .zip(settings.grpc_max_connection_age_grace)
+        .map(|(age, grace)| age + grace);
+    let uds_server = match uds {
+        Some(uds) => {
+            let incoming = UnixListenerStream::new(uds).map(aged(end));
+            let serve = routes(health.clone(), limiter.clone())?
+                .serve_with_incoming_shutdown(incoming, stopped());
+            Some(serve.boxed())
+        }
+        None => None,
+    };
+    let tcp_server = match (listener, &settings.grpc_tls) {
+        (None, _) => None,
+        (Some(listener), None) => {
             // Answers are small and each is awaited by a caller: send them
             // at once instead of waiting to fill a segment (Nagle).
-            let incoming = TcpListenerStream::new(listener).map(|accepted| {
-                if let Ok(tcp) = &accepted {
-                    let _ = tcp.set_nodelay(true);
+            let incoming = TcpListenerStream::new(listener)
+                .map(|accepted| {
+                    if let Ok(tcp) = &accepted {
+                        let _ = tcp.set_nodelay(true);
+                    }
+                    accepted
+                })
+                .map(aged(end));
+            Some(
+                routes(health, limiter)?
+                    .serve_with_incoming_shutdown(incoming, stopped())
+                    .boxed(),
+            )
+        }
+        (Some(listener), Some(tls)) => {
+            let incoming = crate::tls::listen(listener, tls, stopped())?.map(aged(end));
+            Some(
+                routes(health, limiter)?
+                    .serve_with_incoming_shutdown(incoming, stopped())
+                    .boxed(),
+            )
+        }
+    };
+    let both = async move {
+        let (tcp, uds) = tokio::join!(
+            async move {
+                match tcp_server {
+                    Some(s) => s.await,
+                    None => Ok(()),
                 }
-                accepted
-            });
-            let serve = routes.serve_with_incoming_shutdown(incoming, stopped());
-            startup.then(|()| serve).boxed()
-        }
-        Some(tls) => {
-            let incoming = crate::tls::listen(listener, tls, stopped())?;
-            let serve = routes.serve_with_incoming_shutdown(incoming, stopped());
-            startup.then(|()| serve).boxed()
-        }
-    })
+            },
+            async move {
+                match uds_server {
+                    Some(s) => s.await,
+                    None => Ok(()),
+                }
+            }
+        );
+        tcp.and(uds)
+    };
+    Ok(startup.then(|()| both).boxed())
 }

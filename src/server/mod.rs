@@ -1,10 +1,11 @@
-//! Wiring: build the engine from settings, then serve gRPC (RLS, health,
-//! reflection), the public HTTP surface and the debug one on listeners the
+//! Wiring: build the engine from settings, then serve gRPC (RLS, RLQS,
+//! health, reflection), the public HTTP surface and the debug one on listeners the
 //! caller bound, until `shutdown`. `grpc` builds the gRPC face, `admin` the
 //! HTTP routers, `listen` serves HTTP with its bounds, `lifecycle` starts
 //! and stops.
 
 mod admin;
+mod conn_age;
 mod grpc;
 mod grpc_limits;
 mod lifecycle;
@@ -16,13 +17,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::FutureExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
 use crate::engine::{Engine, EngineOptions, RulesHandle};
 use crate::observe::{self, ObservedStore, Telemetry};
 use crate::reload;
+use crate::rlqs::{IdLimits, QuotaOptions, QuotaService};
 use crate::rules::{self, RuleSet};
 use crate::service::{RateLimiter, ServiceOptions};
 use crate::settings::{Settings, StoreSetting};
@@ -42,13 +44,23 @@ const MAINTAIN_EVERY: Duration = Duration::from_secs(5);
 /// reload with errors is not); an unreachable Redis is not: the store keeps
 /// connecting and health says NOT_SERVING meanwhile.
 pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Result<Engine> {
-    let rules = match &settings.rules_dir {
+    // With xDS, rules come from the management server instead of files.
+    let files = settings
+        .rules_dir
+        .as_ref()
+        .filter(|_| settings.xds.is_none());
+    let rules = match files {
         Some(dir) => {
             rules::load_dir(dir, &rule_options(settings)).map_err(|e| anyhow::anyhow!("{e}"))?
         }
         None => RuleSet::default(),
     };
-    match &settings.rules_dir {
+    match files {
+        _ if settings.xds.is_some() => {
+            if settings.rules_dir.is_some() {
+                tracing::warn!("xds.server_url is set: rules_dir is not read");
+            }
+        }
         Some(dir) => {
             let mut names: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
             names.sort_unstable();
@@ -86,6 +98,7 @@ pub fn rule_options(settings: &Settings) -> rules::LoadOptions {
     rules::LoadOptions {
         default_algorithm: settings.default_algorithm,
         max_log_limit: settings.max_log_limit,
+        merge_domains: settings.merge_domain_config,
     }
 }
 
@@ -128,12 +141,50 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
     Ok(Arc::new(HotKeyStore::new(sharded, clock, tracker)))
 }
 
+/// The quota service's options from the settings.
+pub fn quota_options(settings: &Settings) -> QuotaOptions {
+    QuotaOptions {
+        assignment_ttl_secs: settings.rlqs.assignment_ttl_secs,
+        burst: settings.rlqs.burst,
+        abandon_after: settings.rlqs.abandon_after,
+        max_buckets: settings.rlqs.max_buckets,
+        ids: IdLimits {
+            max_entries: settings.limits.max_entries,
+            max_key_bytes: settings.limits.max_key_bytes,
+            max_value_bytes: settings.limits.max_value_bytes,
+        },
+    }
+}
+
 /// The listeners a server answers on, bound by the caller (tests bind
 /// port 0). No debug listener: the debug views are not served.
 pub struct Listeners {
-    pub grpc: TcpListener,
+    /// `None`: gRPC only on `grpc_uds` (`grpc_addr=off`).
+    pub grpc: Option<TcpListener>,
     pub http: TcpListener,
     pub debug: Option<TcpListener>,
+    /// gRPC on a Unix socket as well (`grpc_uds`; see [`bind_uds`]).
+    pub grpc_uds: Option<UnixListener>,
+}
+
+/// Binds the `grpc_uds` socket, replacing a socket file left there by an
+/// earlier run (never any other kind of file, nor a socket something still
+/// listens on).
+pub fn bind_uds(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.file_type().is_socket()
+    {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!(
+                "binding gRPC socket {}: another process is listening on it",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("binding gRPC socket {}", path.display()))
 }
 
 /// Serves gRPC and the public HTTP surface until `shutdown` resolves, then
@@ -145,10 +196,12 @@ pub async fn run(
     http: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let grpc_uds = settings.grpc_uds.as_deref().map(bind_uds).transpose()?;
     let listeners = Listeners {
-        grpc,
+        grpc: Some(grpc),
         http,
         debug: None,
+        grpc_uds,
     };
     run_with(settings, engine, listeners, shutdown).await
 }
@@ -180,8 +233,10 @@ pub async fn run_with(
             headers: settings.rate_limit_headers.clone(),
             limits: settings.limits,
             deadline_margin: settings.deadline_margin,
+            dynamic_metadata: settings.response_dynamic_metadata,
         },
     );
+    let quota = QuotaService::new(engine.clone(), quota_options(settings), drain_rx.clone());
     let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
         let telemetry = Telemetry::start(
             settings,
@@ -192,6 +247,7 @@ pub async fn run_with(
                 store: engine.store().clone(),
                 reloads: reloads.clone(),
                 http: http_counts.clone(),
+                quota: quota.stats().clone(),
             },
         )
         .context("starting metrics and traces")?;
@@ -212,8 +268,26 @@ pub async fn run_with(
         None
     };
 
-    let health_task =
-        grpc::follow_store_health(engine.store().clone(), drain_rx.clone(), stopped());
+    // Rules from xDS: health waits for the first set unless told not to.
+    let (rules_ready_tx, rules_ready) =
+        watch::channel(settings.xds.as_ref().is_none_or(|x| x.serve_without_config));
+    if let Some(xds) = settings.xds.clone() {
+        tracing::info!(server = %xds.url, node = %xds.node_id, "rules from xDS");
+        tokio::spawn(crate::xds::run(
+            xds,
+            rule_options(settings),
+            engine.rules().clone(),
+            reloads.clone(),
+            rules_ready_tx,
+            stopped(),
+        ));
+    }
+    let health_task = grpc::follow_store_health(
+        engine.store().clone(),
+        rules_ready.clone(),
+        drain_rx.clone(),
+        stopped(),
+    );
     let health = health_task.service;
     let store = engine.store().clone();
     let mut stop = Box::pin(stopped());
@@ -225,7 +299,11 @@ pub async fn run_with(
             }
         }
     });
-    if let (Some(dir), Some(every)) = (settings.rules_dir.clone(), settings.rules_reload) {
+    let files = settings
+        .rules_dir
+        .clone()
+        .filter(|_| settings.xds.is_none());
+    if let (Some(dir), Some(every)) = (files, settings.rules_reload) {
         tokio::spawn(reload::watch(
             dir,
             every,
@@ -236,11 +314,16 @@ pub async fn run_with(
         ));
     }
 
-    tracing::info!(
-        addr = %listeners.grpc.local_addr()?,
-        tls = settings.grpc_tls.is_some(),
-        "gRPC listening"
-    );
+    if let Some(grpc) = &listeners.grpc {
+        tracing::info!(
+            addr = %grpc.local_addr()?,
+            tls = settings.grpc_tls.is_some(),
+            "gRPC listening"
+        );
+    }
+    if let Some(uds) = &listeners.grpc_uds {
+        tracing::info!(socket = ?uds.local_addr()?, "gRPC listening on a Unix socket");
+    }
     // gRPC is accepted only once the store can answer (or the startup wait
     // is over): callers connecting meanwhile wait in the listen queue
     // instead of getting UNAVAILABLE from a store still connecting. HTTP
@@ -248,9 +331,13 @@ pub async fn run_with(
     let startup = lifecycle::wait_ready(engine.store().clone(), settings.startup_wait);
     let grpc_server = grpc::serve(
         settings,
-        limiter.clone(),
-        health,
+        grpc::Services {
+            limiter: limiter.clone(),
+            quota: quota.clone(),
+            health,
+        },
         listeners.grpc,
+        listeners.grpc_uds,
         startup,
         &stopped,
     )?;
@@ -274,6 +361,7 @@ pub async fn run_with(
         limiter,
         telemetry.clone(),
         drain_rx,
+        rules_ready,
         settings.limits.max_message_bytes,
     );
     let http_server = listen::serve(
@@ -285,8 +373,13 @@ pub async fn run_with(
     );
     let debug_server = match listeners.debug {
         Some(listener) => {
-            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys)");
-            let router = admin::debug(&engine, reloads.clone(), settings.debug_show_values);
+            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys, /debug/rlqs)");
+            let router = admin::debug(
+                &engine,
+                reloads.clone(),
+                quota.clone(),
+                settings.debug_show_values,
+            );
             listen::serve(listener, router, limits, http_counts, stopped()).boxed()
         }
         None => futures_util::future::ready(()).boxed(),
@@ -322,9 +415,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let engine = build_engine(settings, Arc::new(SystemClock)).await?;
-    let grpc = TcpListener::bind(settings.grpc_addr)
-        .await
-        .with_context(|| format!("binding gRPC address {}", settings.grpc_addr))?;
+    let grpc = match settings.grpc_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding gRPC address {addr}"))?,
+        ),
+        None => None,
+    };
     let http = TcpListener::bind(settings.http_addr)
         .await
         .with_context(|| format!("binding HTTP address {}", settings.http_addr))?;
@@ -336,5 +434,12 @@ pub async fn serve(
         ),
         None => None,
     };
-    run_with(settings, engine, Listeners { grpc, http, debug }, shutdown).await
+    let grpc_uds = settings.grpc_uds.as_deref().map(bind_uds).transpose()?;
+    let listeners = Listeners {
+        grpc,
+        http,
+        debug,
+        grpc_uds,
+    };
+    run_with(settings, engine, listeners, shutdown).await
 }

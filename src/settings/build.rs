@@ -9,7 +9,8 @@ use super::table::{self, Kind};
 use super::values::{Values, bad};
 use super::{
     CacheConfig, FailurePolicy, GrpcTls, HeaderNames, HttpSettings, LogFormat, MetricsSettings,
-    OtelSettings, RedisSettings, RequestLimits, Settings, SettingsError, Sources, StoreSetting,
+    OtelSettings, RedisSettings, RequestLimits, RlqsSettings, Settings, SettingsError, Sources,
+    StoreSetting, XdsSettings, XdsTls,
 };
 use crate::storage::{BreakerConfig, RedisConfig};
 
@@ -90,7 +91,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
     };
     let grpc_tls = grpc_tls(v)?;
     Ok(Settings {
-        grpc_addr: v.get("grpc_addr")?,
+        grpc_addr: grpc_addr(v)?,
         http_addr: v.get("http_addr")?,
         debug_addr: debug_addr(v)?,
         debug_show_values: v.bool("debug_show_values")?,
@@ -110,8 +111,20 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         store,
         redis,
         deadline_margin: v.millis("deadline_margin_ms")?,
+        rlqs: RlqsSettings {
+            assignment_ttl_secs: v.get::<u64>("rlqs.assignment_ttl_ms")?.div_ceil(1000),
+            burst: v.get("rlqs.burst")?,
+            abandon_after: v.every("rlqs.abandon_after_ms")?,
+            max_buckets: v.get("rlqs.max_buckets")?,
+        },
         limits,
         max_log_limit: v.get("max_log_limit")?,
+        xds: xds_settings(v)?,
+        merge_domain_config: v.bool("merge_domain_config")?,
+        grpc_uds: v.opt_text("grpc_uds")?.map(PathBuf::from),
+        grpc_max_connection_age: v.every("grpc_max_connection_age_ms")?,
+        grpc_max_connection_age_grace: v.every("grpc_max_connection_age_grace_ms")?,
+        response_dynamic_metadata: v.bool("response_dynamic_metadata")?,
         memory_max_limiters: v.get("memory.max_limiters")?,
         memory_max_bytes: v.get("memory.max_bytes")?,
         over_limit_cache,
@@ -125,6 +138,130 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         otel,
         warnings: Vec::new(),
     })
+}
+
+fn xds_settings(v: &Values<'_>) -> Result<Option<XdsSettings>, SettingsError> {
+    let src = v.src;
+    // Every xds setting is read (and checked) whether or not it is used.
+    let url = v.opt_text("xds.server_url")?;
+    let ca = v.file("xds.tls_ca_file")?;
+    let cert = v.file("xds.tls_cert_file")?;
+    let key = v.file("xds.tls_key_file")?;
+    let tls_wanted = v.bool("xds.tls")?;
+    let server_name = v.opt_text("xds.tls_server_name")?;
+    let node_id: String = v.get("xds.node_id")?;
+    let node_cluster = v.opt_text("xds.node_cluster")?;
+    let node_metadata_text = v.opt_text("xds.node_metadata")?;
+    let headers_text = v.opt_text("xds.headers")?;
+    let retry_initial = Duration::from_millis(v.get("xds.retry_initial_ms")?);
+    let retry_max = Duration::from_millis(v.get("xds.retry_max_ms")?);
+    let serve_without_config = v.bool("xds.serve_without_config")?;
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    if cert.is_some() != key.is_some() {
+        return Err(bad(
+            src,
+            "xds.tls_cert_file",
+            &format!("{cert:?}"),
+            "xds.tls_cert_file and xds.tls_key_file go together",
+        ));
+    }
+    let https = url.starts_with("https://");
+    let url = if url.contains("://") {
+        url
+    } else if https || tls_wanted || ca.is_some() || cert.is_some() {
+        format!("https://{url}")
+    } else {
+        format!("http://{url}")
+    };
+    if url
+        .parse::<tonic::transport::Uri>()
+        .map_or(true, |u| u.host().is_none())
+        || !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        return Err(bad(
+            src,
+            "xds.server_url",
+            &url,
+            "expected host:port, http://host:port or https://host:port",
+        ));
+    }
+    let read = |p: &Path| {
+        std::fs::read(p).map_err(|e| bad(src, "xds.tls_ca_file", &p.display().to_string(), e))
+    };
+    let tls = if url.starts_with("https://") {
+        Some(XdsTls {
+            ca_pem: ca.as_deref().map(read).transpose()?,
+            identity: match (cert, key) {
+                (Some(c), Some(k)) => Some((read(&c)?, read(&k)?)),
+                _ => None,
+            },
+            server_name,
+        })
+    } else {
+        None
+    };
+    let node_metadata = match node_metadata_text {
+        None => None,
+        Some(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Object(map)) => Some(map),
+            _ => {
+                return Err(bad(
+                    src,
+                    "xds.node_metadata",
+                    &text,
+                    "expected a JSON object",
+                ));
+            }
+        },
+    };
+    let headers = match headers_text {
+        None => Vec::new(),
+        // The text may hold a token: errors do not repeat it.
+        Some(text) => xds_headers(&text).map_err(|e| bad(src, "xds.headers", "(not shown)", e))?,
+    };
+    Ok(Some(XdsSettings {
+        url,
+        node_id,
+        node_cluster,
+        node_metadata,
+        headers,
+        tls,
+        retry_initial,
+        retry_max: retry_max.max(retry_initial),
+        serve_without_config,
+    }))
+}
+
+/// `xds.headers`: a JSON object of strings, each name a valid gRPC
+/// metadata name and each value valid metadata text.
+fn xds_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Err("expected a JSON object of strings".into());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (name, value) in map {
+        let serde_json::Value::String(value) = value else {
+            return Err(format!("the value of {name:?} must be a string"));
+        };
+        let name = name.to_ascii_lowercase();
+        if name
+            .parse::<tonic::metadata::MetadataKey<tonic::metadata::Ascii>>()
+            .is_err()
+            || name.ends_with("-bin")
+        {
+            return Err(format!("{name:?} is not a gRPC metadata name"));
+        }
+        if value
+            .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
+            .is_err()
+        {
+            return Err(format!("the value of {name:?} is not valid metadata text"));
+        }
+        out.push((name, value));
+    }
+    Ok(out)
 }
 
 fn redis_settings(v: &Values<'_>, store: &StoreSetting) -> Result<RedisSettings, SettingsError> {
@@ -363,6 +500,25 @@ fn grpc_tls(v: &Values<'_>) -> Result<Option<GrpcTls>, SettingsError> {
 }
 
 /// `debug_addr`: an address, or empty or `off` for none.
+/// `off` (or empty) serves gRPC only on the Unix socket, which must then
+/// be set.
+fn grpc_addr(v: &Values<'_>) -> Result<Option<std::net::SocketAddr>, SettingsError> {
+    let uds = v.opt_text("grpc_uds")?;
+    match v.opt_text("grpc_addr")?.as_deref().map(str::trim) {
+        None | Some("off") if uds.is_some() => Ok(None),
+        None | Some("off") => Err(bad(
+            v.src,
+            "grpc_addr",
+            "off",
+            "gRPC must be served somewhere: set grpc_uds to turn the TCP listener off",
+        )),
+        Some(addr) => addr
+            .parse()
+            .map(Some)
+            .map_err(|e| bad(v.src, "grpc_addr", addr, e)),
+    }
+}
+
 fn debug_addr(v: &Values<'_>) -> Result<Option<std::net::SocketAddr>, SettingsError> {
     match v.opt_text("debug_addr")?.as_deref().map(str::trim) {
         None | Some("off") => Ok(None),

@@ -50,3 +50,43 @@ pub(super) fn classify_env(var: &str, value: &str) -> EnvVar {
     }
     EnvVar::Unknown
 }
+
+/// The setting variable nearest to a stray `var`, for the warning: the one
+/// fewest edits away, when that is at most half the stray's name (past
+/// that it would be a guess); ties go to the longer common start, since
+/// people mistype the end of a name more often than its start.
+pub(super) fn nearest(var: &str) -> Option<String> {
+    let stray = var.strip_prefix(ENV_PREFIX)?;
+    keys()
+        .map(env_name)
+        .map(|name| {
+            let known = &name[ENV_PREFIX.len()..];
+            let common = stray
+                .bytes()
+                .zip(known.bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            (edits(stray, known), usize::MAX - common, name)
+        })
+        .min()
+        .filter(|(distance, _, _)| *distance <= stray.len().div_ceil(2))
+        .map(|(_, _, name)| name)
+}
+
+/// Levenshtein distance over bytes (variable names are ASCII).
+fn edits(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}

@@ -14,6 +14,7 @@
 
 mod build;
 mod env;
+mod kind;
 pub mod table;
 mod values;
 
@@ -94,6 +95,62 @@ pub enum LogFormat {
 }
 
 /// What the exported metrics count.
+/// Where rules come from when they come over xDS (ADS, state of the world).
+#[derive(Clone, PartialEq)]
+pub struct XdsSettings {
+    /// `http://host:port` or `https://host:port`.
+    pub url: String,
+    pub node_id: String,
+    pub node_cluster: Option<String>,
+    /// A JSON object.
+    pub node_metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// gRPC metadata sent on the stream (lower-case names).
+    pub headers: Vec<(String, String)>,
+    /// `Some` for TLS.
+    pub tls: Option<XdsTls>,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    pub serve_without_config: bool,
+}
+
+impl fmt::Debug for XdsSettings {
+    // Header values (tokens) are not shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("XdsSettings")
+            .field("url", &self.url)
+            .field("node_id", &self.node_id)
+            .field("node_cluster", &self.node_cluster)
+            .field("node_metadata", &self.node_metadata)
+            .field("headers", &headers)
+            .field("tls", &self.tls)
+            .field("retry_initial", &self.retry_initial)
+            .field("retry_max", &self.retry_max)
+            .field("serve_without_config", &self.serve_without_config)
+            .finish()
+    }
+}
+
+/// TLS to the management server; files already read.
+#[derive(Clone, PartialEq)]
+pub struct XdsTls {
+    pub ca_pem: Option<Vec<u8>>,
+    /// Client certificate and key (PEM), for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub server_name: Option<String>,
+}
+
+impl fmt::Debug for XdsTls {
+    // No private key in Debug output.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("XdsTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity.is_some())
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MetricsSettings {
     pub enabled: bool,
@@ -110,6 +167,16 @@ pub struct OtelSettings {
     pub metrics_interval: Duration,
 }
 
+/// The quota service (RLQS): see `crate::rlqs`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RlqsSettings {
+    /// Whole seconds, at least 1.
+    pub assignment_ttl_secs: u64,
+    pub burst: f64,
+    pub abandon_after: Option<Duration>,
+    pub max_buckets: usize,
+}
+
 /// Bounds on the HTTP listeners (see `server::listen`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HttpSettings {
@@ -121,7 +188,8 @@ pub struct HttpSettings {
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub grpc_addr: SocketAddr,
+    /// `None`: gRPC only on `grpc_uds`.
+    pub grpc_addr: Option<SocketAddr>,
     pub http_addr: SocketAddr,
     /// `None`: the debug views are not served.
     pub debug_addr: Option<SocketAddr>,
@@ -143,9 +211,22 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// Kept back from the caller's deadline for the answer's way back.
     pub deadline_margin: Duration,
+    pub rlqs: RlqsSettings,
     pub limits: RequestLimits,
     /// Largest `requests_per_unit` of a `sliding_window_log` limit.
     pub max_log_limit: u32,
+    /// A Unix socket gRPC is served on as well.
+    pub grpc_uds: Option<PathBuf>,
+    /// Age past which a gRPC connection is sent GOAWAY.
+    pub grpc_max_connection_age: Option<Duration>,
+    /// How long a connection past its age may finish its calls.
+    pub grpc_max_connection_age_grace: Option<Duration>,
+    /// Rules from an xDS management server instead of `rules_dir`.
+    pub xds: Option<XdsSettings>,
+    /// Files naming the same domain are merged into it.
+    pub merge_domain_config: bool,
+    /// Answers carry `dynamic_metadata` (the matched rules' `metadata`).
+    pub response_dynamic_metadata: bool,
     /// Limiters the embedded store holds before evicting the least recently used.
     pub memory_max_limiters: usize,
     /// Estimated bytes the embedded store holds before evicting the least
@@ -293,7 +374,12 @@ fn load(sources: &Sources) -> Result<(Settings, HashSet<&'static str>), Settings
                 env.insert(var.clone(), value.clone());
             }
             EnvVar::ServiceLink => {}
-            EnvVar::Unknown => warnings.push(format!("{var} is not a tollgate setting; ignored")),
+            EnvVar::Unknown => warnings.push(match env::nearest(var) {
+                Some(near) => {
+                    format!("{var} is not a tollgate setting; ignored (did you mean {near}?)")
+                }
+                None => format!("{var} is not a tollgate setting; ignored"),
+            }),
         }
     }
     builder = builder.add_source(

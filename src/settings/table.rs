@@ -5,38 +5,7 @@
 //! settings table people read are all derived from [`SETTINGS`]; README's
 //! table of the common ones is checked against it by a test.
 
-/// The values a setting takes; a given value (or the default) that is not
-/// one of them is refused as `name=value is not valid: reason`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Kind {
-    /// A socket address, `host:port`.
-    Addr,
-    /// A whole number of milliseconds.
-    Millis,
-    /// A whole number from `min` to `max`.
-    Count { min: u64, max: u64 },
-    /// A whole number of at least this.
-    AtLeast(u64),
-    /// `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
-    Bool,
-    /// A number from `min` to `max`; `open_min` excludes `min` itself.
-    Number { min: f64, max: f64, open_min: bool },
-    /// One of these words.
-    Choice(&'static [&'static str]),
-    /// Free text, checked where it is used (URLs, names, file paths).
-    Text,
-}
-
-/// One setting.
-#[derive(Debug, Clone, Copy)]
-pub struct Setting {
-    /// Its key in the settings file, `.` between levels: `redis.pool_size`.
-    pub name: &'static str,
-    /// `None`: unset unless given (the meaning says what that means).
-    pub default: Option<&'static str>,
-    pub kind: Kind,
-    pub meaning: &'static str,
-}
+pub use super::kind::{Kind, Setting, check, parse_bool};
 
 const fn s(
     name: &'static str,
@@ -68,8 +37,26 @@ pub const SETTINGS: &[Setting] = &[
     s(
         "grpc_addr",
         Some("0.0.0.0:8081"),
-        Kind::Addr,
-        "RLS gRPC listen address",
+        Kind::Text,
+        "RLS gRPC listen address; `off`: gRPC only on `grpc_uds`",
+    ),
+    s(
+        "grpc_uds",
+        None,
+        Kind::Text,
+        "path of a Unix socket to serve gRPC on as well (RLS, health, reflection; plaintext even with `grpc_tls`), or only there with `grpc_addr=off`; a stale socket file there is replaced, a socket something listens on never",
+    ),
+    s(
+        "grpc_max_connection_age_ms",
+        Some("86400000"),
+        Kind::Millis,
+        "a gRPC connection older than this is asked to go away (HTTP/2 GOAWAY), so long-lived Envoy connections spread over replicas added since; 24 hours, as the reference service; 0 = never",
+    ),
+    s(
+        "grpc_max_connection_age_grace_ms",
+        Some("3600000"),
+        Kind::Millis,
+        "how long calls on a connection past its age may finish before it is closed (one hour, as the reference service); 0 = no limit",
     ),
     s(
         "http_addr",
@@ -81,7 +68,7 @@ pub const SETTINGS: &[Setting] = &[
         "debug_addr",
         Some("127.0.0.1:6070"),
         Kind::Text,
-        "debug HTTP listen address: `/rlconfig`, `/debug/hotkeys`; loopback by default (reach it with `kubectl port-forward`); empty or `off`: not served",
+        "debug HTTP listen address: `/rlconfig`, `/debug/hotkeys`, `/debug/rlqs`; loopback by default (reach it with `kubectl port-forward`); empty or `off`: not served",
     ),
     s(
         "debug_show_values",
@@ -258,6 +245,37 @@ pub const SETTINGS: &[Setting] = &[
         "while a limiter's script call is in flight, queue further hits on it and decide them all in the next call",
     ),
     s(
+        "rlqs.assignment_ttl_ms",
+        Some("15000"),
+        Kind::Count {
+            min: 1_000,
+            max: 3_600_000,
+        },
+        "how long a quota assignment (RLQS) holds in Envoy, rounded up to whole seconds (Envoy reads only the seconds): three of Envoy's 5 s report intervals, so one lost report does not drop a share; a stream that stops reporting gives its share back this long (plus 1 s) after its last report",
+    ),
+    s(
+        "rlqs.burst",
+        Some("1"),
+        Kind::Number {
+            min: 0.0,
+            max: 100.0,
+            open_min: true,
+        },
+        "`max_tokens` of a quota token bucket as a multiple of the stream's share of one window: 1 lets a stream spend its whole window's share at once, so one window can admit up to (1 + burst) times the limit in the worst case",
+    ),
+    s(
+        "rlqs.abandon_after_ms",
+        Some("60000"),
+        Kind::Millis,
+        "a quota bucket reported idle (nothing allowed or denied) for this long gets `abandon_action`, so Envoy stops reporting it; 0 = never",
+    ),
+    s(
+        "rlqs.max_buckets",
+        Some("10000"),
+        count(1, 1 << 24),
+        "buckets one quota stream may have answered at once; reports of more are skipped (and counted), the others answered",
+    ),
+    s(
         "deadline_margin_ms",
         Some("2"),
         Kind::Millis,
@@ -298,6 +316,96 @@ pub const SETTINGS: &[Setting] = &[
         Some("4194304"),
         count(64, 64 << 20),
         "bytes of one decoded request (`RESOURCE_EXHAUSTED` past it); 4 MiB, gRPC's default, which Envoy's own limits stay under",
+    ),
+    s(
+        "xds.server_url",
+        None,
+        Kind::Text,
+        "an xDS management server, `host:port` (or `http://` / `https://host:port`): rules come from it over ADS (resources `ratelimit.config.ratelimit.v3.RateLimitConfig`) instead of `rules_dir`",
+    ),
+    s(
+        "xds.node_id",
+        Some("tollgate"),
+        Kind::Text,
+        "the node id tollgate gives the management server",
+    ),
+    s(
+        "xds.node_cluster",
+        None,
+        Kind::Text,
+        "the node cluster tollgate gives the management server",
+    ),
+    s(
+        "xds.node_metadata",
+        None,
+        Kind::Text,
+        "the node metadata, a JSON object (`{\"gateway\": \"eg\"}`)",
+    ),
+    s(
+        "xds.headers",
+        None,
+        Kind::Text,
+        "gRPC metadata sent on the xDS stream, a JSON object of strings (`{\"authorization\": \"Bearer ...\"}`)",
+    ),
+    s(
+        "xds.tls",
+        Some("false"),
+        Kind::Bool,
+        "connect to the management server over TLS (also when the URL is `https://`); the system's roots unless `xds.tls_ca_file`",
+    ),
+    s(
+        "xds.tls_ca_file",
+        None,
+        Kind::Text,
+        "PEM CA certificates the management server's certificate must chain to (implies TLS)",
+    ),
+    s(
+        "xds.tls_cert_file",
+        None,
+        Kind::Text,
+        "PEM client certificate for mutual TLS (with `xds.tls_key_file`)",
+    ),
+    s(
+        "xds.tls_key_file",
+        None,
+        Kind::Text,
+        "PEM private key of `xds.tls_cert_file`",
+    ),
+    s(
+        "xds.tls_server_name",
+        None,
+        Kind::Text,
+        "the name the management server's certificate must carry, when not the URL's host",
+    ),
+    s(
+        "xds.retry_initial_ms",
+        Some("500"),
+        count(1, 3_600_000),
+        "first wait before reconnecting to the management server; doubled after each failure, with jitter",
+    ),
+    s(
+        "xds.retry_max_ms",
+        Some("30000"),
+        count(1, 3_600_000),
+        "longest wait between reconnections to the management server",
+    ),
+    s(
+        "xds.serve_without_config",
+        Some("false"),
+        Kind::Bool,
+        "gRPC health and `/healthcheck` say ready before the first rules arrive from the management server (calls are answered meanwhile either way, without limits)",
+    ),
+    s(
+        "merge_domain_config",
+        Some("false"),
+        Kind::Bool,
+        "rule files naming the same domain are merged into it (a descriptor both define is still an error); `false`: a domain defined twice is an error",
+    ),
+    s(
+        "response_dynamic_metadata",
+        Some("false"),
+        Kind::Bool,
+        "answers carry `dynamic_metadata`: the domain, the descriptors' entries and the merged `metadata` of the rules that answered OK",
     ),
     s(
         "max_log_limit",
@@ -403,7 +511,7 @@ pub const SETTINGS: &[Setting] = &[
         "metrics.detailed_max_series",
         Some("100"),
         count(1, 10_000),
-        "distinct descriptor values a `detailed_metric` rule exports; the rest share the `_overflow` series",
+        "distinct descriptor values a `detailed_metric` or `value_to_metric` rule exports; the rest share the `_overflow` series",
     ),
     s(
         "otel.endpoint",
@@ -462,65 +570,4 @@ pub fn markdown() -> String {
         ));
     }
     out
-}
-
-/// Whether `text` is a value of `kind`; the reason when it is not.
-pub fn check(kind: Kind, text: &str) -> Result<(), String> {
-    let t = text.trim();
-    match kind {
-        Kind::Addr => t
-            .parse::<std::net::SocketAddr>()
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
-        Kind::Millis => t.parse::<u64>().map(|_| ()).map_err(|e| e.to_string()),
-        Kind::Count { min, max } => {
-            let n = t.parse::<u64>().map_err(|e| e.to_string())?;
-            if (min..=max).contains(&n) {
-                Ok(())
-            } else {
-                Err(format!("must be between {min} and {max}"))
-            }
-        }
-        Kind::AtLeast(min) => {
-            let n = t.parse::<u64>().map_err(|e| e.to_string())?;
-            if n >= min {
-                Ok(())
-            } else {
-                Err(format!("must be at least {min}"))
-            }
-        }
-        Kind::Bool => parse_bool(t).map(|_| ()),
-        Kind::Number { min, max, open_min } => {
-            let x = t.parse::<f64>().map_err(|e| e.to_string())?;
-            let above_min = if open_min { x > min } else { x >= min };
-            if above_min && x <= max {
-                Ok(())
-            } else if open_min {
-                Err(format!("must be above {min} and at most {max}"))
-            } else {
-                Err(format!("must be between {min} and {max}"))
-            }
-        }
-        Kind::Choice(words) => {
-            if words.contains(&t) {
-                return Ok(());
-            }
-            let (last, rest) = words.split_last().unwrap_or((&"", &[]));
-            if rest.is_empty() {
-                Err(format!("expected {last}"))
-            } else {
-                Err(format!("expected {} or {last}", rest.join(", ")))
-            }
-        }
-        Kind::Text => Ok(()),
-    }
-}
-
-/// The spellings of true and false a settings file or variable may use.
-pub fn parse_bool(t: &str) -> Result<bool, String> {
-    match t.trim().to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        other => Err(format!("expected true or false, found {other:?}")),
-    }
 }

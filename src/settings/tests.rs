@@ -16,7 +16,7 @@ fn env(pairs: &[(&str, &str)]) -> Sources {
 #[test]
 fn defaults() {
     let s = Settings::load(&Sources::default()).unwrap();
-    assert_eq!(s.grpc_addr.port(), 8081);
+    assert_eq!(s.grpc_addr.unwrap().port(), 8081);
     assert_eq!(s.http_addr.port(), 8080);
     assert_eq!(s.default_algorithm, Algorithm::SlidingWindowCounter);
     assert_eq!(s.store, StoreSetting::Memory);
@@ -42,7 +42,7 @@ fn env_then_flags_win() {
     let s = Settings::load(&src).unwrap();
     assert_eq!(s.default_algorithm, Algorithm::FixedWindow);
     assert_eq!(s.redis.connection.pool_size, 8);
-    assert_eq!(s.grpc_addr, "127.0.0.1:9001".parse().unwrap());
+    assert_eq!(s.grpc_addr, Some("127.0.0.1:9001".parse().unwrap()));
 }
 
 #[test]
@@ -176,13 +176,42 @@ fn kubernetes_service_links_are_ignored_and_strays_warned() {
         ("TOLLGATE_REDIS__POOLSIZE", "3"),
     ]);
     let s = Settings::load(&src).unwrap();
-    assert_eq!(s.grpc_addr, "127.0.0.1:9999".parse().unwrap());
+    assert_eq!(s.grpc_addr, Some("127.0.0.1:9999".parse().unwrap()));
     assert_eq!(
         s.warnings,
         [
-            "TOLLGATE_GRPC_ADR is not a tollgate setting; ignored",
-            "TOLLGATE_REDIS__POOLSIZE is not a tollgate setting; ignored",
+            "TOLLGATE_GRPC_ADR is not a tollgate setting; ignored (did you mean TOLLGATE_GRPC_ADDR?)",
+            "TOLLGATE_REDIS__POOLSIZE is not a tollgate setting; ignored (did you mean TOLLGATE_REDIS__POOL_SIZE?)",
         ]
+    );
+}
+
+#[test]
+fn strays_name_the_nearest_setting() {
+    let warning = |var: &str| {
+        let s = Settings::load(&env(&[(var, "1")])).unwrap();
+        assert_eq!(s.warnings.len(), 1, "{var}: {:?}", s.warnings);
+        s.warnings[0].clone()
+    };
+    for (stray, near) in [
+        ("TOLLGATE_GRPC_PORTT", "TOLLGATE_GRPC_ADDR"),
+        ("TOLLGATE_REDIS_POOL_SIZE", "TOLLGATE_REDIS__POOL_SIZE"),
+        ("TOLLGATE_STOR", "TOLLGATE_STORE"),
+        ("TOLLGATE_MAX_LOG_LIMT", "TOLLGATE_MAX_LOG_LIMIT"),
+        (
+            "TOLLGATE_OVER_LIMIT_CACHE_ENABLED",
+            "TOLLGATE_OVER_LIMIT_CACHE__ENABLED",
+        ),
+    ] {
+        assert_eq!(
+            warning(stray),
+            format!("{stray} is not a tollgate setting; ignored (did you mean {near}?)")
+        );
+    }
+    // Nothing near: no guess.
+    assert_eq!(
+        warning("TOLLGATE_COMPLETELY_UNRELATED_THING"),
+        "TOLLGATE_COMPLETELY_UNRELATED_THING is not a tollgate setting; ignored"
     );
 }
 

@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::storage::{
-    BoxFuture, Cost, Decision, FailureCounters, FailureCounts, Hit, NodeId, Store, StoreError,
-    StoreGauges,
+    BoxFuture, Cost, Decision, FailureCounters, FailureCounts, Hit, LeaseCall, NodeId, Store,
+    StoreError, StoreGauges,
 };
 
 /// A server's entry unused for this long is forgotten.
@@ -323,6 +323,16 @@ impl<S: Store> Store for Breaker<S> {
         more: &'a [Cost],
     ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
         self.guarded(self.inner.node(&hit), || self.inner.hit_batch(hit, more))
+    }
+
+    /// Leases go through the same circuit as hits: an open circuit refuses
+    /// them at once, so a report of many buckets does not wait a timeout
+    /// per bucket on a failing server.
+    fn lease<'a>(
+        &'a self,
+        call: LeaseCall<'a>,
+    ) -> BoxFuture<'a, Result<crate::quota::Grant, StoreError>> {
+        self.guarded(self.inner.node(&call.limiter()), || self.inner.lease(call))
     }
 
     fn maintain(&self) {

@@ -26,8 +26,10 @@
 //!   the default 2 buckets adds `b` and its bucket count (`c60b10`), so a
 //!   changed bucket count never reads another layout's state.
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
-//!   log metadata). A token bucket has one key, its `h` hash; its burst
-//!   is not in the key (a changed burst keeps the tokens spent).
+//!   log metadata, `q` the lease ledger of a quota-shared limit, whose
+//!   algorithm part is always `f`: a lease does not depend on the rule's
+//!   algorithm). A token bucket has one key, its `h` hash; its burst is
+//!   not in the key (a changed burst keeps the tokens spent).
 //! * `identity` is the domain then `:key=value` per entry, each part escaped:
 //!   `%`, `:`, `=`, `{`, `}`, space and control bytes become `%XX`. Escaping is
 //!   injective (every `%` in the output starts an escape), so no two different
@@ -50,6 +52,11 @@
 //!   too, so a digest never equals a value sent as it is: two long values
 //!   differing in their last byte are two limiters, equal ones share one.
 //!
+//! * A value a `share_threshold` wildcard matched enters the identity as
+//!   [`SHARED_MARK`] and the pattern, so every value it matches shares one
+//!   limiter; a value sent starting with that mark is digested, so no
+//!   client value equals a shared one.
+//!
 //! A key is built in one buffer, its tag written in place once the identity
 //! after it is known: one allocation per key, since every decision builds
 //! one.
@@ -65,13 +72,27 @@ use crate::storage::{Hit, Shard};
 /// control character, which no ordinary value begins with.
 pub const DIGEST_MARK: char = '\u{1}';
 
+/// Starts the value of an entry a `share_threshold` wildcard matched: the
+/// pattern follows, so every value it matches shares one limiter. A value
+/// sent with this mark is digested ([`identity_value`]), so none equals it.
+pub const SHARED_MARK: char = '\u{2}';
+
+/// The value a `share_threshold` wildcard's matches share: the mark, then
+/// the pattern.
+pub fn shared_value(pattern: &str) -> String {
+    let mut out = String::with_capacity(1 + pattern.len());
+    out.push(SHARED_MARK);
+    out.push_str(pattern);
+    out
+}
+
 /// Default for the longest descriptor value kept as it is in an identity.
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 256;
 
 /// The value as it enters a limiter's identity: itself when at most `max`
 /// bytes, else its digest (see the module docs).
 pub fn identity_value(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if value.len() <= max && !value.starts_with(DIGEST_MARK) {
+    if value.len() <= max && !value.starts_with([DIGEST_MARK, SHARED_MARK]) {
         return std::borrow::Cow::Borrowed(value);
     }
     let digest = Sha256::digest(value.as_bytes());
@@ -92,7 +113,7 @@ pub fn identity_entries(
 ) -> std::borrow::Cow<'_, [(String, String)]> {
     if entries
         .iter()
-        .all(|(_, v)| v.len() <= max_value && !v.starts_with(DIGEST_MARK))
+        .all(|(_, v)| v.len() <= max_value && !v.starts_with([DIGEST_MARK, SHARED_MARK]))
     {
         return std::borrow::Cow::Borrowed(entries);
     }
@@ -119,6 +140,9 @@ pub enum Role {
     LogSet,
     /// The sliding log's running sum and sequence (a hash).
     LogMeta,
+    /// The lease ledger of a limit shared among quota streams (a hash:
+    /// holder to `granted:expires:demand`).
+    Lease,
 }
 
 impl Role {
@@ -127,6 +151,7 @@ impl Role {
             Role::State => "h",
             Role::LogSet => "z",
             Role::LogMeta => "m",
+            Role::Lease => "q",
         }
     }
 }

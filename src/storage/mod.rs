@@ -21,7 +21,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::limit::{Algorithm, Unit};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, Unit};
+use crate::quota;
 
 pub use breaker::{Breaker, BreakerConfig};
 pub use cache::{CacheConfig, CacheCounts, LimiterId, OverLimitCache};
@@ -102,6 +103,40 @@ impl Hit<'_> {
         Cost {
             hits: self.hits,
             negative: self.negative,
+        }
+    }
+}
+
+/// One stream's report on a limiter whose limit is shared by lease (the
+/// Rate Limit Quota Service): the ledger of `domain` and `entries` at
+/// `unit` grants `holder` its share. See [`crate::quota`].
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseCall<'a> {
+    pub domain: &'a str,
+    pub entries: &'a [(String, String)],
+    pub unit: Unit,
+    /// Who holds the share: one stream of one replica.
+    pub holder: &'a str,
+    pub report: quota::Report,
+    pub terms: quota::Terms,
+}
+
+impl<'a> LeaseCall<'a> {
+    /// The limiter as a hit, for its keys: the lease key shares the
+    /// limiter's hash tag (its slot), with its own role.
+    pub fn limiter(&self) -> Hit<'a> {
+        Hit {
+            domain: self.domain,
+            entries: self.entries,
+            algorithm: Algorithm::FixedWindow,
+            limit: self.terms.capacity.max(1),
+            unit: self.unit,
+            hits: 0,
+            negative: false,
+            usage_reports: false,
+            buckets: DEFAULT_BUCKETS,
+            burst: 0,
+            shard: Shard::NONE,
         }
     }
 }
@@ -271,6 +306,23 @@ pub trait Store: Send + Sync + 'static {
             }
             Ok(decisions)
         })
+    }
+
+    /// Records `call`'s report in its limiter's lease ledger and grants the
+    /// holder its share, in one atomic step ([`crate::quota::Ledger::report`]
+    /// in memory, one script in Redis). Layers pass it to the backend
+    /// unchanged (a lease is one call per stream and limiter every few
+    /// seconds: nothing to cache, coalesce or shard), except the breaker,
+    /// which runs it under the server's circuit like a hit.
+    fn lease<'a>(&'a self, call: LeaseCall<'a>) -> BoxFuture<'a, Result<quota::Grant, StoreError>> {
+        match self.wrapped() {
+            Some(w) => w.lease(call),
+            None => Box::pin(async {
+                Err(StoreError::Protocol(
+                    "this store keeps no lease ledgers".into(),
+                ))
+            }),
+        }
     }
 
     /// The store a layer wraps. What a layer does not change (readiness,

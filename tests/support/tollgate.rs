@@ -17,7 +17,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 pub struct Tollgate {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
-    /// The debug listener (`/rlconfig`, `/debug/hotkeys`).
+    /// The debug listener (`/rlconfig`, `/debug/hotkeys`, `/debug/rlqs`).
     pub debug: SocketAddr,
     pub rules: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
@@ -52,12 +52,17 @@ impl Tollgate {
         let debug = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
         let debug_addr = debug.local_addr().unwrap();
+        let grpc_uds = settings
+            .grpc_uds
+            .as_deref()
+            .map(|p| tollgate::server::bind_uds(p).unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let listeners = tollgate::server::Listeners {
-                grpc,
+                grpc: Some(grpc),
                 http,
                 debug: Some(debug),
+                grpc_uds,
             };
             tollgate::server::run_with(&settings, engine, listeners, async {
                 let _ = stopped.await;

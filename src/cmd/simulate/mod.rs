@@ -21,6 +21,7 @@
 //! over it, so close to twice the limit gets through.
 
 pub mod compare;
+pub mod rlqs;
 mod timeline;
 
 use std::fmt::Write;

@@ -3,15 +3,14 @@
 //! checked against itself and the settings (`LoadOptions`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use marked_yaml::Node as Yaml;
-use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
-
+use super::tree::{MarkedMappingNode, MarkedScalarNode, Yaml};
 use super::yaml::{Walker, join, key_line, kind, line_of};
 use crate::limit::{
     Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_EXACT, MAX_SHARDS, Unit, max_burst,
 };
-use crate::rules::{Level, LimitSpec, Node, Rule};
+use crate::rules::{Level, LimitSpec, Node, Rule, Source};
 
 const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -22,6 +21,9 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "shadow_mode",
     "quota_mode",
     "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
@@ -77,8 +79,9 @@ impl Walker<'_> {
             );
             return level;
         };
-        // (key, value) -> line of the first node, for duplicate errors.
-        let mut seen: HashMap<(String, String), usize> = HashMap::new();
+        // Wildcards by (key, value) -> line, for duplicate errors (the
+        // other two kinds are found in their maps).
+        let mut wildcards: HashMap<(Arc<str>, Arc<str>), u32> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
             let item_path = format!("{path}[{i}]");
             let Some(node) = self.descriptor(item, &item_path) else {
@@ -86,7 +89,14 @@ impl Walker<'_> {
             };
             let line = line_of(item).unwrap_or(0);
             let id = (node.key.clone(), node.value.clone());
-            if let Some(first) = seen.get(&id) {
+            let first = if node.value.is_empty() {
+                level.default.get(&node.key).map(|n| n.line)
+            } else if node.value.contains('*') {
+                wildcards.get(&id).copied()
+            } else {
+                level.exact.get(&id).map(|n| n.line)
+            };
+            if let Some(first) = first {
                 let what = if node.value.is_empty() {
                     format!("key {:?} without value", node.key)
                 } else {
@@ -99,10 +109,10 @@ impl Walker<'_> {
                 );
                 continue;
             }
-            seen.insert(id.clone(), line);
             if node.value.is_empty() {
                 level.default.insert(node.key.clone(), node);
             } else if node.value.contains('*') {
+                wildcards.insert(id, node.line);
                 level.wildcard.push(node);
             } else {
                 level.exact.insert(id, node);
@@ -146,6 +156,29 @@ impl Walker<'_> {
         let shadow_mode = self.flag(&fields, path, "shadow_mode").unwrap_or(false);
         let quota_mode = self.flag(&fields, path, "quota_mode").unwrap_or(false);
         let detailed_metric = self.flag(&fields, path, "detailed_metric").unwrap_or(false);
+        let value_to_metric = self.flag(&fields, path, "value_to_metric").unwrap_or(false);
+        let share_threshold = self.flag(&fields, path, "share_threshold").unwrap_or(false);
+        if share_threshold
+            && let Some(v) = &value
+            && !v.contains('*')
+        {
+            let at = fields.get("share_threshold").and_then(|(k, _)| key_line(k));
+            self.error(
+                at,
+                &join(path, "share_threshold"),
+                format!(
+                    "share_threshold applies only to a wildcard value (one with `*`, such as \"files/*\"), not {}",
+                    if v.is_empty() {
+                        "a descriptor without a value".to_string()
+                    } else {
+                        format!("{v:?}")
+                    }
+                ),
+            );
+        }
+        let metadata = fields
+            .get("metadata")
+            .and_then(|(_, v)| self.metadata(v, &join(path, "metadata")));
         let rule = fields.get("rate_limit").and_then(|(k, v)| {
             let limit = self.rate_limit(k, v, &join(path, "rate_limit"))?;
             Some(Rule {
@@ -161,7 +194,13 @@ impl Walker<'_> {
                 shadow_mode,
                 quota_mode,
                 detailed_metric,
-                source: format!("{}:{line}", self.short),
+                value_to_metric: false,
+                share_threshold: false,
+                metadata: metadata.clone(),
+                source: Source {
+                    file: self.short.clone(),
+                    line: u32::try_from(line).unwrap_or(u32::MAX),
+                },
                 path: String::new(),
                 stats: Default::default(),
             })
@@ -174,11 +213,34 @@ impl Walker<'_> {
             return None;
         }
         Some(Node {
-            key: key?,
-            value: value?,
+            key: self.intern(key?),
+            value: value?.into(),
             rule,
             children,
+            share_threshold,
+            value_to_metric,
+            line: u32::try_from(line).unwrap_or(u32::MAX),
         })
+    }
+
+    /// A descriptor's `metadata`: any mapping, kept as JSON (plain
+    /// scalars typed as YAML reads them, quoted ones as strings).
+    fn metadata(
+        &mut self,
+        node: &Yaml,
+        path: &str,
+    ) -> Option<std::sync::Arc<serde_json::Map<String, serde_json::Value>>> {
+        match to_json(node) {
+            serde_json::Value::Object(map) => Some(std::sync::Arc::new(map)),
+            _ => {
+                self.error(
+                    line_of(node),
+                    path,
+                    format!("expected a metadata mapping, found {}", kind(node)),
+                );
+                None
+            }
+        }
     }
 
     fn rate_limit(&mut self, key: &MarkedScalarNode, node: &Yaml, path: &str) -> Option<RateLimit> {
@@ -512,6 +574,45 @@ impl Walker<'_> {
             }
         }
         names
+    }
+}
+
+/// A YAML node as JSON: plain `null`/`~`/empty as null, `true`/`false` as
+/// booleans, numbers as numbers; anything quoted stays a string.
+fn to_json(node: &Yaml) -> serde_json::Value {
+    use serde_json::Value;
+    match node {
+        Yaml::Scalar(s) => {
+            let text = s.as_str();
+            if !s.may_coerce() {
+                return Value::String(text.to_string());
+            }
+            match text {
+                "" | "~" | "null" | "Null" | "NULL" => Value::Null,
+                "true" | "True" | "TRUE" => Value::Bool(true),
+                "false" | "False" | "FALSE" => Value::Bool(false),
+                _ => {
+                    if let Ok(i) = text.parse::<i64>() {
+                        Value::from(i)
+                    } else if let Some(n) = text
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|f| f.is_finite())
+                        .and_then(serde_json::Number::from_f64)
+                    {
+                        Value::Number(n)
+                    } else {
+                        Value::String(text.to_string())
+                    }
+                }
+            }
+        }
+        Yaml::Sequence(items) => Value::Array(items.iter().map(to_json).collect()),
+        Yaml::Mapping(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.as_str().to_string(), to_json(v)))
+                .collect(),
+        ),
     }
 }
 

@@ -2,40 +2,14 @@
 //! in the file, every problem of a file collected (not only the first), and
 //! scalars read as the reference's `yaml.v2` reads them into Go fields.
 
+use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
-use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
-use marked_yaml::{LoadError, Node as Yaml};
+use super::tree::{MarkedMappingNode, MarkedScalarNode, Yaml};
 
 use super::LoadOptions;
 use crate::rules::RuleError;
-
-pub(super) fn load_error(e: &LoadError) -> (usize, String) {
-    match e {
-        LoadError::TopLevelMustBeMapping(m) | LoadError::TopLevelMustBeSequence(m) => (
-            m.line(),
-            "a rule file must be a mapping with `domain` and `descriptors`".into(),
-        ),
-        LoadError::UnexpectedAnchor(m) => (
-            m.line(),
-            "YAML anchors and aliases are not supported".into(),
-        ),
-        LoadError::MappingKeyMustBeScalar(m) => (m.line(), "mapping keys must be strings".into()),
-        LoadError::UnexpectedTag(m) => (m.line(), "YAML tags are not supported".into()),
-        LoadError::ScanError(m, e) => (m.line(), format!("invalid YAML: {}", e.info())),
-        LoadError::DuplicateKey(inner) => {
-            let first = inner.prev_key.span().start().map_or(0, |m| m.line());
-            let line = inner.key.span().start().map_or(first, |m| m.line());
-            (
-                line,
-                format!(
-                    "duplicate key {:?} (first on line {first})",
-                    inner.key.as_str()
-                ),
-            )
-        }
-    }
-}
 
 pub(super) fn line_of(node: &Yaml) -> Option<usize> {
     node.span().start().map(|m| m.line())
@@ -70,11 +44,11 @@ fn is_null(node: &Yaml) -> bool {
 /// A mapping's entries by name, with unknown keys already reported. Null
 /// values are dropped, so `unit: ~` reads as no `unit`.
 pub(super) struct Fields<'y> {
-    entries: Vec<(&'y str, &'y MarkedScalarNode, &'y Yaml)>,
+    entries: Vec<(&'y str, &'y MarkedScalarNode<'y>, &'y Yaml<'y>)>,
 }
 
 impl<'y> Fields<'y> {
-    pub(super) fn get(&self, name: &str) -> Option<(&'y MarkedScalarNode, &'y Yaml)> {
+    pub(super) fn get(&self, name: &str) -> Option<(&'y MarkedScalarNode<'y>, &'y Yaml<'y>)> {
         self.entries
             .iter()
             .find(|(n, _, _)| *n == name)
@@ -85,23 +59,39 @@ impl<'y> Fields<'y> {
 pub(super) struct Walker<'f> {
     file: &'f Path,
     pub(super) options: &'f LoadOptions,
-    /// `file_name` for `Rule::source`.
-    pub(super) short: String,
+    /// `file_name` for `Rule::source`, shared by the file's rules.
+    pub(super) short: Arc<str>,
     pub(super) errors: Vec<RuleError>,
+    /// Descriptor keys met so far: a file's nodes share each key.
+    keys: HashSet<Arc<str>>,
 }
 
 impl<'f> Walker<'f> {
     pub(super) fn new(file: &'f Path, options: &'f LoadOptions) -> Self {
-        let short = file.file_name().map_or_else(
-            || file.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
+        let short: Arc<str> = file
+            .file_name()
+            .map_or_else(
+                || file.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            )
+            .into();
         Walker {
             file,
             options,
             short,
             errors: Vec::new(),
+            keys: HashSet::new(),
         }
+    }
+
+    /// The file's one copy of descriptor key `key`.
+    pub(super) fn intern(&mut self, key: String) -> Arc<str> {
+        if let Some(k) = self.keys.get(key.as_str()) {
+            return k.clone();
+        }
+        let k: Arc<str> = key.into();
+        self.keys.insert(k.clone());
+        k
     }
 
     pub(super) fn error(&mut self, line: Option<usize>, path: &str, reason: impl Into<String>) {
@@ -115,7 +105,7 @@ impl<'f> Walker<'f> {
 
     pub(super) fn fields<'y>(
         &mut self,
-        map: &'y MarkedMappingNode,
+        map: &'y MarkedMappingNode<'y>,
         path: &str,
         allowed: &[&str],
     ) -> Fields<'y> {

@@ -58,9 +58,10 @@ use hashlink::linked_hash_map::Entry;
 use crate::clock::{Clock, SystemClock};
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::storage::keys::KeyBuilder;
-use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError, StoreGauges};
+use crate::storage::{BoxFuture, Decision, Hit, LeaseCall, Store, StoreError, StoreGauges};
 
 mod algorithms;
+mod lease;
 
 use algorithms::{fixed_window, sliding_counter, sliding_log, token_bucket};
 
@@ -254,6 +255,7 @@ pub struct MemoryStore {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     keys: KeyBuilder,
+    leases: Arc<lease::Leases>,
 }
 
 impl Default for MemoryStore {
@@ -298,6 +300,7 @@ impl MemoryStore {
             hasher: RandomState::new(),
             clock,
             keys: KeyBuilder::default(),
+            leases: Arc::new(lease::Leases::new(max_limiters)),
         }
     }
 
@@ -480,8 +483,19 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(decision) })
     }
 
+    fn lease<'a>(
+        &'a self,
+        call: LeaseCall<'a>,
+    ) -> BoxFuture<'a, Result<crate::quota::Grant, StoreError>> {
+        let grant = self
+            .leases
+            .lease(&self.keys, &call, self.clock.now_micros());
+        Box::pin(async move { grant })
+    }
+
     fn maintain(&self) {
         self.sweep();
+        self.leases.sweep(self.clock.now_micros());
     }
 
     fn kind(&self) -> &'static str {

@@ -45,6 +45,7 @@ use tokio::task::AbortHandle;
 
 mod batch;
 mod config;
+mod lease;
 mod node;
 mod routing;
 mod scripts;
@@ -60,7 +61,9 @@ use supervise::*;
 
 use crate::limit::{Algorithm, effective_burst};
 use crate::storage::keys::{self, KeyBuilder, Role};
-use crate::storage::{BoxFuture, Cost, Decision, Hit, NodeId, Store, StoreError, StoreGauges};
+use crate::storage::{
+    BoxFuture, Cost, Decision, Hit, LeaseCall, NodeId, Store, StoreError, StoreGauges,
+};
 
 /// Lua numbers are doubles: integers are exact up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
@@ -335,6 +338,13 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
         let (slot, call) = self.prepare(&hit, more);
         Box::pin(self.run(slot, call, 1 + more.len()))
+    }
+
+    fn lease<'a>(
+        &'a self,
+        call: LeaseCall<'a>,
+    ) -> BoxFuture<'a, Result<crate::quota::Grant, StoreError>> {
+        Box::pin(self.lease_call(call))
     }
 
     fn is_ready(&self) -> bool {

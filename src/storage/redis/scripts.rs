@@ -17,6 +17,7 @@ pub(super) struct Scripts {
     pub(super) sliding_log: Script,
     pub(super) token_bucket: Script,
     pub(super) batch: Script,
+    pub(super) lease: Script,
 }
 
 impl Scripts {
@@ -27,6 +28,7 @@ impl Scripts {
             sliding_log: Script::from_lua(SLIDING_LOG_LUA),
             token_bucket: Script::from_lua(TOKEN_BUCKET_LUA),
             batch: Script::from_lua(batch_lua()),
+            lease: Script::from_lua(super::lease::LEASE_LUA),
         }
     }
 

@@ -184,6 +184,7 @@ pub(super) async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), F
         &scripts.sliding_log,
         &scripts.token_bucket,
         &scripts.batch,
+        &scripts.lease,
     ] {
         // On a cluster, loads on every primary.
         script.load(client).await?;

@@ -2,6 +2,8 @@
 //! The only module that converts between protocol messages and the engine's
 //! types, and the one place where errors become gRPC statuses ([`to_status`]).
 
+mod dynamic;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -35,6 +37,8 @@ pub struct ServiceOptions {
     pub limits: RequestLimits,
     /// Kept back from the caller's `grpc-timeout` for the answer's way back.
     pub deadline_margin: Duration,
+    /// Answers carry `dynamic_metadata` (`response_dynamic_metadata`).
+    pub dynamic_metadata: bool,
 }
 
 pub use crate::observe::ServiceStats;
@@ -76,9 +80,23 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let (metadata, _, message) = request.into_parts();
-        self.decide(&metadata, message).await.map(Response::new)
+        let unknown = !self.engine.rules().has_domain(&message.domain);
+        let mut response = self.decide(&metadata, message).await.map(Response::new)?;
+        if unknown {
+            // Envoy ignores it; `tollgate check` tells a mistyped domain
+            // from one whose rules let everything through.
+            response.metadata_mut().insert(
+                DOMAIN_HEADER,
+                tonic::metadata::MetadataValue::from_static("unknown"),
+            );
+        }
+        Ok(response)
     }
 }
+
+/// Response metadata set to `unknown` when no rule file names the
+/// request's domain (every descriptor is then OK with no limit).
+pub const DOMAIN_HEADER: &str = "tollgate-domain";
 
 impl RateLimiter {
     /// Adds metrics (and traces, when the instruments carry a tracer).
@@ -181,7 +199,11 @@ impl RateLimiter {
             }
             to_status(e)
         })?;
-        Ok(to_proto(&decision, self.options.headers.as_ref()))
+        let mut response = to_proto(&decision, self.options.headers.as_ref());
+        if self.options.dynamic_metadata {
+            response.dynamic_metadata = Some(dynamic::dynamic_metadata(&req, &decision));
+        }
+        Ok(response)
     }
 }
 

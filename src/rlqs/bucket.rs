@@ -1,0 +1,214 @@
+//! One bucket of a usage report: its id to the rule RLS would apply, and
+//! the rule (with the ledger's grant) to the assignment Envoy enforces.
+
+use crate::limit::{FailurePolicy, Unit};
+use crate::quota;
+use crate::rules::{LimitSpec, Rule};
+use crate::storage::keys::identity_entries;
+
+/// What a bucket id's entries may be; past these a bucket is skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdLimits {
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+/// Why a bucket was skipped: each a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// No entries, or an empty key or value (the protocol requires both).
+    Empty,
+    /// More entries than `max_entries`, or a key past `max_key_bytes`:
+    /// both come from the operator's bucket builders.
+    TooLarge,
+    /// The stream already tracks `rlqs.max_buckets` buckets.
+    TooManyBuckets,
+}
+
+impl Skip {
+    pub const ALL: [Skip; 3] = [Skip::Empty, Skip::TooLarge, Skip::TooManyBuckets];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::Empty => "empty_id",
+            Skip::TooLarge => "id_too_large",
+            Skip::TooManyBuckets => "too_many_buckets",
+        }
+    }
+}
+
+/// The entries a bucket id maps to, in the documented order: keys in
+/// bytewise order (a bucket id is an unordered map, so one order has to be
+/// chosen; rules are written with their keys nested in this order). A value
+/// past `max_value_bytes` is matched whole and enters the limiter's
+/// identity as a digest, as in RLS.
+pub fn entries<'a>(
+    id: impl IntoIterator<Item = (&'a String, &'a String)>,
+    limits: IdLimits,
+) -> Result<Vec<(String, String)>, Skip> {
+    let mut entries: Vec<(String, String)> = id
+        .into_iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if entries.is_empty() || entries.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
+        return Err(Skip::Empty);
+    }
+    if entries.len() > limits.max_entries
+        || entries.iter().any(|(k, _)| k.len() > limits.max_key_bytes)
+    {
+        return Err(Skip::TooLarge);
+    }
+    entries.sort_unstable();
+    Ok(entries)
+}
+
+/// The entries as a limiter's identity (long values as digests).
+pub fn identity(entries: &[(String, String)], max_value_bytes: usize) -> Vec<(String, String)> {
+    identity_entries(entries, max_value_bytes).into_owned()
+}
+
+/// What a bucket gets, before it is put in protocol terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignment {
+    AllowAll,
+    DenyAll,
+    /// `tokens_per_fill` every `fill_secs`, at most `max_tokens` at once.
+    TokenBucket {
+        max_tokens: u32,
+        tokens_per_fill: u32,
+        fill_secs: u64,
+    },
+}
+
+/// How a rule is enforced by quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// No limit (no rule, `unlimited`): allow all, count nothing.
+    Free,
+    /// A 0 limit: deny all.
+    Banned,
+    /// Shadow mode: allow all, but usage is counted on the rule.
+    Shadow,
+    /// A limit shared by lease.
+    Leased { limit: u64, unit: Unit },
+}
+
+pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {
+    let Some(rule) = rule else {
+        return Plan::Free;
+    };
+    match rule.limit {
+        LimitSpec::Unlimited => Plan::Free,
+        _ if rule.shadow_mode || global_shadow => Plan::Shadow,
+        LimitSpec::PerUnit {
+            requests_per_unit: 0,
+            ..
+        } => Plan::Banned,
+        LimitSpec::PerUnit {
+            requests_per_unit,
+            unit,
+        } => Plan::Leased {
+            limit: u64::from(requests_per_unit),
+            unit,
+        },
+    }
+}
+
+/// A grant as a token bucket: `tokens` per fill interval, and a burst of
+/// `burst` times the share of one window (at least one token). No tokens
+/// is `DENY_ALL`: Envoy refuses a bucket of 0 tokens per fill.
+pub fn token_bucket(tokens: u64, unit: Unit, burst: f64) -> Assignment {
+    if tokens == 0 {
+        return Assignment::DenyAll;
+    }
+    let fill_secs = quota::fill_secs(unit);
+    let per_window = tokens as f64 * unit.seconds() as f64 / fill_secs as f64;
+    let max_tokens = (per_window * burst).ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
+    Assignment::TokenBucket {
+        max_tokens,
+        tokens_per_fill: tokens.min(u64::from(u32::MAX)) as u32,
+        fill_secs,
+    }
+}
+
+/// What a bucket gets when the store fails and no earlier grant is in
+/// force: the rule's failure policy (`error` cannot be said per bucket,
+/// so it leaves Envoy to its own no-assignment behaviour: no answer).
+pub fn on_failure(policy: FailurePolicy) -> Option<Assignment> {
+    match policy {
+        FailurePolicy::Allow => Some(Assignment::AllowAll),
+        FailurePolicy::Deny => Some(Assignment::DenyAll),
+        FailurePolicy::Error => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: IdLimits = IdLimits {
+        max_entries: 2,
+        max_key_bytes: 8,
+        max_value_bytes: 16,
+    };
+
+    fn id(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn keys_are_sorted_and_ids_checked() {
+        let given = id(&[("path", "/a"), ("name", "x")]);
+        let got = entries(given.iter().map(|(k, v)| (k, v)), LIMITS).unwrap();
+        assert_eq!(got, id(&[("name", "x"), ("path", "/a")]));
+        let check = |pairs: &[(&str, &str)]| {
+            let given = id(pairs);
+            entries(given.iter().map(|(k, v)| (k, v)), LIMITS)
+        };
+        assert_eq!(check(&[]), Err(Skip::Empty));
+        assert_eq!(check(&[("a", "")]), Err(Skip::Empty));
+        assert_eq!(check(&[("", "b")]), Err(Skip::Empty));
+        assert_eq!(
+            check(&[("a", "1"), ("b", "2"), ("c", "3")]),
+            Err(Skip::TooLarge)
+        );
+        assert_eq!(check(&[("a_long_key", "1")]), Err(Skip::TooLarge));
+        let long = "v".repeat(100);
+        let ok = check(&[("a", long.as_str())]).unwrap();
+        assert_eq!(ok[0].1.len(), 100, "matched whole");
+        assert_ne!(identity(&ok, 16)[0].1, long, "a digest in the identity");
+    }
+
+    #[test]
+    fn grants_become_buckets_envoy_reads() {
+        assert_eq!(token_bucket(0, Unit::Second, 1.0), Assignment::DenyAll);
+        assert_eq!(
+            token_bucket(6_000, Unit::Second, 1.0),
+            Assignment::TokenBucket {
+                max_tokens: 100,
+                tokens_per_fill: 6_000,
+                fill_secs: 60
+            }
+        );
+        assert_eq!(
+            token_bucket(1, Unit::Second, 1.0),
+            Assignment::TokenBucket {
+                max_tokens: 1,
+                tokens_per_fill: 1,
+                fill_secs: 60
+            }
+        );
+        assert_eq!(
+            token_bucket(50, Unit::Hour, 0.5),
+            Assignment::TokenBucket {
+                max_tokens: 25,
+                tokens_per_fill: 50,
+                fill_secs: 3_600
+            }
+        );
+    }
+}

@@ -1,0 +1,406 @@
+//! One stream: its reports in order, one response per report that has a
+//! bucket to answer, until the client closes it or the server stops.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::atomic::Ordering;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::{Status, Streaming};
+
+use super::bucket::{self, Assignment, Plan, Skip};
+use super::{DEFAULT_REPORT_SECS, HOLD_MARGIN, Inner, ShareView};
+use crate::proto::rlqs::{
+    BlanketRule, BucketAction, BucketActionKind, BucketId, QuotaAssignmentAction,
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitStrategy, Strategy, TokenBucket,
+    UsageReport,
+};
+use crate::quota::{self, Grant, Report, Terms};
+use crate::rules::{Counts, Rule};
+use crate::storage::{LeaseCall, StoreError};
+
+/// Lease calls one stream has in flight at once.
+const LEASES_IN_FLIGHT: usize = 32;
+
+/// What a stream remembers of one bucket.
+struct Tracked {
+    /// The last report with usage (or the first report).
+    active: Instant,
+    /// The last assignment and until when it holds, for a store failure.
+    last: Option<(Assignment, Instant)>,
+}
+
+/// A stream's state between reports.
+struct State {
+    number: u64,
+    holder: String,
+    domain: Option<String>,
+    buckets: HashMap<Vec<(String, String)>, Tracked>,
+    /// Skips already logged on this stream (once per reason).
+    logged: [bool; 3],
+}
+
+pub(super) async fn run(
+    inner: &Inner,
+    number: u64,
+    mut inbound: Streaming<RateLimitQuotaUsageReports>,
+    tx: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+) {
+    let mut state = State {
+        number,
+        holder: format!("{}.{number}", inner.replica),
+        domain: None,
+        buckets: HashMap::new(),
+        logged: [false; 3],
+    };
+    let mut draining = inner.draining.clone();
+    let drained = async move {
+        // A dropped sender means no drain will come: wait forever.
+        if draining.wait_for(|d| *d).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(drained);
+    loop {
+        let message = tokio::select! {
+            m = inbound.message() => m,
+            () = tx.closed() => break,
+            () = &mut drained => {
+                // Envoy drops the stream and opens a new one at its next
+                // report; the shares it holds stay in force meanwhile.
+                let _ = tx
+                    .send(Err(Status::unavailable("tollgate is shutting down: reconnect")))
+                    .await;
+                break;
+            }
+        };
+        let reports = match message {
+            Ok(Some(reports)) => reports,
+            // Closed by the client, or broken: nothing to answer.
+            Ok(None) | Err(_) => break,
+        };
+        match answer(inner, &mut state, reports).await {
+            Ok(Some(response)) => {
+                if tx.send(Ok(response)).await.is_err() {
+                    break;
+                }
+            }
+            Ok(None) => {}
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                break;
+            }
+        }
+    }
+    inner.stats.buckets_removed(state.buckets.len() as u64);
+}
+
+/// One bucket of a report, once read.
+struct Item<'a> {
+    usage: &'a UsageReport,
+    /// The entries as a limiter's identity (long values as digests): the
+    /// lease's key, and the stream's, so what a stream keeps per bucket is
+    /// bounded whatever the values' length.
+    identity: Vec<(String, String)>,
+    rule: Option<&'a Rule>,
+    plan: Plan,
+}
+
+async fn answer(
+    inner: &Inner,
+    state: &mut State,
+    reports: RateLimitQuotaUsageReports,
+) -> Result<Option<RateLimitQuotaResponse>, Status> {
+    let domain = match (&state.domain, reports.domain.as_str()) {
+        (None, "") => {
+            return Err(Status::invalid_argument(
+                "the first usage report of a stream must name its domain",
+            ));
+        }
+        (None, given) => {
+            state.domain = Some(given.to_owned());
+            given.to_owned()
+        }
+        (Some(first), given) if !given.is_empty() && given != first => {
+            return Err(Status::invalid_argument(format!(
+                "a stream reports for one domain: it began with {first:?}, then named {given:?}"
+            )));
+        }
+        (Some(first), _) => first.clone(),
+    };
+    let options = &inner.options;
+    let rules = inner.engine.rules().current();
+    let now = Instant::now();
+    let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
+    let mut items = Vec::with_capacity(reports.bucket_quota_usages.len());
+    for usage in &reports.bucket_quota_usages {
+        let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
+        let entries = match id.map(|m| bucket::entries(m.iter(), options.ids)) {
+            Some(Ok(entries)) => entries,
+            Some(Err(why)) => {
+                skip(inner, &mut state.logged, state.number, &domain, why);
+                continue;
+            }
+            None => {
+                skip(inner, &mut state.logged, state.number, &domain, Skip::Empty);
+                continue;
+            }
+        };
+        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        inner.stats.reported(allowed, denied);
+        let identity = bucket::identity(&entries, options.ids.max_value_bytes);
+        let full = state.buckets.len() >= options.max_buckets;
+        let tracked = match state.buckets.entry(identity.clone()) {
+            Entry::Occupied(known) => known.into_mut(),
+            Entry::Vacant(_) if full => {
+                skip(
+                    inner,
+                    &mut state.logged,
+                    state.number,
+                    &domain,
+                    Skip::TooManyBuckets,
+                );
+                continue;
+            }
+            Entry::Vacant(new) => {
+                inner.stats.buckets_added(1);
+                new.insert(Tracked {
+                    active: now,
+                    last: None,
+                })
+            }
+        };
+        if allowed > 0 || denied > 0 {
+            tracked.active = now;
+        } else if options
+            .abandon_after
+            .is_some_and(|after| now.duration_since(tracked.active) >= after)
+        {
+            state.buckets.remove(&identity);
+            inner.stats.buckets_removed(1);
+            inner.stats.abandoned();
+            actions.push(BucketAction {
+                bucket_id: usage.bucket_id.clone(),
+                bucket_action: Some(BucketActionKind::AbandonAction(Default::default())),
+            });
+            continue;
+        }
+        let rule = rules.find(&domain, &entries);
+        let plan = bucket::plan(rule, inner.engine.options().shadow_mode);
+        if let Some(rule) = rule {
+            account(rule.stats.counts(), plan, allowed, denied);
+        }
+        items.push(Item {
+            usage,
+            identity,
+            rule,
+            plan,
+        });
+    }
+
+    // Leases of one report go out a few at a time: a report can carry
+    // thousands of buckets, and every Envoy reports at about the same
+    // moment; unbounded, they would all wait in the store client's queue at
+    // once and time out together.
+    let hold_micros =
+        (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
+    let store = inner.engine.store();
+    type Lease<'a> = crate::storage::BoxFuture<'a, Option<Result<Grant, StoreError>>>;
+    let leases: Vec<Lease<'_>> = items
+        .iter()
+        .map(|item| {
+            let holder = state.holder.as_str();
+            let domain = domain.as_str();
+            Box::pin(async move {
+                let Plan::Leased { limit, unit } = item.plan else {
+                    return None;
+                };
+                let elapsed = item
+                    .usage
+                    .time_elapsed
+                    .as_ref()
+                    .map_or(0, |d| d.seconds.max(0) as u64);
+                let report = Report {
+                    requests: item
+                        .usage
+                        .num_requests_allowed
+                        .saturating_add(item.usage.num_requests_denied),
+                    elapsed_secs: if elapsed == 0 {
+                        DEFAULT_REPORT_SECS
+                    } else {
+                        elapsed
+                    },
+                };
+                let terms = Terms {
+                    capacity: quota::capacity(limit, unit),
+                    fill_secs: quota::fill_secs(unit),
+                    hold_micros,
+                };
+                let call = LeaseCall {
+                    domain,
+                    entries: &item.identity,
+                    unit,
+                    holder,
+                    report,
+                    terms,
+                };
+                Some(store.lease(call).await)
+            }) as Lease<'_>
+        })
+        .collect();
+    let grants: Vec<_> = futures_util::stream::iter(leases)
+        .buffered(LEASES_IN_FLIGHT)
+        .collect()
+        .await;
+
+    let ttl = std::time::Duration::from_secs(options.assignment_ttl_secs);
+    let mut views = Vec::with_capacity(items.len());
+    for (item, grant) in items.iter().zip(grants) {
+        let mut ledger = None;
+        let assignment = match (item.plan, grant) {
+            (Plan::Free | Plan::Shadow, _) => Some((Assignment::AllowAll, ttl)),
+            (Plan::Banned, _) => Some((Assignment::DenyAll, ttl)),
+            (Plan::Leased { unit, .. }, Some(Ok(grant))) => {
+                ledger = Some(grant);
+                Some((bucket::token_bucket(grant.tokens, unit, options.burst), ttl))
+            }
+            (Plan::Leased { .. }, _) => {
+                inner.stats.store_error();
+                fallback(inner, state, item, now)
+            }
+        };
+        let Some((assignment, ttl)) = assignment else {
+            continue;
+        };
+        if let Some(tracked) = state.buckets.get_mut(&item.identity) {
+            tracked.last = Some((assignment, now + ttl));
+        }
+        inner.stats.sent(assignment);
+        views.push(view(state.number, &domain, item, assignment, ledger));
+        actions.push(action(item.usage, assignment, ttl));
+    }
+    inner
+        .shares
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(state.number, views);
+    Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
+        bucket_action: actions,
+    }))
+}
+
+/// A store failure: the last assignment while it holds (for what is left
+/// of it, in whole seconds), else the rule's failure policy.
+fn fallback(
+    inner: &Inner,
+    state: &State,
+    item: &Item<'_>,
+    now: Instant,
+) -> Option<(Assignment, std::time::Duration)> {
+    let last = state.buckets.get(&item.identity).and_then(|t| t.last);
+    if let Some((assignment, until)) = last {
+        let left = until.saturating_duration_since(now).as_secs();
+        if left >= 1 {
+            return Some((assignment, std::time::Duration::from_secs(left)));
+        }
+    }
+    let policy = item
+        .rule
+        .and_then(|r| r.on_store_error)
+        .unwrap_or(inner.engine.options().on_store_error);
+    bucket::on_failure(policy).map(|a| {
+        (
+            a,
+            std::time::Duration::from_secs(inner.options.assignment_ttl_secs),
+        )
+    })
+}
+
+/// Envoy's reported usage on the rule's counters, as RLS hits are: the
+/// same per-rule metrics, the same bounded labels.
+fn account(counts: &Counts, plan: Plan, allowed: u64, denied: u64) {
+    let total = allowed.saturating_add(denied);
+    if total == 0 {
+        return;
+    }
+    counts.total_hits.fetch_add(total, Ordering::Relaxed);
+    match plan {
+        Plan::Shadow => {
+            counts.within_limit.fetch_add(total, Ordering::Relaxed);
+        }
+        _ => {
+            counts.within_limit.fetch_add(allowed, Ordering::Relaxed);
+            counts.over_limit.fetch_add(denied, Ordering::Relaxed);
+        }
+    }
+}
+
+fn skip(inner: &Inner, logged: &mut [bool; 3], stream: u64, domain: &str, why: Skip) {
+    inner.stats.skipped(why);
+    let i = Skip::ALL.iter().position(|s| *s == why).unwrap_or(0);
+    if !logged[i] {
+        logged[i] = true;
+        tracing::warn!(
+            domain,
+            stream,
+            reason = why.as_str(),
+            "skipping a bucket of a usage report (logged once per stream and reason)"
+        );
+    }
+}
+
+fn view(
+    stream: u64,
+    domain: &str,
+    item: &Item<'_>,
+    assignment: Assignment,
+    ledger: Option<Grant>,
+) -> ShareView {
+    ShareView {
+        stream,
+        domain: domain.to_owned(),
+        bucket: item.identity.clone(),
+        rule: item.rule.map(|r| r.path.clone()),
+        assignment,
+        holders: ledger.map_or(0, |g| g.holders),
+        granted_total: ledger.map_or(0, |g| g.granted_total),
+    }
+}
+
+fn action(usage: &UsageReport, assignment: Assignment, ttl: std::time::Duration) -> BucketAction {
+    let strategy = match assignment {
+        Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+        Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_secs,
+        } => Strategy::TokenBucket(TokenBucket {
+            max_tokens,
+            // Always explicit: Envoy reads an unset one as 0, not 1.
+            tokens_per_fill: Some(tokens_per_fill),
+            fill_interval: Some(prost_types::Duration {
+                seconds: fill_secs as i64,
+                nanos: 0,
+            }),
+        }),
+    };
+    BucketAction {
+        bucket_id: Some(usage.bucket_id.clone().unwrap_or_else(|| BucketId {
+            bucket: Default::default(),
+        })),
+        bucket_action: Some(BucketActionKind::QuotaAssignmentAction(
+            QuotaAssignmentAction {
+                assignment_time_to_live: Some(prost_types::Duration {
+                    seconds: ttl.as_secs() as i64,
+                    nanos: 0,
+                }),
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            },
+        )),
+    }
+}
