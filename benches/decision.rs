@@ -24,11 +24,7 @@ fn main() {
     divan::main();
 }
 
-const ALGORITHMS: [Algorithm; 3] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowCounter,
-    Algorithm::SlidingWindowLog,
-];
+const ALGORITHMS: [Algorithm; 4] = Algorithm::ALL;
 
 /// The rules `scripts/bench.sh` serves: one rule per algorithm under
 /// `algo=<name>`, keyed by `user`, with a limit never reached.
@@ -115,6 +111,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         negative: false,
         usage_reports: false,
         buckets: tollgate::limit::DEFAULT_BUCKETS,
+        burst: 0,
         shard: tollgate::storage::Shard::NONE,
     };
     bencher.bench_local(|| {

@@ -3,13 +3,14 @@
 # runs for each decision?
 #
 # For each algorithm (fixed_window, sliding_window_counter,
-# sliding_window_log) it measures, against the same private redis-server:
+# sliding_window_log, token_bucket) it measures, against the same private redis-server:
 #   - tollgate: `tollgate bench` (closed loop, C callers) against a
 #     `tollgate serve --store redis://...`: gRPC decode, rule matching, one
 #     EVALSHA of lua/<algorithm>.lua, gRPC encode. Column "tollgate dec/s"
 #     (decisions per second) and tollgate's p50/p99 latency in microseconds.
 #   - redis-benchmark: the same script, called directly with EVALSHA by C
-#     clients, with the same ARGV (limit, window_micros, hits, negative).
+#     clients, with the same ARGV (limit, window_micros, hits, negative;
+#     and the burst, the limit, for token_bucket).
 #     Column "redis calls/s" and its p50/p99. This is the ceiling: tollgate
 #     cannot decide faster than Redis runs the script.
 # "ratio" is tollgate dec/s / redis calls/s: 1.00 would mean tollgate costs
@@ -60,7 +61,7 @@ KEYS=${KEYS:-1}
 RB_N=${RB_N:-200000}
 # Seconds of the strace run per row (0: no system-call columns).
 SYSCALL_SECS=${SYSCALL_SECS:-2}
-ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log)
+ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log token_bucket)
 # shellcheck disable=SC2206
 MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 LIMIT=1000000000     # requests per second: never reached
@@ -262,10 +263,13 @@ for a in "${MEASURED[@]}"; do
     else
         keys=(1 "rb:$a:$k")
     fi
+    # The bucket reads its burst from ARGV[5]; the others ignore it.
+    burst=()
+    [[ $a == token_bucket ]] && burst=("$LIMIT")
     echo "measuring $a with redis-benchmark..." >&2
     rd0=$(cpu_ticks "$REDIS_PID")
     rb=$(timeout 120 redis-benchmark -p "$REDIS_PORT" -c "$C" -n "$RB_N" "${rand[@]}" --csv \
-        EVALSHA "$sha" "${keys[@]}" "$LIMIT" "$WINDOW_MICROS" 1 0 | tail -n 1)
+        EVALSHA "$sha" "${keys[@]}" "$LIMIT" "$WINDOW_MICROS" 1 0 "${burst[@]}" | tail -n 1)
     rd1=$(cpu_ticks "$REDIS_PID")
     rb_cpu=$(awk -v t=$((rd1 - rd0)) -v tick="$TICK_US" -v n="$RB_N" 'BEGIN { printf "%.1f", t * tick / n }')
     # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95...","p99_latency_ms","max..."

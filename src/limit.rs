@@ -92,13 +92,18 @@ pub enum Algorithm {
     SlidingWindowCounter,
     /// Every admitted hit with its timestamp. Exact; memory per hit.
     SlidingWindowLog,
+    /// A bucket of `burst` tokens refilled at `requests_per_unit` per
+    /// `unit` (the generic cell rate algorithm: one stored arrival time).
+    /// Exact, constant memory; the burst is its own number.
+    TokenBucket,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 3] = [
+    pub const ALL: [Algorithm; 4] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowCounter,
         Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -106,6 +111,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindowCounter => "sliding_window_counter",
             Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::TokenBucket => "token_bucket",
         }
     }
 }
@@ -125,7 +131,7 @@ impl FromStr for Algorithm {
             .find(|a| a.as_str() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown algorithm {s:?} (expected fixed_window, sliding_window_counter or sliding_window_log)"
+                    "unknown algorithm {s:?} (expected fixed_window, sliding_window_counter, sliding_window_log or token_bucket)"
                 )
             })
     }
@@ -186,3 +192,34 @@ impl FromStr for FailurePolicy {
 /// The most shards (`rate_limit.shards`) a limit may be split over: enough
 /// to spread one limiter over every primary of a large cluster.
 pub const MAX_SHARDS: u16 = 64;
+
+/// Where the token bucket's arithmetic stays exact: the Redis scripts count
+/// in Lua numbers, doubles, exact below 2^53.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// The token bucket's scale for `limit` per window of `w` microseconds:
+/// `(step, k)` with `step = w / g` and `k = limit / g`, `g` their greatest
+/// common divisor. Time is counted in units of `1 / k` microsecond, in
+/// which one token refills in exactly `step` units: no rounding anywhere.
+pub fn bucket_scale(limit: u64, w: u64) -> (u64, u64) {
+    let (mut a, mut b) = (limit.max(1), w.max(1));
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    (w.max(1) / a, limit.max(1) / a)
+}
+
+/// The largest `burst` a token bucket of `limit` per `unit` keeps exact:
+/// `burst x step` must stay within [`MAX_EXACT`].
+pub fn max_burst(limit: u64, unit: Unit) -> u64 {
+    let (step, _) = bucket_scale(limit, unit.micros());
+    MAX_EXACT / step
+}
+
+/// The burst a token bucket uses: the one asked for (0: the limit), within
+/// 1..=[`max_burst`]. Rules are refused at load past the bound; a limit a
+/// request overrides is held to it here.
+pub fn effective_burst(burst: u64, limit: u64, unit: Unit) -> u64 {
+    let asked = if burst == 0 { limit } else { burst };
+    asked.clamp(1, max_burst(limit, unit))
+}

@@ -1,4 +1,5 @@
-//! The three algorithms on the embedded store, on a clock the test holds.
+//! The algorithms on the embedded store, on a clock the test holds (the
+//! token bucket has its own file, `tests/token_bucket.rs`).
 
 use std::sync::Arc;
 
@@ -45,6 +46,7 @@ impl Fixture {
                 negative,
                 usage_reports: false,
                 buckets: 2,
+                burst: 0,
                 shard: tollgate::storage::Shard::NONE,
             })
             .await
@@ -269,6 +271,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: tollgate::storage::Shard::NONE,
         })
         .await
@@ -356,14 +359,16 @@ async fn expired_limiters_are_reclaimed() {
                     negative: false,
                     usage_reports: false,
                     buckets: 2,
+                    burst: 0,
                     shard: tollgate::storage::Shard::NONE,
                 })
                 .await
                 .unwrap();
         }
     }
-    assert_eq!(f.store.len(), 3000);
-    // Two seconds on, every window (counter: both buckets) has passed.
+    assert_eq!(f.store.len(), 1000 * Algorithm::ALL.len());
+    // Two seconds on, every window (counter: both buckets) has passed, and
+    // every bucket is full again.
     f.clock.advance_micros(2 * SECOND + 1);
     f.store.sweep();
     assert!(f.store.is_empty(), "{} left", f.store.len());
@@ -389,6 +394,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     negative: false,
                     usage_reports: false,
                     buckets: 4,
+                    burst: 0,
                     shard: tollgate::storage::Shard::NONE,
                 })
                 .await

@@ -31,6 +31,8 @@ struct Limiter {
     limit: u64,
     unit: Unit,
     buckets: u8,
+    /// A token bucket's burst; 0 means the limit.
+    burst: u64,
     usage_reports: bool,
 }
 
@@ -43,6 +45,7 @@ impl Limiter {
             limit,
             unit,
             buckets: 2,
+            burst: 0,
             usage_reports: false,
         }
     }
@@ -90,6 +93,7 @@ impl Limiter {
                 negative,
                 usage_reports: self.usage_reports,
                 buckets: self.buckets,
+                burst: self.burst,
                 shard: tollgate::storage::Shard::NONE,
             })
             .await
@@ -107,6 +111,7 @@ impl Limiter {
             negative: costs[0].negative,
             usage_reports: self.usage_reports,
             buckets: self.buckets,
+            burst: self.burst,
             shard: tollgate::storage::Shard::NONE,
         };
         store
@@ -147,6 +152,9 @@ impl Limiter {
                 let spans = u64::from(self.buckets) - 1;
                 self.window() + self.window().div_ceil(spans)
             }
+            // A bucket in debt (usage reports) owes more than a window:
+            // the 50-of-10 report below owes four.
+            Algorithm::TokenBucket => 5 * self.window(),
             _ => self.window(),
         }
     }
@@ -555,9 +563,12 @@ enum Reset {
     AfterOldest,
     /// The end of the current bucket of a counter with 4 buckets, plus this.
     BucketEndPlus(u64),
+    /// The time this many tokens take to refill (a tenth of a day each),
+    /// less at most the time since the run started.
+    Owed(u64),
 }
 
-use Reset::{AfterOldest, BucketEndPlus, Window, WindowEndPlus, Zero};
+use Reset::{AfterOldest, BucketEndPlus, Owed, Window, WindowEndPlus, Zero};
 
 /// (admitted, remaining, reset) expected of one algorithm.
 type Expect = (bool, u64, Reset);
@@ -572,14 +583,19 @@ const DAY: u64 = 86_400_000_000;
 /// back from its newest hits). The counter's previous bucket is empty, so
 /// its estimate is its current bucket, and a refusal waits into the next
 /// bucket until `cur x (w - e) / w + hits <= limit`: the reset is the
-/// bucket's end plus `w - floor(w x (limit - hits) / cur)`.
-const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
-    // (hits, give back, [fixed window, sliding counter, sliding log])
+/// bucket's end plus `w - floor(w x (limit - hits) / cur)`. The token
+/// bucket (burst 10, a token back every tenth of a day) takes only what it
+/// admits, refuses a cost above its burst at once with the time to fill
+/// it (a day), and resets when what it owes has refilled.
+const SCRIPT: &[(u64, bool, [Expect; 4])] = &[
+    // (hits, give back, [fixed window, sliding counter, sliding log, token
+    // bucket])
     (
         0,
         false,
         [
             (true, 10, WindowEndPlus(0)),
+            (true, 10, Zero),
             (true, 10, Zero),
             (true, 10, Zero),
         ],
@@ -591,6 +607,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (true, 6, WindowEndPlus(0)),
             (true, 6, WindowEndPlus(DAY)),
             (true, 6, AfterOldest),
+            (true, 6, Owed(4)),
         ],
     ),
     (
@@ -598,6 +615,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
         false,
         [
             (false, 6, WindowEndPlus(0)),
+            (false, 6, Window),
             (false, 6, Window),
             (false, 6, Window),
         ],
@@ -609,6 +627,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (true, 1, WindowEndPlus(0)),
             (true, 1, WindowEndPlus(DAY)),
             (true, 1, AfterOldest),
+            (true, 1, Owed(9)),
         ],
     ),
     // Fixed: counted anyway (12). Counter: DAY - floor(DAY x 7 / 9).
@@ -619,6 +638,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (false, 0, WindowEndPlus(0)),
             (false, 1, WindowEndPlus(19_200_000_000)),
             (false, 1, AfterOldest),
+            (false, 1, Owed(2)),
         ],
     ),
     (
@@ -628,6 +648,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (true, 0, WindowEndPlus(0)),
             (true, 3, WindowEndPlus(DAY)),
             (true, 3, AfterOldest),
+            (true, 3, Owed(7)),
         ],
     ),
     (
@@ -637,6 +658,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (false, 0, WindowEndPlus(0)),
             (true, 2, WindowEndPlus(DAY)),
             (true, 2, AfterOldest),
+            (true, 2, Owed(8)),
         ],
     ),
     (
@@ -644,6 +666,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
         true,
         [
             (true, 10, WindowEndPlus(0)),
+            (true, 10, Zero),
             (true, 10, Zero),
             (true, 10, Zero),
         ],
@@ -655,6 +678,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (true, 0, WindowEndPlus(0)),
             (true, 0, WindowEndPlus(DAY)),
             (true, 0, AfterOldest),
+            (true, 0, Owed(10)),
         ],
     ),
     (
@@ -664,6 +688,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (true, 0, WindowEndPlus(0)),
             (true, 0, WindowEndPlus(DAY)),
             (true, 0, AfterOldest),
+            (true, 0, Owed(10)),
         ],
     ),
     // Counter: DAY - floor(DAY x 9 / 10).
@@ -674,6 +699,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (false, 0, WindowEndPlus(0)),
             (false, 0, WindowEndPlus(8_640_000_000)),
             (false, 0, AfterOldest),
+            (false, 0, Owed(1)),
         ],
     ),
     (
@@ -683,6 +709,7 @@ const SCRIPT: &[(u64, bool, [Expect; 3])] = &[
             (true, 2, WindowEndPlus(0)),
             (true, 3, WindowEndPlus(DAY)),
             (true, 3, AfterOldest),
+            (true, 3, Owed(7)),
         ],
     ),
 ];
@@ -732,6 +759,7 @@ async fn answers_the_expected_table(store: &dyn Store, algorithm: Algorithm) {
                 r + slack >= lo && r <= hi + slack
             }
             AfterOldest => r <= DAY && r + (after - started) + slack >= DAY,
+            Owed(n) => r <= n * DAY / 10 && r + (after - started) + slack >= n * DAY / 10,
             BucketEndPlus(_) => panic!("{what}: bucket ends are for the 4-bucket table"),
         };
         assert!(ok, "{what}: reset {r} is not {reset:?}");
@@ -836,6 +864,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         negative: false,
         usage_reports: false,
         buckets: 2,
+        burst: 0,
         shard: tollgate::storage::Shard::NONE,
     };
     let limiter = KeyBuilder::default().limiter(&hit);
@@ -935,6 +964,71 @@ async fn admits_again_after_the_window(store: &dyn Store, algorithm: Algorithm) 
     assert_eq!(d.remaining, 1, "{c}: after {wait:?}");
 }
 
+/// The token bucket's burst is its own number: a bucket of 30 refilled at
+/// 10 a day admits 30 at once, then one per tenth of a day; tokens given
+/// back never fill it past 30; a cost above 30 is refused and takes nothing.
+async fn bucket_burst_is_not_the_rate(store: &dyn Store) {
+    let c = ctx(store, Algorithm::TokenBucket);
+    let l = Limiter {
+        burst: 30,
+        ..Limiter::new("bucket-burst", Algorithm::TokenBucket, 10, Unit::Day)
+    };
+    for expected in (0..30).rev() {
+        let d = l.hit(store, 1).await;
+        assert!(d.admitted && d.remaining == expected, "{c}: {d:?}");
+    }
+    let started = wall_micros();
+    let d = l.hit(store, 1).await;
+    assert!(!d.admitted && d.remaining == 0, "{c}: 31st: {d:?}");
+    // One token, less the little time since the 30th.
+    let token = DAY / 10;
+    assert!(
+        d.reset_micros <= token && d.reset_micros + 1_000_000 >= token,
+        "{c}: reset {} is not a tenth of a day",
+        d.reset_micros
+    );
+    let d = l.hit(store, 31).await;
+    assert!(
+        !d.admitted && d.remaining == 0,
+        "{c}: above the burst: {d:?}"
+    );
+    assert!(d.reset_micros <= 3 * DAY, "{c}: {d:?}");
+    let d = l.give_back(store, 100).await;
+    assert!(
+        d.admitted && d.remaining == 30,
+        "{c}: never past the burst: {d:?}"
+    );
+    let d = l.hit(store, 30).await;
+    assert!(d.admitted && d.remaining == 0, "{c}: {d:?}");
+    // Three days to fill again, less the time the run took.
+    assert!(
+        d.reset_micros <= 3 * DAY
+            && d.reset_micros + 1_000_000 + (wall_micros() - started) >= 3 * DAY,
+        "{c}: {d:?}"
+    );
+
+    // A smaller burst than the rate: 5 at once, then 10 a second.
+    let fast = Limiter {
+        burst: 5,
+        ..Limiter::new("bucket-rate", Algorithm::TokenBucket, 10, Unit::Second)
+    };
+    let d = fast.hit(store, 5).await;
+    assert!(d.admitted && d.remaining == 0, "{c}: {d:?}");
+    let d = fast.hit(store, 6).await;
+    assert!(!d.admitted, "{c}: above the burst of 5");
+    let d = fast.hit(store, 1).await;
+    assert!(!d.admitted, "{c}: empty");
+    assert!(d.reset_micros <= 100_000, "{c}: a token per 100 ms: {d:?}");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let d = fast.hit(store, 2).await;
+    assert!(d.admitted, "{c}: two tokens back after 250 ms: {d:?}");
+    let d = fast.hit(store, 2).await;
+    assert!(
+        !d.admitted,
+        "{c}: half a token left, 1.5 more need 150 ms: {d:?}"
+    );
+}
+
 // ------------------------------------------------------------ the runners
 
 async fn run_suite(store: DynStore) {
@@ -955,6 +1049,7 @@ async fn run_suite(store: DynStore) {
         reports_are_recorded_past_the_limit(s, algorithm).await;
     }
     bucketed_counter_answers_the_expected_table(&*store).await;
+    bucket_burst_is_not_the_rate(&*store).await;
     log_reset_is_when_the_oldest_hit_leaves(&*store).await;
     // The cases that wait for time to pass run side by side.
     let mut timed: Vec<BoxFuture<'_, ()>> = Vec::new();

@@ -80,6 +80,7 @@ impl Placement<'_> {
                 negative: false,
                 usage_reports: false,
                 buckets: 2,
+                burst: 0,
                 shard: tollgate::storage::Shard::NONE,
             })
             .key(Role::LogSet)

@@ -64,6 +64,7 @@ fn hit(entries: &[(String, String)], algorithm: Algorithm, limit: u64) -> Hit<'_
         negative: false,
         usage_reports: false,
         buckets: 2,
+        burst: 0,
         shard: Shard::NONE,
     }
 }

@@ -273,6 +273,7 @@ async fn a_cluster_failover_under_load_is_answered_per_policy() {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: tollgate::storage::Shard::NONE,
         })
         .key(Role::State);

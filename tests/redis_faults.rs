@@ -52,6 +52,7 @@ impl Limiter {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: tollgate::storage::Shard::NONE,
         }
     }

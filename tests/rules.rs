@@ -116,6 +116,7 @@ fn limits_and_flags_are_parsed() {
             replaces: vec!["per_ip".into(), "path_default".into()],
             algorithm: Some(Algorithm::SlidingWindowLog),
             buckets: None,
+            burst: None,
             shards: None,
             on_store_error: Some(FailurePolicy::Allow),
             usage_reports: Some(true),
@@ -298,7 +299,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, buckets, shards, on_store_error, usage_reports)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports)",
     );
 }
 
@@ -439,7 +440,7 @@ fn unknown_algorithm() {
         "unknown_algorithm.yaml",
         8,
         "descriptors[0].rate_limit.algorithm: ",
-        "unknown algorithm \"token_bucket\"",
+        "unknown algorithm \"leaky_bucket\"",
     );
 }
 
@@ -525,6 +526,75 @@ fn buckets_without_counter() {
         ),
         "{errors}"
     );
+}
+
+#[test]
+fn burst_without_bucket() {
+    assert_error(
+        "burst_without_bucket.yaml",
+        10,
+        "descriptors[0].rate_limit.burst: ",
+        "burst applies only to token_bucket, not fixed_window",
+    );
+    // The default (counter) refuses the inherited rule too; a token bucket
+    // default takes it.
+    let errors = errors_of("burst_without_bucket.yaml");
+    assert_eq!(errors.0.len(), 2, "{errors}");
+    assert_eq!(errors.0[1].line, Some(15));
+    assert!(
+        errors.0[1].to_string().ends_with(
+            "burst applies only to token_bucket, not sliding_window_counter \
+             (the default_algorithm, as the rule names none)"
+        ),
+        "{errors}"
+    );
+    let file = invalid("burst_without_bucket.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let bucket_default = LoadOptions {
+        default_algorithm: Algorithm::TokenBucket,
+        ..LoadOptions::default()
+    };
+    let errors = parse_file(&file, &text, &bucket_default).unwrap_err();
+    assert_eq!(errors.0.len(), 1, "{errors}");
+    assert_eq!(errors.0[0].line, Some(10));
+}
+
+#[test]
+fn burst_out_of_range() {
+    assert_error(
+        "burst_out_of_range.yaml",
+        11,
+        "descriptors[0].rate_limit.burst: ",
+        "burst must be from 1 to 4294967295 for this rate, found 0",
+    );
+    assert_error(
+        "burst_out_of_range.yaml",
+        17,
+        "descriptors[1].rate_limit.burst: ",
+        "burst must be from 1 to 285 for this rate, found 286",
+    );
+    assert_error(
+        "burst_out_of_range.yaml",
+        21,
+        "descriptors[2].rate_limit.requests_per_unit: ",
+        "needs a burst (default: requests_per_unit) of at most 285",
+    );
+    assert_eq!(errors_of("burst_out_of_range.yaml").0.len(), 3);
+}
+
+/// A token bucket rule with and without its burst.
+#[test]
+fn burst_reaches_the_rule() {
+    let text = "domain: b\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      algorithm: token_bucket\n      burst: 100\n  - key: plain\n    rate_limit:\n      unit: second\n      requests_per_unit: 10\n      algorithm: token_bucket\n";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("b.yaml"), text).unwrap();
+    let set = load_dir(dir.path(), &LoadOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let k = find(&set, "b", &[("k", "x")]).unwrap();
+    assert_eq!(
+        (k.algorithm, k.burst),
+        (Some(Algorithm::TokenBucket), Some(100))
+    );
+    assert_eq!(find(&set, "b", &[("plain", "x")]).unwrap().burst, None);
 }
 
 /// A valid `buckets` reaches the rule; without it the rule says `None` (2).

@@ -173,6 +173,7 @@ impl Engine {
                     negative: d.negative,
                     usage_reports: limit.usage_reports,
                     buckets: limit.buckets,
+                    burst: limit.burst,
                     shard: crate::storage::Shard {
                         index: 0,
                         count: limit.shards,

@@ -59,6 +59,7 @@ impl Engine {
                             name: None,
                             algorithm: self.options.default_algorithm,
                             buckets: DEFAULT_BUCKETS,
+                            burst: 0,
                             shards: 1,
                             // Names no algorithm.
                             usage_reports: self.options.usage_reports.unwrap_or(true),
@@ -90,6 +91,7 @@ impl Engine {
                             name: rule.name.clone(),
                             algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
                             buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
+                            burst: rule.burst.unwrap_or(0),
                             shards: rule.shards.unwrap_or(1),
                             usage_reports: rule
                                 .usage_reports

@@ -55,6 +55,8 @@ pub struct AppliedLimit {
     pub algorithm: Algorithm,
     /// Buckets of a `sliding_window_counter` (the rule's, or the default).
     pub buckets: u8,
+    /// A `token_bucket`'s burst (the rule's); 0 means `requests_per_unit`.
+    pub burst: u64,
     /// Sub-limiters the limit is split over (`rate_limit.shards`; 1 when
     /// not sharded).
     pub shards: u16,

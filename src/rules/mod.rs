@@ -46,6 +46,9 @@ pub struct Rule {
     pub algorithm: Option<Algorithm>,
     /// `rate_limit.buckets` (counter only, 2..=60); `None` means 2.
     pub buckets: Option<u8>,
+    /// `rate_limit.burst` (token bucket only): the bucket's size; `None`
+    /// means `requests_per_unit`.
+    pub burst: Option<u64>,
     /// `rate_limit.shards` (1..=64): sub-limiters the limit is split over;
     /// `None` means 1.
     pub shards: Option<u16>,
@@ -448,6 +451,9 @@ fn describe_rule(rule: &Rule, default: Algorithm) -> String {
     };
     if let Some(buckets) = rule.buckets {
         text.push_str(&format!(" buckets={buckets}"));
+    }
+    if let Some(burst) = rule.burst {
+        text.push_str(&format!(" burst={burst}"));
     }
     if let Some(shards) = rule.shards {
         text.push_str(&format!(" shards={shards}"));

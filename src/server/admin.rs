@@ -294,6 +294,7 @@ fn rules_json(
                 "rule": r.path,
                 "name": r.name,
                 "buckets": r.buckets,
+                "burst": r.burst,
                 "shards": r.shards,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
                 "replaces": r.replaces,

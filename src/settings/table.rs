@@ -26,6 +26,7 @@ const ALGORITHM: Kind = Kind::Choice(&[
     "fixed_window",
     "sliding_window_counter",
     "sliding_window_log",
+    "token_bucket",
 ]);
 const fn count(min: u64, max: u64) -> Kind {
     Kind::Count { min, max }

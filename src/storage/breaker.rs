@@ -481,6 +481,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: crate::storage::Shard::NONE,
         }
     }

@@ -35,6 +35,13 @@
 //!   so the store may report more remaining meanwhile. Checks and other costs
 //!   go to the store; a give-back goes to the store and drops the entry.
 //!
+//! * `token_bucket`: refusals are kept per cost, as for the counter. A
+//!   refused cost takes nothing, tokens come back only with time, and other
+//!   replicas only take more: a hit of the same cost is refused until the
+//!   reset, which is exactly when the bucket can pay it. Checks and other
+//!   costs go to the store; a give-back goes to the store and drops the
+//!   entry.
+//!
 //! A hit costing more than the limit is never cached (the store does not
 //! record it, so its refusal says nothing about the count).
 //!
@@ -82,6 +89,8 @@ pub struct LimiterId {
     pub unit: Unit,
     /// A counter's bucket count: a different count is a different limiter.
     pub buckets: u8,
+    /// A token bucket's burst ([`Hit::burst`]).
+    pub burst: u64,
     /// The shard of a sharded limit (its `limit` is then the shard's share).
     pub shard: Shard,
     /// Whether every positive cost is recorded ([`Hit::usage_reports`]).
@@ -118,6 +127,7 @@ impl Limiter for Hit<'_> {
             self.limit,
             self.unit,
             self.buckets,
+            self.burst,
             self.shard,
             self.usage_reports,
         ))
@@ -130,6 +140,7 @@ impl Limiter for Hit<'_> {
             && id.limit == self.limit
             && id.unit == self.unit
             && id.buckets == self.buckets
+            && id.burst == self.burst
             && id.shard == self.shard
             && id.usage_reports == self.usage_reports
     }
@@ -148,6 +159,7 @@ impl Limiter for LimiterId {
             self.limit,
             self.unit,
             self.buckets,
+            self.burst,
             self.shard,
             self.usage_reports,
         ))
@@ -171,6 +183,7 @@ impl LimiterId {
             limit: hit.limit,
             unit: hit.unit,
             buckets: hit.buckets,
+            burst: hit.burst,
             shard: hit.shard,
             usage_reports: hit.usage_reports,
         }
@@ -190,6 +203,7 @@ impl LimiterId {
             negative: cost.negative,
             usage_reports: self.usage_reports,
             buckets: self.buckets,
+            burst: self.burst,
             shard: self.shard,
         }
     }
@@ -361,7 +375,9 @@ impl OverLimitCache {
                 }
                 Plan::Answer(refused(&r))
             }
-            Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => {
+            Algorithm::SlidingWindowLog
+            | Algorithm::SlidingWindowCounter
+            | Algorithm::TokenBucket => {
                 if hit.negative {
                     map.remove(&id);
                     return Plan::Forward(hit.hits);
@@ -388,7 +404,7 @@ impl OverLimitCache {
             _ if hit.hits == 0 || hit.hits > hit.limit => return,
             Algorithm::FixedWindow if d.remaining == 0 => 0,
             Algorithm::SlidingWindowLog if hit.hits == 1 && d.remaining == 0 => 1,
-            Algorithm::SlidingWindowCounter => hit.hits,
+            Algorithm::SlidingWindowCounter | Algorithm::TokenBucket => hit.hits,
             _ => return,
         };
         let refusal = Refusal {
@@ -550,6 +566,7 @@ mod tests {
             negative,
             usage_reports: false,
             buckets: crate::limit::DEFAULT_BUCKETS,
+            burst: 0,
             shard: crate::storage::Shard::NONE,
         }
     }

@@ -300,6 +300,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: Shard::NONE,
         }
     }

@@ -260,6 +260,7 @@ mod tests {
             limit: 10,
             unit: Unit::Second,
             buckets: crate::limit::DEFAULT_BUCKETS,
+            burst: 0,
             shard: crate::storage::Shard::NONE,
             usage_reports: false,
         }

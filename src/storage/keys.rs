@@ -19,7 +19,8 @@
 //!   fixed by its definition, so every replica and version computes the same
 //!   tag. Sharding a hot limiter over several slots adds a suffix inside the
 //!   braces (`{<tag>.<n>}`), which no identity-derived tag can contain.
-//! * `algo` is `f`, `c` or `l` (fixed window, counter, log) followed by the
+//! * `algo` is `f`, `c`, `l` or `t` (fixed window, counter, log, token
+//!   bucket) followed by the
 //!   window length, so changing a rule's algorithm or unit starts a fresh
 //!   counter instead of misreading an old one. A counter with other than
 //!   the default 2 buckets adds `b` and its bucket count (`c60b10`), so a
@@ -27,7 +28,8 @@
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
 //!   log metadata, `q` the lease ledger of a quota-shared limit, whose
 //!   algorithm part is always `f`: a lease does not depend on the rule's
-//!   algorithm).
+//!   algorithm). A token bucket has one key, its `h` hash; its burst is
+//!   not in the key (a changed burst keeps the tokens spent).
 //! * `identity` is the domain then `:key=value` per entry, each part escaped:
 //!   `%`, `:`, `=`, `{`, `}`, space and control bytes become `%XX`. Escaping is
 //!   injective (every `%` in the output starts an escape), so no two different
@@ -389,6 +391,7 @@ fn algo_code(algorithm: Algorithm) -> char {
         Algorithm::FixedWindow => 'f',
         Algorithm::SlidingWindowCounter => 'c',
         Algorithm::SlidingWindowLog => 'l',
+        Algorithm::TokenBucket => 't',
     }
 }
 
@@ -463,6 +466,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard: crate::storage::Shard::NONE,
         })
     }
@@ -549,6 +553,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: DEFAULT_BUCKETS,
+            burst: 0,
             shard: crate::storage::Shard::NONE,
         };
         let b = KeyBuilder::default();
@@ -616,6 +621,7 @@ mod tests {
             negative: false,
             usage_reports: false,
             buckets: 2,
+            burst: 0,
             shard,
         };
         let b = KeyBuilder::default();

@@ -62,6 +62,9 @@ pub struct Hit<'a> {
     /// Buckets of a `sliding_window_counter` (2..=60; part of the limiter's
     /// identity). Other algorithms ignore it.
     pub buckets: u8,
+    /// Size of a `token_bucket` (tokens it holds when full); 0 means the
+    /// limit. Other algorithms ignore it.
+    pub burst: u64,
     /// Which sub-limiter of a sharded limit this hit counts against. The
     /// engine sends every hit with index 0 of the rule's shard count; the
     /// sharding layer ([`shards::Sharded`]) picks the shard and sets
@@ -132,6 +135,7 @@ impl<'a> LeaseCall<'a> {
             negative: false,
             usage_reports: false,
             buckets: DEFAULT_BUCKETS,
+            burst: 0,
             shard: Shard::NONE,
         }
     }

@@ -66,6 +66,11 @@ impl Sharded {
         let start = (self.next.fetch_add(1, Ordering::Relaxed) % u64::from(count)) as u16;
         let shard_hit = |index: u16| Hit {
             limit: share(hit.limit, count, index),
+            // A token bucket's burst is split as its rate is (0: the share).
+            burst: match hit.burst {
+                0 => 0,
+                burst => share(burst, count, index).max(1),
+            },
             shard: Shard { index, count },
             ..hit
         };

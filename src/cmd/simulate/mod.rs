@@ -1,5 +1,6 @@
 //! `tollgate simulate`: how far a `sliding_window_counter` with N buckets
-//! admits over its limit, measured on a virtual clock.
+//! admits over its limit, measured on a virtual clock; with `--algorithms`,
+//! the four algorithms side by side ([`compare`]).
 //!
 //! The counter is the embedded store's own (the same arithmetic as the Redis
 //! script), driven through [`MemoryStore`] on a [`ManualClock`], so the table
@@ -19,6 +20,7 @@
 //! window, while the counter weighs that bucket as if its hits were spread
 //! over it, so close to twice the limit gets through.
 
+pub mod compare;
 pub mod rlqs;
 mod timeline;
 
@@ -49,6 +51,10 @@ pub struct SimulateArgs {
     /// Seed of the Poisson arrivals.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Compare the four algorithms on steady and bursty traffic instead
+    /// (`--windows` is then the seconds of each load).
+    #[arg(long)]
+    pub algorithms: bool,
 }
 
 impl Default for SimulateArgs {
@@ -57,6 +63,7 @@ impl Default for SimulateArgs {
             limit: 100,
             windows: 300,
             seed: 1,
+            algorithms: false,
         }
     }
 }
@@ -101,6 +108,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         negative: false,
         usage_reports: false,
         buckets,
+        burst: 0,
         shard: Shard::NONE,
     };
     let mut admitted = Vec::new();
@@ -216,6 +224,11 @@ pub fn main(args: SimulateArgs) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    if args.algorithms {
+        let rows = runtime.block_on(compare::table(&args));
+        print!("{}", compare::render(&rows, &args));
+        return std::process::ExitCode::SUCCESS;
+    }
     let rows = runtime.block_on(table(&args));
     print!("{}", render(&rows, &args));
     std::process::ExitCode::SUCCESS

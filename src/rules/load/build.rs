@@ -31,6 +31,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "replaces",
     "algorithm",
     "buckets",
+    "burst",
     "shards",
     "on_store_error",
     "usage_reports",
@@ -184,6 +185,7 @@ impl Walker<'_> {
                 replaces: limit.replaces,
                 algorithm: limit.algorithm,
                 buckets: limit.buckets,
+                burst: limit.burst,
                 shards: limit.shards,
                 on_store_error: limit.on_store_error,
                 usage_reports: limit.usage_reports,
@@ -326,6 +328,14 @@ impl Walker<'_> {
         let buckets = fields
             .get("buckets")
             .and_then(|(k, v)| self.buckets(k, v, algorithm, path));
+        let rpu_line = rpu.and_then(|(_, v)| line_of(v)).or(owner_line);
+        let burst = self.burst(
+            fields.get("burst"),
+            algorithm,
+            limit.as_ref(),
+            rpu_line,
+            path,
+        );
         let shards = fields
             .get("shards")
             .and_then(|(_, v)| self.shards(v, limit.as_ref(), path));
@@ -343,6 +353,7 @@ impl Walker<'_> {
             replaces,
             algorithm,
             buckets,
+            burst,
             shards,
             on_store_error,
             usage_reports,
@@ -539,6 +550,7 @@ struct RateLimit {
     replaces: Vec<String>,
     algorithm: Option<Algorithm>,
     buckets: Option<u8>,
+    burst: Option<u64>,
     shards: Option<u16>,
     on_store_error: Option<FailurePolicy>,
     usage_reports: Option<bool>,

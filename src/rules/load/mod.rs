@@ -17,6 +17,7 @@
 //! validates them; this file reads the directory and each file.
 
 mod build;
+mod burst;
 mod depth;
 mod fast;
 mod tree;

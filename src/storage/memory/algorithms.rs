@@ -1,10 +1,11 @@
-//! The three algorithms on one limiter's state, with the semantics of the
+//! The four algorithms on one limiter's state, with the semantics of the
 //! scripts in `lua/`: each decides a hit and records it in one step, and
 //! returns when the state stops counting.
 
 use std::collections::VecDeque;
 
 use super::*;
+use crate::limit::{bucket_scale, effective_burst};
 
 /// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
 /// doubles, exact below 2^53): a usage report may carry any cost, and a
@@ -291,6 +292,60 @@ pub(super) fn record(
         entries.reserve_exact(target.saturating_sub(len).max(1));
     }
     entries.push_back((at, cost));
+}
+
+/// The token bucket (generic cell rate algorithm), as
+/// `lua/token_bucket.lua`: `burst` tokens refilled at `limit` per window
+/// `w`. The state is the bucket's debt at `stamp`: the time until it is
+/// full again, in units of `1 / k` microsecond (see
+/// [`crate::limit::bucket_scale`]), so one token is exactly `step` units
+/// and nothing is rounded. `scale` is the `k` the debt was counted in (0:
+/// new); a changed limit converts it, rounded up. A refused call takes
+/// nothing; a cost above the burst is refused and not recorded unless the
+/// limiter takes usage reports, which put the bucket into debt.
+pub(super) fn token_bucket(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    stamp: &mut u64,
+    debt: &mut u64,
+    scale: &mut u64,
+) -> (Decision, u64) {
+    let (step, k) = bucket_scale(hit.limit, w);
+    let burst = effective_burst(hit.burst, hit.limit, hit.unit);
+    let max = u128::from(MAX_COUNT);
+    if *scale != 0 && *scale != k {
+        let converted = (u128::from(*debt) * u128::from(k)).div_ceil(u128::from(*scale));
+        *debt = converted.min(max) as u64;
+    }
+    *scale = k;
+    if now > *stamp {
+        let drained = u128::from(now - *stamp) * u128::from(k);
+        *debt = u128::from(*debt).saturating_sub(drained) as u64;
+        *stamp = now;
+    }
+    let full = burst * step;
+    let micros = |units: u64| units.div_ceil(k);
+    let remaining = |debt: u64| full.saturating_sub(debt) / step;
+    let cost = u128::from(hit.hits) * u128::from(step);
+    let d = if hit.negative {
+        *debt = u128::from(*debt).saturating_sub(cost) as u64;
+        decision(true, remaining(*debt), micros(*debt))
+    } else if hit.hits > burst && !hit.usage_reports {
+        decision(false, remaining(*debt), micros(full))
+    } else {
+        let after = (u128::from(*debt) + cost).min(max) as u64;
+        if after <= full {
+            *debt = after;
+            decision(true, remaining(after), micros(after))
+        } else if hit.usage_reports && hit.hits > 0 {
+            *debt = after;
+            decision(false, 0, micros(after - full))
+        } else {
+            decision(false, remaining(*debt), micros(after - full))
+        }
+    };
+    (d, *stamp + micros(*debt))
 }
 
 pub(super) fn decision(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {

@@ -63,7 +63,7 @@ use crate::storage::{BoxFuture, Decision, Hit, LeaseCall, Store, StoreError, Sto
 mod algorithms;
 mod lease;
 
-use algorithms::{fixed_window, sliding_counter, sliding_log};
+use algorithms::{fixed_window, sliding_counter, sliding_log, token_bucket};
 
 const SHARDS: usize = 32;
 const SWEEP_EVERY: u64 = 1024;
@@ -109,7 +109,7 @@ fn entry_bytes(capacity: usize) -> usize {
 /// What a limiter's state holds on the heap besides its node.
 fn state_bytes(slot: &Slot) -> usize {
     match &slot.state {
-        State::Fixed { .. } => 0,
+        State::Fixed { .. } | State::Bucket { .. } => 0,
         State::Counter { counts, .. } => heap(counts.capacity() * size_of::<u64>()),
         State::Log { entries, .. } => heap(entries.capacity() * LOG_MEMBER_BYTES),
     }
@@ -144,6 +144,13 @@ enum State {
         window: u64,
         /// Bucket counts by age: `[0]` is the current bucket.
         counts: Vec<u64>,
+    },
+    Bucket {
+        /// When `debt` was counted (microseconds).
+        stamp: u64,
+        /// Time until the bucket is full, in units of `1 / scale` µs.
+        debt: u64,
+        scale: u64,
     },
     Log {
         /// (timestamp in microseconds, cost), oldest first.
@@ -426,6 +433,11 @@ fn new_slot(algorithm: Algorithm) -> Slot {
                 entries: VecDeque::new(),
                 sum: 0,
             },
+            Algorithm::TokenBucket => State::Bucket {
+                stamp: 0,
+                debt: 0,
+                scale: 0,
+            },
         },
         expires_at: 0,
     }
@@ -448,6 +460,11 @@ fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decisi
         }
         State::Log { entries, sum } => {
             let (d, exp) = sliding_log(now, w, hit, entries, sum, max_members);
+            slot.expires_at = exp;
+            d
+        }
+        State::Bucket { stamp, debt, scale } => {
+            let (d, exp) = token_bucket(now, w, hit, stamp, debt, scale);
             slot.expires_at = exp;
             d
         }

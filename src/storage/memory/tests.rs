@@ -30,6 +30,7 @@ fn hit<'a>(entries: &'a [(String, String)], algorithm: Algorithm, limit: u64) ->
         negative: false,
         usage_reports: false,
         buckets: DEFAULT_BUCKETS,
+        burst: 0,
         shard: SubLimiter::NONE,
     }
 }

@@ -59,7 +59,7 @@ use routing::*;
 use scripts::{Scripts, batch_id};
 use supervise::*;
 
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, effective_burst};
 use crate::storage::keys::{self, KeyBuilder, Role};
 use crate::storage::{
     BoxFuture, Cost, Decision, Hit, LeaseCall, NodeId, Store, StoreError, StoreGauges,
@@ -191,7 +191,7 @@ impl RedisStore {
         let limiter = self.inner.keys.limiter(hit);
         let slot = limiter.slot();
         let keys = match hit.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::TokenBucket => {
                 vec![limiter.into_key(Role::State)]
             }
             Algorithm::SlidingWindowLog => {
@@ -206,7 +206,13 @@ impl RedisStore {
             hit.unit.micros().min(MAX_EXACT) as i64,
             hit.hits.min(MAX_EXACT) as i64,
             i64::from(hit.negative),
-            i64::from(hit.buckets),
+            match hit.algorithm {
+                // Held within what the script keeps exact.
+                Algorithm::TokenBucket => {
+                    effective_burst(hit.burst, hit.limit, hit.unit).min(MAX_EXACT) as i64
+                }
+                _ => i64::from(hit.buckets),
+            },
             i64::from(hit.usage_reports),
         ]);
         for cost in more {

@@ -8,12 +8,14 @@ use super::*;
 const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
 const SLIDING_COUNTER_LUA: &str = include_str!("../../../lua/sliding_window_counter.lua");
 const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_window_log.lua");
+const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
 
 /// The scripts, by algorithm, and the batch script.
 pub(super) struct Scripts {
     pub(super) fixed_window: Script,
     pub(super) sliding_counter: Script,
     pub(super) sliding_log: Script,
+    pub(super) token_bucket: Script,
     pub(super) batch: Script,
     pub(super) lease: Script,
 }
@@ -24,6 +26,7 @@ impl Scripts {
             fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
             sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
             sliding_log: Script::from_lua(SLIDING_LOG_LUA),
+            token_bucket: Script::from_lua(TOKEN_BUCKET_LUA),
             batch: Script::from_lua(batch_lua()),
             lease: Script::from_lua(super::lease::LEASE_LUA),
         }
@@ -34,6 +37,7 @@ impl Scripts {
             Algorithm::FixedWindow => &self.fixed_window,
             Algorithm::SlidingWindowCounter => &self.sliding_counter,
             Algorithm::SlidingWindowLog => &self.sliding_log,
+            Algorithm::TokenBucket => &self.token_bucket,
         }
     }
 }
@@ -44,6 +48,7 @@ pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
         Algorithm::FixedWindow => 1,
         Algorithm::SlidingWindowCounter => 2,
         Algorithm::SlidingWindowLog => 3,
+        Algorithm::TokenBucket => 4,
     }
 }
 
@@ -66,6 +71,7 @@ fn batch_lua() -> String {
         (1, FIXED_WINDOW_LUA),
         (2, SLIDING_COUNTER_LUA),
         (3, SLIDING_LOG_LUA),
+        (4, TOKEN_BUCKET_LUA),
     ] {
         text.push_str(&format!("run[{id}] = function(KEYS, ARGV)\n{body}\nend\n"));
     }

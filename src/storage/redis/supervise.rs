@@ -182,6 +182,7 @@ pub(super) async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), F
         &scripts.fixed_window,
         &scripts.sliding_counter,
         &scripts.sliding_log,
+        &scripts.token_bucket,
         &scripts.batch,
         &scripts.lease,
     ] {

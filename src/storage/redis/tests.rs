@@ -52,6 +52,7 @@ async fn connect_succeeds_while_redis_is_down() {
                 negative: false,
                 usage_reports: false,
                 buckets: 2,
+                burst: 0,
                 shard: crate::storage::Shard::NONE,
             })
             .await;

@@ -1,0 +1,127 @@
+-- Token bucket (the generic cell rate algorithm): a bucket of `burst`
+-- tokens, refilled at `limit` tokens per window. Same semantics as
+-- token_bucket() in src/storage/memory/algorithms.rs.
+--
+-- Time is counted in units of 1/k microsecond, with g = gcd(limit, window),
+-- k = limit / g and step = window / g: one token refills in exactly `step`
+-- units, so nothing is rounded. The state is the bucket's debt: the units
+-- of time until it is full again (the stored "theoretical arrival time"
+-- less the time it was stored).
+--
+-- KEYS[1]  limiter state (hash): t = when the debt was stored (microseconds),
+--          d = the debt then (units of 1/k microsecond), k = the k it was
+--          counted in (a changed limit converts it, rounded up)
+-- ARGV[1]  limit (tokens refilled per window, > 0)
+-- ARGV[2]  window length in microseconds
+-- ARGV[3]  hits (cost of this call; 0 checks without counting)
+-- ARGV[4]  1 to give tokens back (never above the burst), 0 to take them
+-- ARGV[5]  burst: the bucket's size in tokens, 1 to 2^53 / step (the store
+--          holds it there, so burst x step stays exact)
+-- ARGV[6]  1 to record every positive cost, also one the bucket cannot
+--          pay (usage reported after the response): the bucket goes into
+--          debt, and calls are refused until it is paid back at the rate
+-- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
+--          queued behind this one, decided after it in order, in this
+--          same atomic step
+--
+-- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
+-- per hit in order: remaining = whole tokens left; reset = admitted: until
+-- the bucket is full again, refused: until a call of this cost would pass.
+-- A refused call takes nothing, and a cost above the burst is refused and
+-- not recorded unless ARGV[6] is 1. The key expires when the bucket is full.
+-- The clock is the server's (TIME), never the caller's.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local limit = tonumber(ARGV[1])
+local w = tonumber(ARGV[2])
+local burst = tonumber(ARGV[5])
+local reports = ARGV[6] == '1'
+local max = 9007199254740992
+
+-- fmod is exact on integers below 2^53; `%` is not.
+local g, b = w, limit
+while b > 0 do g, b = b, math.fmod(g, b) end
+local step = w / g
+local k = limit / g
+local full = burst * step
+
+-- Integer division on doubles (exact below 2^53), corrected for rounding.
+local function div_floor(a, n)
+  local q = math.floor(a / n)
+  if q * n > a then q = q - 1 end
+  if (q + 1) * n <= a then q = q + 1 end
+  return q
+end
+local function div_ceil(a, n)
+  local q = div_floor(a, n)
+  if q * n < a then q = q + 1 end
+  return q
+end
+
+local st = redis.call('HMGET', KEYS[1], 't', 'd', 'k')
+local stamp = tonumber(st[1]) or now
+local debt = tonumber(st[2]) or 0
+local was = tonumber(st[3]) or k
+if was ~= k then
+  -- The limit changed: the same time owed, in the new units, rounded up.
+  local x = debt * k
+  if x < max then debt = div_ceil(x, was)
+  else debt = math.min(math.ceil(debt / was * k), max) end
+end
+local dirty = false
+if now > stamp then
+  -- Rounding is monotone and debt is exact: the comparison is exact too.
+  local drained = (now - stamp) * k
+  if drained >= debt then debt = 0 else debt = debt - drained end
+  stamp = now
+end
+
+local function remaining()
+  if debt >= full then return 0 end
+  return div_floor(full - debt, step)
+end
+
+local function decide(hits, negative)
+  if negative then
+    local back = hits * step
+    if back >= debt then debt = 0 else debt = debt - back end
+    dirty = true
+    return {1, remaining(), div_ceil(debt, k)}
+  end
+  if hits > burst and not reports then
+    return {0, remaining(), div_ceil(full, k)}
+  end
+  local after = math.min(debt + hits * step, max)
+  if after <= full then
+    if hits > 0 then dirty = true end
+    debt = after
+    return {1, remaining(), div_ceil(debt, k)}
+  end
+  if reports and hits > 0 then
+    dirty = true
+    debt = after
+    return {0, 0, div_ceil(debt - full, k)}
+  end
+  return {0, remaining(), div_ceil(after - full, k)}
+end
+
+local out = {}
+local i = 3
+while ARGV[i] do
+  local d = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
+  out[#out + 1] = d[1]
+  out[#out + 1] = d[2]
+  out[#out + 1] = d[3]
+  if i == 3 then i = 7 else i = i + 2 end
+end
+
+if dirty and debt == 0 then
+  redis.call('DEL', KEYS[1])
+elseif dirty then
+  redis.call('HSET', KEYS[1], 't', string.format('%d', stamp),
+    'd', string.format('%d', debt), 'k', string.format('%d', k))
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(div_ceil(debt, k) / 1000)))
+end
+
+return out
