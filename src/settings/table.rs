@@ -285,7 +285,7 @@ pub const SETTINGS: &[Setting] = &[
         "max_in_flight",
         Some("8192"),
         count(1, 1 << 20),
-        "store calls waiting at once; past it `on_overload` answers at once",
+        "store calls waiting at once (decisions and quota leases); past it `on_overload` answers at once",
     ),
     s(
         "max_descriptors",

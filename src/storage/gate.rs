@@ -1,4 +1,5 @@
-//! The in-flight gate: at most `max_in_flight` store calls wait at once.
+//! The in-flight gate: at most `max_in_flight` store calls wait at once
+//! (decisions and the quota service's lease calls alike).
 //! Past it a call fails at once with [`StoreError::Overloaded`], and the
 //! engine answers it by `on_overload` (error, allow or deny), so work never
 //! queues without bound when the store slows down.
@@ -12,7 +13,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::storage::{BoxFuture, Decision, Hit, Store, StoreError};
+use crate::quota;
+use crate::storage::{BoxFuture, Decision, Hit, LeaseCall, Store, StoreError};
 
 pub struct Gate {
     inner: Arc<dyn Store>,
@@ -44,19 +46,32 @@ impl Gate {
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
+
+    /// A slot for one call, or `Overloaded` at once: waiting past the
+    /// bound only adds latency that the caller's deadline turns into an
+    /// error anyway.
+    fn enter(&self) -> Result<Slot<'_>, StoreError> {
+        let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        let slot = Slot(&self.in_flight);
+        if now > self.max {
+            return Err(StoreError::Overloaded(self.max));
+        }
+        Ok(slot)
+    }
 }
 
 impl Store for Gate {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
-            let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-            let _slot = Slot(&self.in_flight);
-            if now > self.max {
-                // Refuse at once: waiting past this only adds latency that
-                // the caller's deadline turns into an error anyway.
-                return Err(StoreError::Overloaded(self.max));
-            }
+            let _slot = self.enter()?;
             self.inner.hit(hit).await
+        })
+    }
+
+    fn lease<'a>(&'a self, call: LeaseCall<'a>) -> BoxFuture<'a, Result<quota::Grant, StoreError>> {
+        Box::pin(async move {
+            let _slot = self.enter()?;
+            self.inner.lease(call).await
         })
     }
 
@@ -86,6 +101,63 @@ mod tests {
                 })
             })
         }
+
+        fn lease<'a>(
+            &'a self,
+            _call: LeaseCall<'a>,
+        ) -> BoxFuture<'a, Result<quota::Grant, StoreError>> {
+            Box::pin(async move {
+                let _permit = self.0.acquire().await;
+                Ok(quota::Grant {
+                    tokens: 1,
+                    holders: 1,
+                    granted_total: 1,
+                })
+            })
+        }
+    }
+
+    fn lease<'a>(entries: &'a [(String, String)]) -> LeaseCall<'a> {
+        LeaseCall {
+            domain: "d",
+            entries,
+            unit: Unit::Second,
+            holder: "stream-1",
+            report: quota::Report {
+                requests: 1,
+                elapsed_secs: 1,
+            },
+            terms: quota::Terms {
+                capacity: 10,
+                fill_secs: 1,
+                hold_micros: 1_000_000,
+            },
+        }
+    }
+
+    /// Lease calls share the bound with decisions: a flood of quota
+    /// reports cannot queue without bound on a slow store either.
+    #[tokio::test(start_paused = true)]
+    async fn lease_calls_take_slots_too() {
+        let held = Arc::new(Held(tokio::sync::Semaphore::new(0)));
+        let gate = Arc::new(Gate::new(held.clone(), 2));
+        let entries = vec![("k".to_owned(), "v".to_owned())];
+        let first = {
+            let (gate, entries) = (gate.clone(), entries.clone());
+            tokio::spawn(async move { gate.lease(lease(&entries)).await.map(|g| g.tokens) })
+        };
+        let second = {
+            let (gate, entries) = (gate.clone(), entries.clone());
+            tokio::spawn(async move { gate.hit(hit(&entries)).await.map(|d| d.remaining) })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(gate.in_flight(), 2);
+        let third = gate.lease(lease(&entries)).await;
+        assert!(matches!(third, Err(StoreError::Overloaded(2))), "{third:?}");
+        held.0.add_permits(2);
+        assert_eq!(first.await.unwrap().unwrap(), 1);
+        assert_eq!(second.await.unwrap().unwrap(), 1);
+        assert_eq!(gate.in_flight(), 0);
     }
 
     fn hit(entries: &[(String, String)]) -> Hit<'_> {
