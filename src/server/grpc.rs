@@ -118,9 +118,10 @@ where
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = incoming.next() => match accepted {
                 Some(Ok(io)) => io,
-                // One failed accept (or handshake) is that client's.
+                // One failed accept (or handshake) is that client's; not
+                // logged above trace, as nothing is per connection.
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, "gRPC connection not accepted");
+                    tracing::trace!(error = %e, "gRPC connection not accepted");
                     continue;
                 }
                 None => break,
@@ -147,7 +148,7 @@ where
         let served = router.clone().serve_with_incoming_shutdown(one, gone);
         connections.spawn(async move {
             if let Err(e) = served.await {
-                tracing::debug!(error = %e, "gRPC connection ended with an error");
+                tracing::trace!(error = %e, "gRPC connection ended with an error");
             }
         });
     }
