@@ -21,6 +21,7 @@ mod burst;
 mod depth;
 mod fast;
 mod tree;
+mod window;
 mod yaml;
 
 use std::collections::HashMap;

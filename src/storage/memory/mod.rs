@@ -446,7 +446,7 @@ fn new_slot(algorithm: Algorithm) -> Slot {
 /// Decides `hit` on one limiter's state and records it; a log holds at
 /// most `max_members` members.
 fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decision {
-    let w = hit.unit.micros();
+    let w = hit.window.micros();
     match &mut slot.state {
         State::Fixed { window, count } => {
             let (d, exp) = fixed_window(now, w, hit, window, count);
