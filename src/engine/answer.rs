@@ -60,6 +60,7 @@ impl Engine {
                         admitted: false,
                         remaining: 0,
                         reset_micros: 0,
+                        receipt: None,
                     };
                     self.count(rule, entries, &steps, hits, &limit, &refused);
                 }

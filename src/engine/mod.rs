@@ -178,6 +178,7 @@ impl Engine {
                         index: 0,
                         count: limit.shards,
                     },
+                    receipt: false,
                 };
                 let Some(deadline) = req.deadline else {
                     return Some(self.store.hit(hit).await.map_err(Failure::from));
