@@ -11,6 +11,7 @@ mod answer;
 mod options;
 mod plan;
 mod request;
+mod undo;
 
 use std::sync::{Arc, RwLock};
 
@@ -163,23 +164,7 @@ impl Engine {
                 if limit.requests_per_unit == 0 {
                     return None;
                 }
-                let hit = Hit {
-                    domain: &req.domain,
-                    entries,
-                    algorithm: limit.algorithm,
-                    limit: u64::from(limit.requests_per_unit),
-                    unit: limit.unit,
-                    hits: d.hits.unwrap_or(request_hits),
-                    negative: d.negative,
-                    usage_reports: limit.usage_reports,
-                    buckets: limit.buckets,
-                    burst: limit.burst,
-                    shard: crate::storage::Shard {
-                        index: 0,
-                        count: limit.shards,
-                    },
-                    receipt: false,
-                };
+                let hit = hit_of(&req.domain, entries, d, limit, request_hits);
                 let Some(deadline) = req.deadline else {
                     return Some(self.store.hit(hit).await.map_err(Failure::from));
                 };
@@ -212,6 +197,7 @@ impl Engine {
         };
 
         let mut statuses = Vec::with_capacity(plans.len());
+        let mut charges = Vec::new();
         let mut metadata = Vec::new();
         let mut any_over = false;
         let mut quota_total = 0;
@@ -234,8 +220,39 @@ impl Engine {
                 Plan::Limited(limited) => {
                     let rule = limited.rule;
                     let rule_metadata = rule.and_then(|r| r.metadata.clone());
-                    let mut status =
-                        self.decided(index, descriptor, entries, request_hits, limited, outcome)?;
+                    // A `count_refused: false` limiter's charge waits for
+                    // the overall answer, and so does its rule's count.
+                    let hit = hit_of(
+                        &req.domain,
+                        entries,
+                        descriptor,
+                        &limited.limit,
+                        request_hits,
+                    );
+                    let charge = match &outcome {
+                        Some(Ok(d)) => Engine::charge(&hit, d, || {
+                            Some(undo::Admitted {
+                                rule: rule?,
+                                index,
+                                steps: limited.steps.clone(),
+                                hits: hit.hits,
+                                limit: limited.limit.clone(),
+                                decision: *d,
+                            })
+                        }),
+                        _ => None,
+                    };
+                    let counted = charge.as_ref().is_none_or(|c| c.admitted.is_none());
+                    let mut status = self.decided(
+                        index,
+                        descriptor,
+                        entries,
+                        request_hits,
+                        limited,
+                        outcome,
+                        counted,
+                    )?;
+                    charges.extend(charge);
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
                     let quota = rule.is_some_and(|r| r.quota_mode);
                     if shadow {
@@ -259,6 +276,11 @@ impl Engine {
             statuses.push(status);
         }
         let over = any_over || (quota_total > 0 && quota_over == quota_total);
+        // By the answer enforcement gives: under global shadow mode too,
+        // so that its counts preview enforcement's.
+        if !charges.is_empty() {
+            self.settle(charges, over, &identities, req.deadline).await;
+        }
         let overall = if over && !self.options.shadow_mode {
             Code::OverLimit
         } else {
@@ -269,6 +291,36 @@ impl Engine {
             statuses,
             metadata,
         })
+    }
+}
+
+/// The store call for descriptor `d` under `limit`: one limiter, every
+/// shard of it (the sharding layer picks one), a receipt asked for when it
+/// does not count refused requests.
+fn hit_of<'a>(
+    domain: &'a str,
+    entries: &'a [(String, String)],
+    d: &Descriptor,
+    limit: &AppliedLimit,
+    request_hits: u64,
+) -> Hit<'a> {
+    Hit {
+        domain,
+        entries,
+        algorithm: limit.algorithm,
+        limit: u64::from(limit.requests_per_unit),
+        unit: limit.unit,
+        hits: d.hits.unwrap_or(request_hits),
+        negative: d.negative,
+        usage_reports: limit.usage_reports,
+        buckets: limit.buckets,
+        burst: limit.burst,
+        shard: crate::storage::Shard {
+            index: 0,
+            count: limit.shards,
+        },
+        // A give-back is never taken back.
+        receipt: !limit.count_refused && !d.negative,
     }
 }
 
