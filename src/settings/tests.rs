@@ -148,7 +148,10 @@ fn count_refused_false_excludes_usage_reports() {
     let err = Settings::load(&env(&[("TOLLGATE_COUNT_REFUSED", "no way")]))
         .unwrap_err()
         .to_string();
-    assert!(err.starts_with("count_refused=no way is not valid"), "{err}");
+    assert!(
+        err.starts_with("count_refused=no way is not valid"),
+        "{err}"
+    );
 }
 
 #[test]
