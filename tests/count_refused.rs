@@ -341,3 +341,164 @@ async fn many_callers_on_a_redis_cluster() {
     let url = cluster.url();
     many_callers_never_over_admit(&[("store", &url), ("redis.command_timeout_ms", "5000")]).await;
 }
+
+/// A bad `count_refused` is an operator's error with its file and line, in
+/// `tollgate validate`, at startup and on reload (which keeps the rules in
+/// force); `/rlconfig` shows the key, as text and as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_count_refused_names_its_file_and_line() {
+    let bad = "domain: shop\ndescriptors:\n  - key: site\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n      count_refused: sometimes\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 5, usage_reports: true, count_refused: false}\n";
+    let want = [
+        "bad.yaml:7: descriptors[0].rate_limit.count_refused: expected true or false, found \"sometimes\"",
+        "bad.yaml:9: descriptors[1].rate_limit.count_refused: count_refused: false cannot go with usage_reports: true",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bad.yaml"), bad).unwrap();
+    let out = std::process::Command::new(support::process::tollgate_bin())
+        .args(["validate", &dir.path().display().to_string()])
+        .env_clear()
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for w in want {
+        assert!(stderr.contains(w), "validate: {w} in {stderr}");
+    }
+
+    let settings = tollgate::settings::Settings::load(&tollgate::settings::Sources {
+        overrides: vec![("rules_dir".into(), dir.path().display().to_string())],
+        ..Default::default()
+    })
+    .unwrap();
+    let e = tollgate::server::build_engine(&settings, Arc::new(tollgate::clock::SystemClock))
+        .await
+        .err()
+        .expect("startup refuses the rules")
+        .to_string();
+    for w in want {
+        assert!(e.contains(w), "startup: {w} in {e}");
+    }
+
+    let good = "domain: shop\ndescriptors:\n  - key: site\n    rate_limit: {unit: minute, requests_per_unit: 10, count_refused: false}\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
+    let t = Tollgate::start(&[("bad.yaml", good)], &[]).await;
+    let rlconfig = || async {
+        let (_, text) = support::http_get(t.debug, "/rlconfig").await;
+        let (_, json) = support::http_get(t.debug, "/rlconfig?format=json").await;
+        (text, json)
+    };
+    let (text, json) = rlconfig().await;
+    assert!(
+        text.contains("shop.site: 10/minute sliding_window_counter count_refused=false"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("shop.user: 10/minute sliding_window_counter count_refused"),
+        "{text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rule = |path: &str| {
+        json["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["rule"] == path)
+            .unwrap_or_else(|| panic!("no rule {path} in {json}"))
+            .clone()
+    };
+    assert_eq!(rule("site")["countRefused"], false);
+    assert_eq!(rule("user")["countRefused"], true);
+
+    std::fs::write(t.rules.path().join("bad.yaml"), bad).unwrap();
+    let mut refused = 0;
+    for _ in 0..200 {
+        let (_, page) = support::http_get(t.debug, "/rlconfig?format=json").await;
+        let page: serde_json::Value = serde_json::from_str(&page).unwrap();
+        refused = page["reloads"]["refused"].as_u64().unwrap();
+        if refused > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refused, 1, "the bad edit was refused");
+    let (text, _) = rlconfig().await;
+    assert!(
+        text.contains("count_refused=false"),
+        "the old rules stay: {text}"
+    );
+    t.stop().await;
+}
+
+/// How `count_refused: false` meets the other rule keys: a ban, a shadow
+/// rule, an unlimited rule, quota mode, and global shadow mode (which
+/// takes back as enforcement would, so its counts preview enforcement).
+/// The site's rule names no algorithm: `count_refused: false` turns the
+/// usage reports such a rule would take off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_rule_keys() {
+    support::away_from_an_hour_boundary().await;
+    let rules = "domain: mix
+descriptors:
+  - key: site
+    rate_limit: {unit: hour, requests_per_unit: 10, count_refused: false}
+  - key: user
+    value: banned
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: user
+    value: shadowed
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: user
+    value: free
+    rate_limit: {unlimited: true}
+  - key: plan
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+    let left = |c: &mut RateLimitServiceClient<Channel>| {
+        let mut c = c.clone();
+        async move { ask(&mut c, site("mix", 0, false)).await.statuses[0].limit_remaining }
+    };
+    let t = Tollgate::start(&[("mix.yaml", rules)], &[]).await;
+    let mut c = t.client().await;
+    for _ in 0..3 {
+        let r = ask(&mut c, request("mix", "banned")).await;
+        assert_eq!(r.overall_code, OVER);
+    }
+    assert_eq!(left(&mut c).await, 10, "a ban takes the site's charge back");
+    let r = ask(&mut c, request("mix", "shadowed")).await;
+    assert_eq!(r.overall_code, OK, "a shadow rule refuses nothing");
+    assert_eq!(left(&mut c).await, 9, "so the site is charged");
+    let r = ask(&mut c, request("mix", "free")).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(left(&mut c).await, 8);
+    let quota = |n: u32| RateLimitRequest {
+        domain: "mix".into(),
+        descriptors: vec![
+            descriptor(&[("site", "shop")]),
+            descriptor(&[("plan", "p")]),
+        ],
+        hits_addend: n,
+    };
+    assert_eq!(ask(&mut c, quota(1)).await.overall_code, OK);
+    assert_eq!(left(&mut c).await, 7);
+    // The only quota descriptor is over: the request is refused.
+    assert_eq!(ask(&mut c, quota(1)).await.overall_code, OVER);
+    assert_eq!(left(&mut c).await, 7, "quota mode's refusal takes it back");
+    // A give-back is never taken back, even in a refused request.
+    let mut back = request("mix", "banned");
+    back.descriptors[0].is_negative_hits = true;
+    assert_eq!(ask(&mut c, back).await.overall_code, OVER);
+    assert_eq!(left(&mut c).await, 8);
+    t.stop().await;
+
+    let t = Tollgate::start(&[("mix.yaml", rules)], &[("shadow_mode", "true")]).await;
+    let mut c = t.client().await;
+    let r = ask(&mut c, request("mix", "banned")).await;
+    assert_eq!(r.overall_code, OK, "global shadow answers OK");
+    assert_eq!(
+        left(&mut c).await,
+        10,
+        "and takes back as enforcement would"
+    );
+    t.stop().await;
+}

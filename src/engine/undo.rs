@@ -156,3 +156,75 @@ async fn take_back(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::engine::{Code, Descriptor, EngineOptions, Request, RulesHandle};
+    use crate::rules::{LoadOptions, load_texts};
+    use crate::storage::{BoxFuture, MemoryStore, StoreError};
+
+    /// The embedded store, whose undos fail.
+    struct NoUndo(MemoryStore);
+
+    impl Store for NoUndo {
+        fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+            self.0.hit(hit)
+        }
+
+        fn undo<'a>(&'a self, _: Hit<'a>, _: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+            Box::pin(async { Err(StoreError::Unavailable("down".into())) })
+        }
+    }
+
+    fn request(entries: &[&[(&str, &str)]]) -> Request {
+        Request {
+            domain: "d".into(),
+            descriptors: entries
+                .iter()
+                .map(|e| Descriptor {
+                    entries: e
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                    ..Descriptor::default()
+                })
+                .collect(),
+            ..Request::default()
+        }
+    }
+
+    /// A lost undo is counted, leaves the charge counted, and never turns
+    /// the answer into an error.
+    #[tokio::test]
+    async fn a_lost_undo_is_counted_and_changes_no_answer() {
+        let text = "domain: d\ndescriptors:\n  - key: site\n    rate_limit: {unit: hour, requests_per_unit: 10, count_refused: false}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 0}\n";
+        let rules = load_texts(
+            vec![(PathBuf::from("d.yaml"), text.into())],
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let store = Arc::new(NoUndo(MemoryStore::default()));
+        let engine = Engine::new(
+            RulesHandle::new(rules),
+            store,
+            Arc::new(SystemClock),
+            EngineOptions::default(),
+        );
+        let refused = request(&[&[("site", "s")], &[("user", "u")]]);
+        for _ in 0..2 {
+            let r = engine.should_rate_limit(&refused).await.unwrap();
+            assert_eq!(r.overall, Code::OverLimit);
+        }
+        assert_eq!(engine.stats().undos_lost.load(Ordering::Relaxed), 2);
+        assert_eq!(engine.stats().undos.load(Ordering::Relaxed), 0);
+        let r = engine
+            .should_rate_limit(&request(&[&[("site", "s")]]))
+            .await
+            .unwrap();
+        assert_eq!(r.statuses[0].remaining, 7, "both charges stayed");
+    }
+}
