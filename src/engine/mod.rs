@@ -222,27 +222,13 @@ impl Engine {
                     let rule_metadata = rule.and_then(|r| r.metadata.clone());
                     // A `count_refused: false` limiter's charge waits for
                     // the overall answer, and so does its rule's count.
-                    let hit = hit_of(
-                        &req.domain,
-                        entries,
-                        descriptor,
-                        &limited.limit,
-                        request_hits,
-                    );
                     let charge = match &outcome {
-                        Some(Ok(d)) => Engine::charge(&hit, d, || {
-                            Some(undo::Admitted {
-                                rule: rule?,
-                                index,
-                                steps: limited.steps.clone(),
-                                hits: hit.hits,
-                                limit: limited.limit.clone(),
-                                decision: *d,
-                            })
-                        }),
+                        Some(Ok(d)) if !limited.limit.count_refused => {
+                            undo::Charge::of(index, rule, &limited.steps, d)
+                        }
                         _ => None,
                     };
-                    let counted = charge.as_ref().is_none_or(|c| c.admitted.is_none());
+                    let counted = !charge.as_ref().is_some_and(|c| c.defers_count());
                     let mut status = self.decided(
                         index,
                         descriptor,
@@ -279,7 +265,8 @@ impl Engine {
         // By the answer enforcement gives: under global shadow mode too,
         // so that its counts preview enforcement's.
         if !charges.is_empty() {
-            self.settle(charges, over, &identities, req.deadline).await;
+            self.settle(charges, over, req, &identities, &statuses)
+                .await;
         }
         let overall = if over && !self.options.shadow_mode {
             Code::OverLimit

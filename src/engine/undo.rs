@@ -14,75 +14,86 @@
 //! is counted (`undos_lost`) and logged at most once a minute, and never
 //! changes the answer.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures_util::future::join_all;
-use tokio::time::Instant;
 
 use crate::rules::{Rule, Step};
 use crate::storage::cache::LimiterId;
-use crate::storage::{Cost, Decision, Hit, Receipt, Store};
+use crate::storage::{Cost, Decision, Receipt, Store};
 
-use super::{AppliedLimit, Engine, EngineStats};
+use super::{Engine, EngineStats, Request, Status};
 
 /// A `count_refused: false` limiter's charge, held until the request's
-/// overall answer is known: its receipt, and what its rule's counters
-/// need when the charge was an admission (counted only once it stays).
+/// overall answer is known: its receipt, and its decision, which its rule
+/// counts only once it stays (a refusal the fixed window recorded is
+/// counted over the limit at once, as any refusal). Nothing is copied
+/// here: the limiter is named again from the request only to be taken
+/// back, so admitted requests pay nothing for it.
 pub(super) struct Charge<'r> {
-    pub id: LimiterId,
-    pub receipt: Receipt,
-    /// The rule's share, for an admitted charge (a refused one the fixed
-    /// window recorded is counted over the limit at once, as any refusal).
-    pub admitted: Option<Admitted<'r>>,
-}
-
-pub(super) struct Admitted<'r> {
-    pub rule: &'r Rule,
+    /// The descriptor's position in the request.
     pub index: usize,
-    pub steps: Vec<Step<'r>>,
-    pub hits: u64,
-    pub limit: AppliedLimit,
+    pub receipt: Receipt,
     pub decision: Decision,
+    pub rule: Option<&'r Rule>,
+    pub steps: Vec<Step<'r>>,
 }
 
-impl Engine {
-    /// The charge of `hit`, when its limiter does not count refused
-    /// requests and the store recorded something.
-    pub(super) fn charge<'r>(
-        hit: &Hit<'_>,
-        decision: &Decision,
-        admitted: impl FnOnce() -> Option<Admitted<'r>>,
+impl<'r> Charge<'r> {
+    /// The charge of descriptor `index`, when the store recorded something
+    /// for it.
+    pub fn of(
+        index: usize,
+        rule: Option<&'r Rule>,
+        steps: &[Step<'r>],
+        d: &Decision,
     ) -> Option<Charge<'r>> {
-        let receipt = decision.receipt.filter(|_| hit.receipt)?;
         Some(Charge {
-            id: LimiterId::of(hit),
-            receipt,
-            admitted: if decision.admitted { admitted() } else { None },
+            index,
+            receipt: d.receipt?,
+            decision: *d,
+            rule,
+            steps: steps.to_vec(),
         })
     }
 
+    /// Whether its rule's count waits for the overall answer.
+    pub fn defers_count(&self) -> bool {
+        self.decision.admitted && self.rule.is_some()
+    }
+}
+
+impl Engine {
     /// Settles the charges of a request: counted on their rules when it was
-    /// answered OK; taken back (and counted as such) when it was refused.
+    /// answered OK; taken back (and counted as such) when it was `refused`.
     pub(super) async fn settle(
         &self,
         charges: Vec<Charge<'_>>,
         refused: bool,
-        identities: &[std::borrow::Cow<'_, [(String, String)]>],
-        deadline: Option<Instant>,
+        req: &Request,
+        identities: &[Cow<'_, [(String, String)]>],
+        statuses: &[Status],
     ) {
+        let request_hits = if req.hits == 0 { 1 } else { req.hits };
         let mut undos = Vec::new();
-        for charge in charges {
-            if let Some(a) = charge.admitted {
+        for c in charges {
+            let (entries, d) = (&identities[c.index], &req.descriptors[c.index]);
+            let Some(limit) = &statuses[c.index].limit else {
+                continue;
+            };
+            let hits = d.hits.unwrap_or(request_hits);
+            if let Some(rule) = c.rule.filter(|_| c.decision.admitted) {
                 if refused {
-                    self.count_taken_back(a.rule, &identities[a.index], &a.steps, a.hits);
+                    self.count_taken_back(rule, entries, &c.steps, hits);
                 } else {
-                    let entries = &identities[a.index];
-                    self.count(a.rule, entries, &a.steps, a.hits, &a.limit, &a.decision);
+                    self.count(rule, entries, &c.steps, hits, limit, &c.decision);
                 }
             }
             if refused {
-                undos.push((charge.id, charge.receipt));
+                let hit = super::hit_of(&req.domain, entries, d, limit, request_hits);
+                undos.push((LimiterId::of(&hit), c.receipt));
             }
         }
         if undos.is_empty() {
@@ -94,7 +105,7 @@ impl Engine {
             undos,
             self.clock.now_micros() / 1_000_000,
         ));
-        match deadline {
+        match req.deadline {
             Some(deadline) => {
                 let _ = tokio::time::timeout_at(deadline, task).await;
             }
@@ -165,7 +176,7 @@ mod tests {
     use crate::clock::SystemClock;
     use crate::engine::{Code, Descriptor, EngineOptions, Request, RulesHandle};
     use crate::rules::{LoadOptions, load_texts};
-    use crate::storage::{BoxFuture, MemoryStore, StoreError};
+    use crate::storage::{BoxFuture, Hit, MemoryStore, StoreError};
 
     /// The embedded store, whose undos fail.
     struct NoUndo(MemoryStore);
