@@ -162,57 +162,77 @@ async fn replay(
 
 /// Every algorithm, with and without `count_refused: false`, and a site
 /// split over two shards (its charges and undos on either) for the exact
-/// algorithms, on one store.
-async fn the_issue_replayed(settings: &[(&str, &str)]) {
-    let mut cases = Vec::new();
-    for algo in ALGOS {
-        for count_refused in [false, true] {
-            cases.push((unique_domain(algo), algo, count_refused, false));
+/// algorithms, on one store; with the over-limit cache (A's refusals after
+/// the first are the cache's, answered before the site is asked: it is
+/// only checked) and without (every refused request charges the site and
+/// takes it back).
+///
+/// `at_once`: the store answers without waiting (the embedded store), so
+/// every refusal is known before the site is asked: it is only checked,
+/// and nothing is taken back but the fixed window's refused ninth of B.
+async fn the_issue_replayed(settings: &[(&str, &str)], at_once: bool) {
+    for cache in [true, false] {
+        let mut cases = Vec::new();
+        for algo in ALGOS {
+            for count_refused in [false, true] {
+                cases.push((unique_domain(algo), algo, count_refused, false));
+            }
         }
-    }
-    for algo in ["sliding_window_log", "token_bucket"] {
-        cases.push((unique_domain(algo), algo, false, true));
-    }
-    let texts: Vec<(String, String)> = cases
-        .iter()
-        .map(|(domain, algo, count_refused, sharded)| {
-            let shards = if *sharded { 2 } else { 1 };
-            (
-                format!("{domain}.yaml"),
-                rules(domain, algo, *count_refused, shards),
-            )
-        })
-        .collect();
-    let files: Vec<(&str, &str)> = texts
-        .iter()
-        .map(|(n, t)| (n.as_str(), t.as_str()))
-        .collect();
-    let t = Tollgate::start(&files, settings).await;
-    t.wait_serving(Duration::from_secs(30)).await;
-    let mut c = t.client().await;
-    for (domain, algo, count_refused, sharded) in &cases {
-        replay(&mut c, domain, algo, *count_refused, *sharded).await;
-    }
+        for algo in ["sliding_window_log", "token_bucket"] {
+            cases.push((unique_domain(algo), algo, false, true));
+        }
+        let texts: Vec<(String, String)> = cases
+            .iter()
+            .map(|(domain, algo, count_refused, sharded)| {
+                let shards = if *sharded { 2 } else { 1 };
+                (
+                    format!("{domain}.yaml"),
+                    rules(domain, algo, *count_refused, shards),
+                )
+            })
+            .collect();
+        let files: Vec<(&str, &str)> = texts
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_str()))
+            .collect();
+        let mut settings = settings.to_vec();
+        let enabled = cache.to_string();
+        settings.push(("over_limit_cache.enabled", &enabled));
+        let t = Tollgate::start(&files, &settings).await;
+        t.wait_serving(Duration::from_secs(30)).await;
+        let mut c = t.client().await;
+        for (domain, algo, count_refused, sharded) in &cases {
+            replay(&mut c, domain, algo, *count_refused, *sharded).await;
+        }
 
-    // What the metrics say: every refused request of A had its site charge
-    // taken back (and the fixed window's refused ninth of B: it records
-    // refused hits), and each site rule counts A's 20 as taken back.
-    let (status, page) = support::http_get(t.http, "/metrics").await;
-    assert_eq!(status, 200);
-    let unsharded = cases.iter().filter(|c| !c.2 && !c.3).count() as f64;
-    let sharded = cases.iter().filter(|c| c.3).count() as f64;
-    // A sharded fixed window is not among the cases: B's refused ninth is
-    // the unsharded fixed window's alone.
-    let want = 20.0 * (unsharded + sharded) + 1.0;
-    assert_eq!(metric(&page, "tollgate_undos_total", ""), want, "{page}");
-    assert_eq!(metric(&page, "tollgate_undos_lost_total", ""), 0.0);
-    for (domain, _, count_refused, _) in &cases {
-        let labels = format!("domain=\"{domain}\"");
-        let taken = metric(&page, "tollgate_rule_taken_back_total", &labels);
-        let want = if *count_refused { 0.0 } else { 20.0 };
-        assert_eq!(taken, want, "{domain}");
+        // What the metrics say: each site rule counts A's 20 refused
+        // requests as taken back. Undone: A's first refused request's
+        // charge (with the cache, the others were refused before the site
+        // was charged), or all 20 (without); and the fixed window's refused
+        // ninth of B, as it records refused hits.
+        let (status, page) = support::http_get(t.http, "/metrics").await;
+        assert_eq!(status, 200);
+        let free = cases.iter().filter(|c| !c.2).count() as f64;
+        let per_case = match (at_once, cache) {
+            (true, _) => 0.0,
+            (false, true) => 1.0,
+            (false, false) => 20.0,
+        };
+        let want = per_case * free + 1.0;
+        assert_eq!(
+            metric(&page, "tollgate_undos_total", ""),
+            want,
+            "cache {cache}"
+        );
+        assert_eq!(metric(&page, "tollgate_undos_lost_total", ""), 0.0);
+        for (domain, _, count_refused, _) in &cases {
+            let labels = format!("domain=\"{domain}\"");
+            let taken = metric(&page, "tollgate_rule_taken_back_total", &labels);
+            let want = if *count_refused { 0.0 } else { 20.0 };
+            assert_eq!(taken, want, "{domain}, cache {cache}");
+        }
+        t.stop().await;
     }
-    t.stop().await;
 }
 
 /// The one sample of `name` whose labels contain `labels` (and `rule="site"`
@@ -231,21 +251,29 @@ fn metric(page: &str, name: &str, labels: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_issue_on_the_embedded_store() {
-    the_issue_replayed(&[]).await;
+    the_issue_replayed(&[], true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_issue_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    the_issue_replayed(&[("store", &url), ("redis.command_timeout_ms", "5000")]).await;
+    the_issue_replayed(
+        &[("store", &url), ("redis.command_timeout_ms", "5000")],
+        false,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_issue_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let url = cluster.url();
-    the_issue_replayed(&[("store", &url), ("redis.command_timeout_ms", "5000")]).await;
+    the_issue_replayed(
+        &[("store", &url), ("redis.command_timeout_ms", "5000")],
+        false,
+    )
+    .await;
 }
 
 /// 32 callers at once: half are users far over their own limit of 1 (so

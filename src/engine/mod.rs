@@ -156,15 +156,21 @@ impl Engine {
                 }
             })
             .collect();
-        let mut calls = identities.iter().zip(&req.descriptors).zip(&plans).map(
-            |((entries, d), plan)| async move {
+        // One descriptor's store call; `check` asks with a cost of 0 (see
+        // `undo::Engine::outcomes`).
+        let call = |i: usize, check: bool| {
+            let (entries, d, plan) = (&identities[i], &req.descriptors[i], &plans[i]);
+            async move {
                 let Plan::Limited(Limited { limit, .. }) = plan else {
                     return None;
                 };
                 if limit.requests_per_unit == 0 {
                     return None;
                 }
-                let hit = hit_of(&req.domain, entries, d, limit, request_hits);
+                let mut hit = hit_of(&req.domain, entries, d, limit, request_hits);
+                if check {
+                    hit.hits = 0;
+                }
                 let Some(deadline) = req.deadline else {
                     return Some(self.store.hit(hit).await.map_err(Failure::from));
                 };
@@ -182,18 +188,19 @@ impl Engine {
                         Err(_) => Err(Failure::Deadline),
                     },
                 )
-            },
-        );
+            }
+        };
         // Descriptors of one request go to the store concurrently: on a
         // cluster they usually live on different nodes. Most requests have
         // one, which needs no joining.
-        let outcomes = if req.descriptors.len() == 1 {
-            match calls.next() {
-                Some(call) => vec![call.await],
-                None => Vec::new(),
-            }
+        let n = req.descriptors.len();
+        let mut checked = vec![false; n];
+        let outcomes = if n == 1 {
+            vec![call(0, false).await]
+        } else if plans.iter().any(Plan::takes_receipts) {
+            self.outcomes(&plans, req, &mut checked, call).await
         } else {
-            join_all(calls).await
+            join_all((0..n).map(|i| call(i, false))).await
         };
 
         let mut statuses = Vec::with_capacity(plans.len());
@@ -228,7 +235,14 @@ impl Engine {
                         }
                         _ => None,
                     };
-                    let counted = !charge.as_ref().is_some_and(|c| c.defers_count());
+                    let counted =
+                        !checked[index] && !charge.as_ref().is_some_and(|c| c.defers_count());
+                    if checked[index]
+                        && let Some(rule) = rule
+                    {
+                        let hits = descriptor.hits.unwrap_or(request_hits);
+                        self.count_taken_back(rule, entries, &limited.steps, hits);
+                    }
                     let mut status = self.decided(
                         index,
                         descriptor,

@@ -14,6 +14,14 @@ pub(super) enum Plan<'r> {
     Limited(Limited<'r>),
 }
 
+impl Plan<'_> {
+    /// A limiter that does not count refused requests (and is not a ban,
+    /// which counts nothing): its hits take receipts.
+    pub(super) fn takes_receipts(&self) -> bool {
+        matches!(self, Plan::Limited(l) if !l.limit.count_refused && l.limit.requests_per_unit > 0)
+    }
+}
+
 /// A descriptor that is counted: its rule (none for an override), the
 /// limit applied and the failure policy of its store calls.
 pub(super) struct Limited<'r> {

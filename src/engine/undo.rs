@@ -4,7 +4,10 @@
 //! such a limiter is taken back ([`Store::undo`]), one call per limiter in
 //! its own slot, so it works on a cluster where a request's limiters live
 //! apart. Admitted requests cost nothing more: the undo is made only for
-//! refused ones.
+//! refused ones. A request already refused when such a limiter would be
+//! asked (the other calls are polled once first: a ban, a refusal the
+//! over-limit cache or the embedded store gives at once) only checks it:
+//! nothing is charged, so nothing is taken back.
 //!
 //! The answer waits for the undos, so that a caller's next request sees
 //! them, but never past the caller's deadline; they run in a task of their
@@ -15,16 +18,21 @@
 //! changes the answer.
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use futures_util::FutureExt;
 use futures_util::future::join_all;
 
 use crate::rules::{Rule, Step};
 use crate::storage::cache::LimiterId;
 use crate::storage::{Cost, Decision, Receipt, Store};
 
-use super::{Engine, EngineStats, Request, Status};
+use super::answer::Outcome;
+use super::plan::Plan;
+use super::{Descriptor, Engine, EngineStats, Request, Status};
 
 /// A `count_refused: false` limiter's charge, held until the request's
 /// overall answer is known: its receipt, and its decision, which its rule
@@ -66,6 +74,54 @@ impl<'r> Charge<'r> {
 }
 
 impl Engine {
+    /// The outcomes of a request with `count_refused: false` limiters.
+    /// The other descriptors' calls are polled once first: an answer the
+    /// store's layers give at once (a ban, a refusal of the over-limit
+    /// cache) can already refuse the request, and then those limiters are
+    /// only checked (a cost of 0: the status says where they stand, and
+    /// there is nothing to take back), marked in `checked`. Otherwise
+    /// they are charged with the others, concurrently.
+    pub(super) async fn outcomes<F, Fut>(
+        &self,
+        plans: &[Plan<'_>],
+        req: &Request,
+        checked: &mut [bool],
+        call: F,
+    ) -> Vec<Outcome>
+    where
+        F: Fn(usize, bool) -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        let n = plans.len();
+        let mut first: Vec<Option<Pin<Box<Fut>>>> = (0..n)
+            .map(|i| (!plans[i].takes_receipts()).then(|| Box::pin(call(i, false))))
+            .collect();
+        let mut ready: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
+        let mut refused = false;
+        for i in 0..n {
+            let Some(f) = first[i].as_mut() else {
+                continue;
+            };
+            if let Some(outcome) = f.now_or_never() {
+                refused |= refuses(&plans[i], &req.descriptors[i], &outcome);
+                ready[i] = Some(outcome);
+                first[i] = None;
+            }
+        }
+        let pending = (0..n).filter(|&i| ready[i].is_none()).map(|i| {
+            first[i].take().unwrap_or_else(|| {
+                // A give-back is made whatever the answer.
+                checked[i] = refused && !req.descriptors[i].negative;
+                Box::pin(call(i, checked[i]))
+            })
+        });
+        let mut rest = join_all(pending).await.into_iter();
+        ready
+            .into_iter()
+            .map(|r| r.or_else(|| rest.next()).flatten())
+            .collect()
+    }
+
     /// Settles the charges of a request: counted on their rules when it was
     /// answered OK; taken back (and counted as such) when it was `refused`.
     pub(super) async fn settle(
@@ -115,7 +171,7 @@ impl Engine {
         }
     }
 
-    fn count_taken_back(
+    pub(super) fn count_taken_back(
         &self,
         rule: &Rule,
         entries: &[(String, String)],
@@ -128,6 +184,22 @@ impl Engine {
                 .detailed(&value, self.options.detailed_metric_max_series)
                 .record_taken_back(hits);
         }
+    }
+}
+
+/// Whether a descriptor's outcome refuses the request whatever the others
+/// answer: a refusal (or a ban) of a rule in neither shadow nor quota mode.
+fn refuses(plan: &Plan<'_>, d: &Descriptor, outcome: &Outcome) -> bool {
+    let Plan::Limited(l) = plan else {
+        return false;
+    };
+    if l.rule.is_some_and(|r| r.shadow_mode || r.quota_mode) {
+        return false;
+    }
+    match outcome {
+        None => true,
+        Some(Ok(decision)) => !decision.admitted && !d.negative,
+        Some(Err(_)) => false,
     }
 }
 
@@ -178,12 +250,17 @@ mod tests {
     use crate::rules::{LoadOptions, load_texts};
     use crate::storage::{BoxFuture, Hit, MemoryStore, StoreError};
 
-    /// The embedded store, whose undos fail.
+    /// The embedded store, answering after a yield (as a store over the
+    /// network would, so no answer is known before every call is made),
+    /// whose undos fail.
     struct NoUndo(MemoryStore);
 
     impl Store for NoUndo {
         fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-            self.0.hit(hit)
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                self.0.hit(hit).await
+            })
         }
 
         fn undo<'a>(&'a self, _: Hit<'a>, _: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -212,7 +289,7 @@ mod tests {
     /// the answer into an error.
     #[tokio::test]
     async fn a_lost_undo_is_counted_and_changes_no_answer() {
-        let text = "domain: d\ndescriptors:\n  - key: site\n    rate_limit: {unit: hour, requests_per_unit: 10, count_refused: false}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 0}\n";
+        let text = "domain: d\ndescriptors:\n  - key: site\n    rate_limit: {unit: hour, requests_per_unit: 10, count_refused: false}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
         let rules = load_texts(
             vec![(PathBuf::from("d.yaml"), text.into())],
             &LoadOptions::default(),
@@ -225,6 +302,10 @@ mod tests {
             Arc::new(SystemClock),
             EngineOptions::default(),
         );
+        // The user's one hit, then requests the user's limit refuses.
+        let user = request(&[&[("user", "u")]]);
+        let r = engine.should_rate_limit(&user).await.unwrap();
+        assert_eq!(r.overall, Code::Ok);
         let refused = request(&[&[("site", "s")], &[("user", "u")]]);
         for _ in 0..2 {
             let r = engine.should_rate_limit(&refused).await.unwrap();
