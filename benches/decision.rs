@@ -113,6 +113,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         buckets: tollgate::limit::DEFAULT_BUCKETS,
         burst: 0,
         shard: tollgate::storage::Shard::NONE,
+        receipt: false,
     };
     bencher.bench_local(|| {
         let limiter = builder.limiter(divan::black_box(&hit));

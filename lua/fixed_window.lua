@@ -5,17 +5,21 @@
 -- ARGV[1]  limit (requests per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
--- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+-- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
+--          take back what a receipt says a call recorded (undo): ARGV[3]
+--          hits in the window ARGV[7], only while that window is current
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
---          response); 0 or absent: see below
+--          response); 2 to answer each hit with a receipt; 0 or absent:
+--          see below
 -- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
---          same atomic step
+--          same atomic step (undo: ARGV[7] is the receipt's window)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
--- per hit in order.
+-- per hit in order; with receipts, each followed by {hits recorded, window
+-- index, 0}. Undo returns {1}.
 -- Every counted hit stays counted in its window, admitted or not, except a
 -- cost above the limit, which can never pass and is not recorded unless
 -- ARGV[6] is 1.
@@ -26,6 +30,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local reports = ARGV[6] == '1'
+local receipts = ARGV[6] == '2'
 
 -- Integer division on doubles (exact below 2^53), corrected for rounding.
 local idx = math.floor(now / w)
@@ -61,11 +66,24 @@ end
 
 local out = {}
 local i = 3
-while ARGV[i] do
+if ARGV[4] == '2' then
+  if tonumber(ARGV[7]) == idx then
+    count = math.max(count - tonumber(ARGV[3]), 0)
+  end
+  out[1] = 1
+  i = nil
+end
+while i and ARGV[i] do
+  local was = count
   local admitted = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
   out[#out + 1] = admitted
   out[#out + 1] = remaining()
   out[#out + 1] = reset
+  if receipts then
+    out[#out + 1] = math.max(count - was, 0)
+    out[#out + 1] = idx
+    out[#out + 1] = 0
+  end
   if i == 3 then i = 7 else i = i + 2 end
 end
 

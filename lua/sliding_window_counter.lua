@@ -13,17 +13,21 @@
 -- ARGV[1]  limit (requests per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
--- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+-- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
+--          take back what a receipt says a call recorded (undo): ARGV[3]
+--          hits from the bucket ARGV[7], while it is in the trailing window
 -- ARGV[5]  N, the number of buckets (2..60; absent means 2)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
---          response); 0 or absent: see below
+--          response); 2 to answer each hit with a receipt; 0 or absent:
+--          see below
 -- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
---          same atomic step
+--          same atomic step (undo: ARGV[7] is the receipt's bucket)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
--- per hit in order.
+-- per hit in order; with receipts, each followed by {hits recorded, bucket
+-- index, 0}. Undo returns {1}.
 -- Only admitted hits are recorded, unless ARGV[6] is 1: then every positive
 -- cost is, and the answer is refused while the estimate is over the limit.
 -- The clock is the server's (TIME).
@@ -33,6 +37,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local reports = ARGV[6] == '1'
+local receipts = ARGV[6] == '2'
 local n = tonumber(ARGV[5]) or 2
 if n < 2 then n = 2 end
 if n > 60 then n = 60 end
@@ -166,7 +171,7 @@ local function decide(hits, negative)
       counts[1] = counts[1] + hits
       dirty = true
     end
-    return {1, remaining(estimate()), ok_reset()}
+    return {1, remaining(estimate()), ok_reset(), hits}
   end
   if reports and hits > 0 then
     -- Recorded all the same (saturating at 2^53, where doubles stay
@@ -180,11 +185,25 @@ end
 
 local out = {}
 local i = 3
-while ARGV[i] do
+if ARGV[4] == '2' then
+  local age = idx - tonumber(ARGV[7])
+  if age >= 0 and age < n then
+    counts[age + 1] = math.max(counts[age + 1] - tonumber(ARGV[3]), 0)
+    dirty = true
+  end
+  out[1] = 1
+  i = nil
+end
+while i and ARGV[i] do
   local d = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
   out[#out + 1] = d[1]
   out[#out + 1] = d[2]
   out[#out + 1] = d[3]
+  if receipts then
+    out[#out + 1] = d[4] or 0
+    out[#out + 1] = idx
+    out[#out + 1] = 0
+  end
   if i == 3 then i = 7 else i = i + 2 end
 end
 if dirty then save() end

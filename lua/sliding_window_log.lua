@@ -10,17 +10,22 @@
 -- ARGV[1]  limit (requests per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
--- ARGV[4]  1 to give hits back (never below zero), 0 to take them
+-- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
+--          take back what a receipt says a call recorded (undo): the
+--          member of sequence ARGV[7] and cost ARGV[3], if it is still in
+--          the log at the score ARGV[8]
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
---          response); 0 or absent: see below
+--          response); 2 to answer each hit with a receipt; 0 or absent:
+--          see below
 -- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
---          same atomic step
+--          same atomic step (undo: the receipt's sequence and score)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
--- per hit in order.
+-- per hit in order; with receipts, each followed by {hits recorded, the
+-- member's sequence, its score}. Undo returns {1}.
 -- Only admitted hits are recorded, unless ARGV[6] is 1: then every positive
 -- cost is; while the log is already at or past its limit such a cost is
 -- added to the newest member, which takes the report's time, so a log never
@@ -33,6 +38,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local reports = ARGV[6] == '1'
+local receipts = ARGV[6] == '2'
 local log, meta = KEYS[1], KEYS[2]
 
 -- Scores and counts go out as integer strings: the default number to string
@@ -158,7 +164,7 @@ local function decide(hits, negative)
       sum = sum + hits
       dirty = true
     end
-    return {1, limit - sum, oldest_reset()}
+    return {1, limit - sum, oldest_reset(), hits, seq, now}
   end
 
   if reports and hits > 0 then
@@ -181,11 +187,30 @@ end
 
 local out = {}
 local i = 3
-while ARGV[i] do
+if ARGV[4] == '2' then
+  -- A member is named by its sequence and cost, and the score tells a
+  -- name handed out again (after the metadata was lost) from this one.
+  local cost = tonumber(ARGV[3])
+  local name = member(tonumber(ARGV[7]), cost)
+  local score = redis.call('ZSCORE', log, name)
+  if score and tonumber(score) == tonumber(ARGV[8]) then
+    redis.call('ZREM', log, name)
+    sum = sum - cost
+    dirty = true
+  end
+  out[1] = 1
+  i = nil
+end
+while i and ARGV[i] do
   local d = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
   out[#out + 1] = d[1]
   out[#out + 1] = d[2]
   out[#out + 1] = d[3]
+  if receipts then
+    out[#out + 1] = d[4] or 0
+    out[#out + 1] = d[5] or 0
+    out[#out + 1] = d[6] or 0
+  end
   if i == 3 then i = 7 else i = i + 2 end
 end
 if dirty then save() end

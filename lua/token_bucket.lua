@@ -14,19 +14,26 @@
 -- ARGV[1]  limit (tokens refilled per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
--- ARGV[4]  1 to give tokens back (never above the burst), 0 to take them
+-- ARGV[4]  1 to give tokens back (never above the burst), 0 to take them;
+--          2 to take back what a receipt says a call took (undo): of the
+--          ARGV[3] tokens taken at ARGV[7] (microseconds), leaving the
+--          debt ARGV[8], the part still ahead of now on the bucket's
+--          timeline (the part already past stays spent)
 -- ARGV[5]  burst: the bucket's size in tokens, 1 to 2^53 / step (the store
 --          holds it there, so burst x step stays exact)
 -- ARGV[6]  1 to record every positive cost, also one the bucket cannot
 --          pay (usage reported after the response): the bucket goes into
---          debt, and calls are refused until it is paid back at the rate
+--          debt, and calls are refused until it is paid back at the rate;
+--          2 to answer each hit with a receipt
 -- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
---          same atomic step
+--          same atomic step (undo: the receipt's time and debt)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order: remaining = whole tokens left; reset = admitted: until
 -- the bucket is full again, refused: until a call of this cost would pass.
+-- With receipts, each is followed by {tokens taken, the time they were
+-- taken (t), the debt right after}. Undo returns {1}.
 -- A refused call takes nothing, and a cost above the burst is refused and
 -- not recorded unless ARGV[6] is 1. The key expires when the bucket is full.
 -- The clock is the server's (TIME), never the caller's.
@@ -37,6 +44,7 @@ local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local burst = tonumber(ARGV[5])
 local reports = ARGV[6] == '1'
+local receipts = ARGV[6] == '2'
 local max = 9007199254740992
 
 -- fmod is exact on integers below 2^53; `%` is not.
@@ -63,6 +71,7 @@ local st = redis.call('HMGET', KEYS[1], 't', 'd', 'k')
 local stamp = tonumber(st[1]) or now
 local debt = tonumber(st[2]) or 0
 local was = tonumber(st[3]) or k
+local same_units = was == k
 if was ~= k then
   -- The limit changed: the same time owed, in the new units, rounded up.
   local x = debt * k
@@ -96,7 +105,7 @@ local function decide(hits, negative)
   if after <= full then
     if hits > 0 then dirty = true end
     debt = after
-    return {1, remaining(), div_ceil(debt, k)}
+    return {1, remaining(), div_ceil(debt, k), hits, stamp, debt}
   end
   if reports and hits > 0 then
     dirty = true
@@ -108,11 +117,31 @@ end
 
 local out = {}
 local i = 3
-while ARGV[i] do
+if ARGV[4] == '2' then
+  -- The charge took [tat - cost, tat] of the bucket's time; what of it is
+  -- already past cannot be told from time the bucket would have refilled
+  -- anyway, so only the part after now is given back.
+  local at = tonumber(ARGV[7])
+  local ahead = tonumber(ARGV[8])
+  if now > at then ahead = ahead - (now - at) * k end
+  local back = math.min(math.max(ahead, 0), tonumber(ARGV[3]) * step)
+  if same_units and back > 0 and debt > 0 then
+    debt = math.max(debt - back, 0)
+    dirty = true
+  end
+  out[1] = 1
+  i = nil
+end
+while i and ARGV[i] do
   local d = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
   out[#out + 1] = d[1]
   out[#out + 1] = d[2]
   out[#out + 1] = d[3]
+  if receipts then
+    out[#out + 1] = d[4] or 0
+    out[#out + 1] = d[5] or 0
+    out[#out + 1] = d[6] or 0
+  end
   if i == 3 then i = 7 else i = i + 2 end
 end
 

@@ -48,6 +48,7 @@ impl Fixture {
                 buckets: 2,
                 burst: 0,
                 shard: tollgate::storage::Shard::NONE,
+                receipt: false,
             })
             .await
             .expect("the embedded store always answers")
@@ -273,6 +274,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             buckets: 2,
             burst: 0,
             shard: tollgate::storage::Shard::NONE,
+            receipt: false,
         })
         .await
         .expect("the embedded store always answers")
@@ -361,6 +363,7 @@ async fn expired_limiters_are_reclaimed() {
                     buckets: 2,
                     burst: 0,
                     shard: tollgate::storage::Shard::NONE,
+                    receipt: false,
                 })
                 .await
                 .unwrap();
@@ -396,6 +399,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     buckets: 4,
                     burst: 0,
                     shard: tollgate::storage::Shard::NONE,
+                    receipt: false,
                 })
                 .await
                 .expect("the embedded store always answers")

@@ -13,8 +13,8 @@ use tollgate::clock::SystemClock;
 use tollgate::limit::{Algorithm, Unit, Window as Span};
 use tollgate::storage::keys::{KeyBuilder, Role};
 use tollgate::storage::{
-    Coalescing, Cost, Decision, Hit, MemoryBounds, MemoryStore, RedisConfig, RedisStore, Store,
-    StoreError,
+    Coalescing, Cost, Decision, Hit, MemoryBounds, MemoryStore, Receipt, RedisConfig, RedisStore,
+    Store, StoreError,
 };
 
 use support::redis::{RedisCluster, RedisSentinel, RedisServer};
@@ -34,6 +34,8 @@ struct Limiter {
     /// A token bucket's burst; 0 means the limit.
     burst: u64,
     usage_reports: bool,
+    /// Hits are answered with receipts ([`Hit::receipt`]).
+    receipt: bool,
 }
 
 impl Limiter {
@@ -47,7 +49,42 @@ impl Limiter {
             buckets: 2,
             burst: 0,
             usage_reports: false,
+            receipt: false,
         }
+    }
+
+    /// One whose hits are answered with receipts.
+    fn receipts(case: &str, algorithm: Algorithm, limit: u64, unit: Unit) -> Limiter {
+        Limiter {
+            receipt: true,
+            ..Limiter::new(case, algorithm, limit, unit)
+        }
+    }
+
+    /// A hit of `hits` on this limiter.
+    fn as_hit(&self, hits: u64, negative: bool) -> Hit<'_> {
+        Hit {
+            domain: &self.domain,
+            entries: &self.entries,
+            algorithm: self.algorithm,
+            limit: self.limit,
+            window: self.window,
+            hits,
+            negative,
+            usage_reports: self.usage_reports,
+            buckets: self.buckets,
+            burst: self.burst,
+            shard: tollgate::storage::Shard::NONE,
+            receipt: self.receipt,
+        }
+    }
+
+    /// Takes back what `receipt` says a hit recorded.
+    async fn undo(&self, store: &dyn Store, receipt: Receipt) {
+        store
+            .undo(self.as_hit(receipt.hits, false), receipt)
+            .await
+            .unwrap_or_else(|e| panic!("{} {}: undo failed: {e}", store.kind(), self.algorithm))
     }
 
     /// One that records every positive cost (usage reports).
@@ -82,38 +119,12 @@ impl Limiter {
         hits: u64,
         negative: bool,
     ) -> Result<Decision, StoreError> {
-        store
-            .hit(Hit {
-                domain: &self.domain,
-                entries: &self.entries,
-                algorithm: self.algorithm,
-                limit: self.limit,
-                window: self.window,
-                hits,
-                negative,
-                usage_reports: self.usage_reports,
-                buckets: self.buckets,
-                burst: self.burst,
-                shard: tollgate::storage::Shard::NONE,
-            })
-            .await
+        store.hit(self.as_hit(hits, negative)).await
     }
 
     /// Decides the costs in one [`Store::hit_batch`] call.
     async fn batch(&self, store: &dyn Store, costs: &[Cost]) -> Vec<Decision> {
-        let hit = Hit {
-            domain: &self.domain,
-            entries: &self.entries,
-            algorithm: self.algorithm,
-            limit: self.limit,
-            window: self.window,
-            hits: costs[0].hits,
-            negative: costs[0].negative,
-            usage_reports: self.usage_reports,
-            buckets: self.buckets,
-            burst: self.burst,
-            shard: tollgate::storage::Shard::NONE,
-        };
+        let hit = self.as_hit(costs[0].hits, costs[0].negative);
         store
             .hit_batch(hit, &costs[1..])
             .await
@@ -871,6 +882,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         buckets: 2,
         burst: 0,
         shard: tollgate::storage::Shard::NONE,
+        receipt: false,
     };
     let limiter = KeyBuilder::default().limiter(&hit);
     let (meta, log) = (limiter.key(Role::LogMeta), limiter.key(Role::LogSet));
@@ -1092,6 +1104,146 @@ async fn two_second_window(store: &dyn Store, algorithm: Algorithm) {
     );
 }
 
+// ------------------------------------------------ taking hits back (undo)
+
+/// Receipts name exactly what was recorded, and an undo takes exactly that
+/// back: the limiter then admits what it would have without the hit.
+async fn undo_takes_back_what_was_recorded(store: &dyn Store, algorithm: Algorithm) {
+    let c = ctx(store, algorithm);
+    let l = Limiter::receipts("undo", algorithm, 3, Unit::Day);
+    let first = l.hit(store, 1).await;
+    assert!(first.admitted, "{c}");
+    let r1 = first.receipt.unwrap_or_else(|| panic!("{c}: no receipt"));
+    assert_eq!((r1.hits, r1.shard), (1, 0), "{c}: {r1:?}");
+    let second = l.hit(store, 2).await;
+    assert!(second.admitted && second.remaining == 0, "{c}: {second:?}");
+    let r2 = second.receipt.unwrap_or_else(|| panic!("{c}: no receipt"));
+    assert_eq!(r2.hits, 2, "{c}");
+    let refused = l.hit(store, 1).await;
+    assert!(!refused.admitted, "{c}");
+    // Only the fixed window records a refused hit (as the reference does);
+    // its receipt takes that back too.
+    match (algorithm, refused.receipt) {
+        (Algorithm::FixedWindow, Some(r)) => {
+            assert_eq!(r.hits, 1, "{c}");
+            l.undo(store, r).await;
+        }
+        (Algorithm::FixedWindow, None) => panic!("{c}: a recorded refusal has a receipt"),
+        (_, r) => assert_eq!(r, None, "{c}: nothing recorded, no receipt"),
+    }
+    // A check records nothing and has no receipt.
+    assert_eq!(l.hit(store, 0).await.receipt, None, "{c}");
+
+    l.undo(store, r1).await;
+    assert_eq!(l.hit(store, 0).await.remaining, 1, "{c}: one taken back");
+    let again = l.hit(store, 1).await;
+    assert!(again.admitted && again.remaining == 0, "{c}: {again:?}");
+    let refused = l.hit(store, 1).await;
+    assert!(!refused.admitted, "{c}: full again");
+    if let Some(r) = refused.receipt {
+        l.undo(store, r).await;
+    }
+    l.undo(store, r2).await;
+    assert_eq!(l.hit(store, 0).await.remaining, 2, "{c}: two taken back");
+}
+
+/// An undo takes nothing it cannot tell is its own: a receipt for another
+/// window, bucket, member or time leaves the limiter as it is.
+async fn undo_takes_nothing_it_did_not_record(store: &dyn Store, algorithm: Algorithm) {
+    let c = ctx(store, algorithm);
+    let l = Limiter::receipts("undo-stale", algorithm, 3, Unit::Day);
+    let r = l.hit(store, 1).await.receipt.expect("a receipt");
+    l.hit(store, 2).await;
+    let day = Unit::Day.micros();
+    let forged = match algorithm {
+        // The previous and the next window.
+        Algorithm::FixedWindow => {
+            vec![Receipt { at: r.at - 1, ..r }, Receipt { at: r.at + 1, ..r }]
+        }
+        // A bucket that has not begun, and one that left the window.
+        Algorithm::SlidingWindowCounter => {
+            vec![Receipt { at: r.at + 1, ..r }, Receipt { at: r.at - 2, ..r }]
+        }
+        // Another member, and the same name at another score.
+        Algorithm::SlidingWindowLog => vec![
+            Receipt {
+                at: r.at + 10_000_000,
+                ..r
+            },
+            Receipt {
+                mark: r.mark + 1,
+                ..r
+            },
+        ],
+        // Tokens taken two days ago: long since refilled.
+        Algorithm::TokenBucket => vec![Receipt {
+            at: r.at - 2 * day,
+            ..r
+        }],
+    };
+    for f in forged {
+        l.undo(store, f).await;
+        assert_eq!(
+            l.hit(store, 0).await.remaining,
+            0,
+            "{c}: {f:?} took something"
+        );
+    }
+    l.undo(store, r).await;
+    assert_eq!(l.hit(store, 0).await.remaining, 1, "{c}: the real one");
+}
+
+/// A batch answers each hit with its own receipt.
+async fn a_batch_gives_a_receipt_per_hit(store: &dyn Store, algorithm: Algorithm) {
+    let c = ctx(store, algorithm);
+    let l = Limiter::receipts("undo-batch", algorithm, 10, Unit::Day);
+    let take = |hits| Cost {
+        hits,
+        negative: false,
+    };
+    let decisions = l.batch(store, &[take(1), take(2), take(0), take(3)]).await;
+    let hits: Vec<Option<u64>> = decisions
+        .iter()
+        .map(|d| d.receipt.map(|r| r.hits))
+        .collect();
+    assert_eq!(hits, [Some(1), Some(2), None, Some(3)], "{c}");
+    l.undo(store, decisions[1].receipt.unwrap()).await;
+    assert_eq!(l.hit(store, 0).await.remaining, 6, "{c}");
+}
+
+/// Many callers take and take back at once: what stays admitted never
+/// passes the limit, and (but for the token bucket, which refills) the
+/// limiter then admits exactly the rest.
+async fn concurrent_undos_never_over_admit(store: DynStore, algorithm: Algorithm) {
+    let l = Arc::new(Limiter::receipts(
+        "undo-concurrent",
+        algorithm,
+        20,
+        Unit::Day,
+    ));
+    let tasks = (0..200).map(|i| {
+        let (store, l) = (store.clone(), l.clone());
+        tokio::spawn(async move {
+            let d = l.hit(&*store, 1).await;
+            // Every other caller's request is refused elsewhere; a refused
+            // one is refused overall: both are taken back.
+            let kept = d.admitted && i % 2 == 1;
+            if let Some(r) = d.receipt.filter(|_| !kept) {
+                l.undo(&*store, r).await;
+            }
+            u64::from(kept)
+        })
+    });
+    let kept: u64 = join_all(tasks).await.into_iter().map(|r| r.unwrap()).sum();
+    let c = ctx(&*store, algorithm);
+    assert!(kept <= 20, "{c}: {kept} kept of 20");
+    let left = l.hit(&*store, 0).await.remaining;
+    assert!(left <= 20 - kept, "{c}: {left} left after {kept} kept");
+    if algorithm != Algorithm::TokenBucket {
+        assert_eq!(left, 20 - kept, "{c}: every undo took its hit back");
+    }
+}
+
 // ------------------------------------------------------------ the runners
 
 async fn run_suite(store: DynStore) {
@@ -1110,6 +1262,10 @@ async fn run_suite(store: DynStore) {
         a_batch_decides_like_one_call_at_a_time(s, algorithm, false).await;
         a_batch_decides_like_one_call_at_a_time(s, algorithm, true).await;
         reports_are_recorded_past_the_limit(s, algorithm).await;
+        undo_takes_back_what_was_recorded(s, algorithm).await;
+        undo_takes_nothing_it_did_not_record(s, algorithm).await;
+        a_batch_gives_a_receipt_per_hit(s, algorithm).await;
+        concurrent_undos_never_over_admit(store.clone(), algorithm).await;
     }
     bucketed_counter_answers_the_expected_table(&*store).await;
     bucket_burst_is_not_the_rate(&*store).await;

@@ -430,6 +430,7 @@ fn arbitrary_rule_files_load_or_fail_with_errors() {
         default_algorithm: tollgate::limit::Algorithm::SlidingWindowLog,
         max_log_limit: 1000,
         merge_domains: false,
+        count_refused: true,
     };
     proptest!(config, |(text in prop_oneof![
         rule_yaml(),

@@ -82,6 +82,7 @@ impl Placement<'_> {
                 buckets: 2,
                 burst: 0,
                 shard: tollgate::storage::Shard::NONE,
+                receipt: false,
             })
             .key(Role::LogSet)
     }

@@ -66,6 +66,7 @@ fn hit(entries: &[(String, String)], algorithm: Algorithm, limit: u64) -> Hit<'_
         buckets: 2,
         burst: 0,
         shard: Shard::NONE,
+        receipt: false,
     }
 }
 

@@ -54,6 +54,7 @@ impl Limiter {
             buckets: 2,
             burst: 0,
             shard: tollgate::storage::Shard::NONE,
+            receipt: false,
         }
     }
 

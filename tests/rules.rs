@@ -120,6 +120,7 @@ fn limits_and_flags_are_parsed() {
             shards: None,
             on_store_error: Some(FailurePolicy::Allow),
             usage_reports: Some(true),
+            count_refused: true,
             shadow_mode: true,
             quota_mode: true,
             detailed_metric: true,
@@ -299,7 +300,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused)",
     );
 }
 
@@ -842,6 +843,61 @@ fn descriptors_not_a_list() {
         "descriptors: ",
         "expected a list of descriptors, found a mapping",
     );
+}
+
+#[test]
+fn count_refused_not_a_bool() {
+    assert_error(
+        "count_refused_not_a_bool.yaml",
+        8,
+        "descriptors[0].rate_limit.count_refused: ",
+        "expected true or false, found \"sometimes\"",
+    );
+    assert_error(
+        "count_refused_not_a_bool.yaml",
+        13,
+        "descriptors[1].rate_limit.count_refused: ",
+        "expected a string, found a list",
+    );
+}
+
+#[test]
+fn count_refused_with_usage_reports() {
+    assert_error(
+        "count_refused_with_usage_reports.yaml",
+        10,
+        "descriptors[0].rate_limit.count_refused: ",
+        "count_refused: false cannot go with usage_reports: true",
+    );
+}
+
+/// A rule's `count_refused` is its own, else `true` when it takes usage
+/// reports, else the setting; `/rlconfig`'s text names it when false.
+#[test]
+fn count_refused_resolves_with_the_setting() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1, count_refused: false}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 1, count_refused: true}\n  - key: c\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: r\n    rate_limit: {unit: minute, requests_per_unit: 1, usage_reports: true}\n";
+    for (setting, c) in [(true, true), (false, false)] {
+        let options = LoadOptions {
+            count_refused: setting,
+            ..LoadOptions::default()
+        };
+        let set = load_texts(vec![(PathBuf::from("d.yaml"), text.to_string())], &options).unwrap();
+        let of = |k: &str| find(&set, "d", &[(k, "x")]).unwrap().count_refused;
+        assert_eq!(
+            [of("a"), of("b"), of("c"), of("r")],
+            [false, true, c, true],
+            "setting {setting}"
+        );
+        let described = set.describe(Algorithm::SlidingWindowCounter);
+        assert!(
+            described.contains("d.a: 1/minute sliding_window_counter count_refused=false"),
+            "{described}"
+        );
+        assert!(
+            !described.contains("d.b: 1/minute sliding_window_counter count_refused"),
+            "{described}"
+        );
+    }
 }
 
 #[test]

@@ -56,6 +56,7 @@ impl Model {
                 admitted: true,
                 remaining: remaining(self.tat),
                 reset_micros: micros(self.tat - now),
+                receipt: None,
             };
         }
         if u128::from(hits) > self.burst {
@@ -63,6 +64,7 @@ impl Model {
                 admitted: false,
                 remaining: remaining(tat),
                 reset_micros: micros(full),
+                receipt: None,
             };
         }
         let next = tat + cost;
@@ -72,12 +74,14 @@ impl Model {
                 admitted: true,
                 remaining: remaining(next),
                 reset_micros: micros(next - now),
+                receipt: None,
             }
         } else {
             Decision {
                 admitted: false,
                 remaining: remaining(tat),
                 reset_micros: micros(next - now - full),
+                receipt: None,
             }
         }
     }
@@ -101,6 +105,7 @@ fn hit<'a>(
         buckets: 2,
         burst,
         shard: Shard::NONE,
+        receipt: false,
     }
 }
 

@@ -34,8 +34,10 @@ pub(super) type Outcome = Option<Result<Decision, Failure>>;
 
 impl Engine {
     /// The status of counted descriptor `index` (before shadow and quota
-    /// modes), its rule's counters updated; an error when its store call
+    /// modes), its rule's counters updated (unless not `counted` yet: an
+    /// admission that may be taken back); an error when its store call
     /// failed and the policy says error.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decided(
         &self,
         index: usize,
@@ -44,6 +46,7 @@ impl Engine {
         request_hits: u64,
         limited: Limited<'_>,
         outcome: Outcome,
+        counted: bool,
     ) -> Result<Status, EngineError> {
         let Limited {
             rule,
@@ -60,6 +63,7 @@ impl Engine {
                         admitted: false,
                         remaining: 0,
                         reset_micros: 0,
+                        receipt: None,
                     };
                     self.count(rule, entries, &steps, hits, &limit, &refused);
                 }
@@ -75,6 +79,7 @@ impl Engine {
             Some(Ok(decision)) => {
                 if let Some(rule) = rule
                     && !descriptor.negative
+                    && counted
                 {
                     let hits = descriptor.hits.unwrap_or(request_hits);
                     self.count(rule, entries, &steps, hits, &limit, &decision);
@@ -116,7 +121,7 @@ impl Engine {
     /// `detailed_metric` or `value_to_metric` rule, to its series named by
     /// the descriptor's values).
     #[allow(clippy::too_many_arguments)]
-    fn count(
+    pub(super) fn count(
         &self,
         rule: &Rule,
         entries: &[(String, String)],
@@ -165,7 +170,11 @@ impl Engine {
 /// value of its own (the key alone) or a wildcard, and the configured
 /// value elsewhere. A value a `share_threshold` wildcard matched is named
 /// by the pattern either way. `None` for other rules.
-fn metric_label(rule: &Rule, entries: &[(String, String)], steps: &[Step<'_>]) -> Option<String> {
+pub(super) fn metric_label(
+    rule: &Rule,
+    entries: &[(String, String)],
+    steps: &[Step<'_>],
+) -> Option<String> {
     if !rule.detailed_metric && !rule.value_to_metric {
         return None;
     }

@@ -11,6 +11,7 @@ mod answer;
 mod options;
 mod plan;
 mod request;
+mod undo;
 
 use std::sync::{Arc, RwLock};
 
@@ -155,30 +156,21 @@ impl Engine {
                 }
             })
             .collect();
-        let mut calls = identities.iter().zip(&req.descriptors).zip(&plans).map(
-            |((entries, d), plan)| async move {
+        // One descriptor's store call; `check` asks with a cost of 0 (see
+        // `undo::Engine::outcomes`).
+        let call = |i: usize, check: bool| {
+            let (entries, d, plan) = (&identities[i], &req.descriptors[i], &plans[i]);
+            async move {
                 let Plan::Limited(Limited { limit, .. }) = plan else {
                     return None;
                 };
                 if limit.requests_per_unit == 0 {
                     return None;
                 }
-                let hit = Hit {
-                    domain: &req.domain,
-                    entries,
-                    algorithm: limit.algorithm,
-                    limit: u64::from(limit.requests_per_unit),
-                    window: limit.window,
-                    hits: d.hits.unwrap_or(request_hits),
-                    negative: d.negative,
-                    usage_reports: limit.usage_reports,
-                    buckets: limit.buckets,
-                    burst: limit.burst,
-                    shard: crate::storage::Shard {
-                        index: 0,
-                        count: limit.shards,
-                    },
-                };
+                let mut hit = hit_of(&req.domain, entries, d, limit, request_hits);
+                if check {
+                    hit.hits = 0;
+                }
                 let Some(deadline) = req.deadline else {
                     return Some(self.store.hit(hit).await.map_err(Failure::from));
                 };
@@ -196,21 +188,23 @@ impl Engine {
                         Err(_) => Err(Failure::Deadline),
                     },
                 )
-            },
-        );
+            }
+        };
         // Descriptors of one request go to the store concurrently: on a
         // cluster they usually live on different nodes. Most requests have
         // one, which needs no joining.
-        let outcomes = if req.descriptors.len() == 1 {
-            match calls.next() {
-                Some(call) => vec![call.await],
-                None => Vec::new(),
-            }
+        let n = req.descriptors.len();
+        let mut checked = vec![false; n];
+        let outcomes = if n == 1 {
+            vec![call(0, false).await]
+        } else if plans.iter().any(Plan::takes_receipts) {
+            self.outcomes(&plans, req, &mut checked, call).await
         } else {
-            join_all(calls).await
+            join_all((0..n).map(|i| call(i, false))).await
         };
 
         let mut statuses = Vec::with_capacity(plans.len());
+        let mut charges = Vec::new();
         let mut metadata = Vec::new();
         let mut any_over = false;
         let mut quota_total = 0;
@@ -233,8 +227,32 @@ impl Engine {
                 Plan::Limited(limited) => {
                     let rule = limited.rule;
                     let rule_metadata = rule.and_then(|r| r.metadata.clone());
-                    let mut status =
-                        self.decided(index, descriptor, entries, request_hits, limited, outcome)?;
+                    // A `count_refused: false` limiter's charge waits for
+                    // the overall answer, and so does its rule's count.
+                    let charge = match &outcome {
+                        Some(Ok(d)) if !limited.limit.count_refused => {
+                            undo::Charge::of(index, rule, &limited.steps, d)
+                        }
+                        _ => None,
+                    };
+                    let counted =
+                        !checked[index] && !charge.as_ref().is_some_and(|c| c.defers_count());
+                    if checked[index]
+                        && let Some(rule) = rule
+                    {
+                        let hits = descriptor.hits.unwrap_or(request_hits);
+                        self.count_taken_back(rule, entries, &limited.steps, hits);
+                    }
+                    let mut status = self.decided(
+                        index,
+                        descriptor,
+                        entries,
+                        request_hits,
+                        limited,
+                        outcome,
+                        counted,
+                    )?;
+                    charges.extend(charge);
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
                     let quota = rule.is_some_and(|r| r.quota_mode);
                     if shadow {
@@ -258,6 +276,12 @@ impl Engine {
             statuses.push(status);
         }
         let over = any_over || (quota_total > 0 && quota_over == quota_total);
+        // By the answer enforcement gives: under global shadow mode too,
+        // so that its counts preview enforcement's.
+        if !charges.is_empty() {
+            self.settle(charges, over, req, &identities, &statuses)
+                .await;
+        }
         let overall = if over && !self.options.shadow_mode {
             Code::OverLimit
         } else {
@@ -268,6 +292,36 @@ impl Engine {
             statuses,
             metadata,
         })
+    }
+}
+
+/// The store call for descriptor `d` under `limit`: one limiter, every
+/// shard of it (the sharding layer picks one), a receipt asked for when it
+/// does not count refused requests.
+fn hit_of<'a>(
+    domain: &'a str,
+    entries: &'a [(String, String)],
+    d: &Descriptor,
+    limit: &AppliedLimit,
+    request_hits: u64,
+) -> Hit<'a> {
+    Hit {
+        domain,
+        entries,
+        algorithm: limit.algorithm,
+        limit: u64::from(limit.requests_per_unit),
+        window: limit.window,
+        hits: d.hits.unwrap_or(request_hits),
+        negative: d.negative,
+        usage_reports: limit.usage_reports,
+        buckets: limit.buckets,
+        burst: limit.burst,
+        shard: crate::storage::Shard {
+            index: 0,
+            count: limit.shards,
+        },
+        // A give-back is never taken back.
+        receipt: !limit.count_refused && !d.negative,
     }
 }
 

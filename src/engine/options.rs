@@ -31,6 +31,10 @@ pub struct EngineOptions {
     /// window does (Envoy Gateway's rules name none, and its cost reports
     /// must close a budget); rules that name one record admitted hits.
     pub usage_reports: Option<bool>,
+    /// `count_refused` of request overrides (rules carry their own,
+    /// resolved with the setting at load): `false` takes back what a
+    /// request answered OVER_LIMIT charged.
+    pub count_refused: bool,
 }
 
 impl Default for EngineOptions {
@@ -45,6 +49,7 @@ impl Default for EngineOptions {
             detailed_metric_max_series: 100,
             max_value_bytes: crate::storage::keys::DEFAULT_MAX_VALUE_BYTES,
             usage_reports: None,
+            count_refused: true,
         }
     }
 }
@@ -66,6 +71,14 @@ pub struct EngineStats {
     pub overloaded_failed: AtomicU64,
     pub overloaded_allowed: AtomicU64,
     pub overloaded_denied: AtomicU64,
+    /// Charges of `count_refused: false` limiters taken back after the
+    /// request was answered OVER_LIMIT, and those that could not be (the
+    /// store failed or was overloaded: they stay counted).
+    pub undos: AtomicU64,
+    pub undos_lost: AtomicU64,
+    /// When a lost undo was last logged (seconds of the engine's clock):
+    /// at most one line a minute.
+    pub(super) undo_logged: AtomicU64,
 }
 
 impl EngineStats {

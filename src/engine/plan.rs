@@ -14,6 +14,14 @@ pub(super) enum Plan<'r> {
     Limited(Limited<'r>),
 }
 
+impl Plan<'_> {
+    /// A limiter that does not count refused requests (and is not a ban,
+    /// which counts nothing): its hits take receipts.
+    pub(super) fn takes_receipts(&self) -> bool {
+        matches!(self, Plan::Limited(l) if !l.limit.count_refused && l.limit.requests_per_unit > 0)
+    }
+}
+
 /// A descriptor that is counted: its rule (none for an override), the
 /// limit applied and the failure policy of its store calls.
 pub(super) struct Limited<'r> {
@@ -61,8 +69,11 @@ impl Engine {
                             buckets: DEFAULT_BUCKETS,
                             burst: 0,
                             shards: 1,
-                            // Names no algorithm.
-                            usage_reports: self.options.usage_reports.unwrap_or(true),
+                            // Names no algorithm. Settings never ask for
+                            // both usage reports and count_refused=false.
+                            usage_reports: self.options.count_refused
+                                && self.options.usage_reports.unwrap_or(true),
+                            count_refused: self.options.count_refused,
                         },
                         policy: self.options.on_store_error,
                     });
@@ -93,10 +104,15 @@ impl Engine {
                             buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
                             burst: rule.burst.unwrap_or(0),
                             shards: rule.shards.unwrap_or(1),
-                            usage_reports: rule
-                                .usage_reports
-                                .or(self.options.usage_reports)
-                                .unwrap_or(rule.algorithm.is_none()),
+                            // A rule that does not count refused requests
+                            // takes no usage reports (load refuses a rule
+                            // that says both).
+                            usage_reports: rule.count_refused
+                                && rule
+                                    .usage_reports
+                                    .or(self.options.usage_reports)
+                                    .unwrap_or(rule.algorithm.is_none()),
+                            count_refused: rule.count_refused,
                         },
                         policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
                     }),

@@ -63,6 +63,9 @@ pub struct AppliedLimit {
     pub shards: u16,
     /// Every positive cost is recorded (see `storage::Hit::usage_reports`).
     pub usage_reports: bool,
+    /// `false`: what a request answered OVER_LIMIT charged is taken back
+    /// (`count_refused`).
+    pub count_refused: bool,
 }
 
 /// The answer for one descriptor.

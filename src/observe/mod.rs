@@ -12,6 +12,7 @@
 //! `traceparent` or B3 headers, with a child span per store call
 //! ([`ObservedStore`]). Spans go to the OTLP endpoint in batches.
 
+mod engine;
 mod log;
 mod propagation;
 mod quota;
@@ -299,7 +300,7 @@ impl Telemetry {
 fn register_observers(meter: &Meter, s: Sources) {
     quota::register(meter, s.quota.clone());
     type Pick = fn(&CountsSnapshot) -> u64;
-    let per_rule: [(&'static str, &'static str, Pick); 6] = [
+    let per_rule: [(&'static str, &'static str, Pick); 7] = [
         ("hits", "Hits counted against the rule", |c| c.total_hits),
         ("within_limit", "Hits admitted by the rule", |c| {
             c.within_limit
@@ -319,6 +320,11 @@ fn register_observers(meter: &Meter, s: Sources) {
             "usage_recorded_over_limit",
             "Hits refused but recorded: usage reported past the limit of a usage_reports rule (also in over_limit)",
             |c| c.recorded_over,
+        ),
+        (
+            "taken_back",
+            "Hits a count_refused: false rule admitted, then took back: another descriptor refused the request (in hits, not in within_limit)",
+            |c| c.taken_back,
         ),
     ];
     for (name, help, pick) in per_rule {
@@ -415,53 +421,7 @@ fn register_observers(meter: &Meter, s: Sources) {
         })
         .build();
 
-    let engine = s.engine.clone();
-    meter
-        .u64_observable_counter("tollgate.store.failures_answered")
-        .with_description(
-            "Store failures by the answer given: the policy failed the call, allowed or denied",
-        )
-        .with_callback(move |o| {
-            use std::sync::atomic::Ordering::Relaxed;
-            for (policy, n) in [
-                ("error", &engine.store_errors_failed),
-                ("allow", &engine.store_errors_allowed),
-                ("deny", &engine.store_errors_denied),
-            ] {
-                o.observe(n.load(Relaxed), &[KeyValue::new("policy", policy)]);
-            }
-        })
-        .build();
-    let engine = s.engine.clone();
-    meter
-        .u64_observable_counter("tollgate.overload.answered")
-        .with_description(
-            "Store calls past max_in_flight by the answer on_overload gave: failed, allowed or denied",
-        )
-        .with_callback(move |o| {
-            use std::sync::atomic::Ordering::Relaxed;
-            for (policy, n) in [
-                ("error", &engine.overloaded_failed),
-                ("allow", &engine.overloaded_allowed),
-                ("deny", &engine.overloaded_denied),
-            ] {
-                o.observe(n.load(Relaxed), &[KeyValue::new("policy", policy)]);
-            }
-        })
-        .build();
-    let engine = s.engine.clone();
-    meter
-        .u64_observable_counter("tollgate.deadline_exceeded")
-        .with_description("Store calls cut off, or not made, because the caller's deadline passed")
-        .with_callback(move |o| {
-            o.observe(
-                engine
-                    .deadline_exceeded
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                &[],
-            )
-        })
-        .build();
+    engine::register(meter, s.engine.clone());
 
     let store = s.store.clone();
     meter

@@ -62,6 +62,10 @@ pub struct Rule {
     /// that takes the limiter over (costs reported after the response);
     /// `None` means the configured default.
     pub usage_reports: Option<bool>,
+    /// `rate_limit.count_refused` (resolved with the setting at load):
+    /// `false` keeps nothing of a request whose overall answer is
+    /// OVER_LIMIT; what it charged is taken back.
+    pub count_refused: bool,
     /// `shadow_mode`: counted, but the descriptor always answers OK.
     pub shadow_mode: bool,
     /// `quota_mode`: over only matters when every quota descriptor is over.
@@ -470,6 +474,9 @@ fn describe_rule(rule: &Rule, default: Algorithm) -> String {
     }
     if let Some(p) = rule.on_store_error {
         text.push_str(&format!(" on_store_error={p}"));
+    }
+    if !rule.count_refused {
+        text.push_str(" count_refused=false");
     }
     for (on, flag) in [
         (rule.shadow_mode, "shadow_mode"),

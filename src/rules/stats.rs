@@ -19,6 +19,10 @@ pub struct Counts {
     /// Refused, but recorded all the same: usage reported past the limit
     /// of a rule that takes usage reports (also in `over_limit`).
     pub recorded_over: AtomicU64,
+    /// Admitted, then taken back: another descriptor refused the request
+    /// and the rule says `count_refused: false` (in `total_hits`, not in
+    /// `within_limit` or `near_limit`).
+    pub taken_back: AtomicU64,
 }
 
 /// A copy of [`Counts`] at one moment.
@@ -30,6 +34,7 @@ pub struct CountsSnapshot {
     pub over_limit: u64,
     pub shadow_mode: u64,
     pub recorded_over: u64,
+    pub taken_back: u64,
 }
 
 impl Counts {
@@ -41,6 +46,7 @@ impl Counts {
             over_limit: self.over_limit.load(Ordering::Relaxed),
             shadow_mode: self.shadow_mode.load(Ordering::Relaxed),
             recorded_over: self.recorded_over.load(Ordering::Relaxed),
+            taken_back: self.taken_back.load(Ordering::Relaxed),
         }
     }
 
@@ -95,6 +101,13 @@ impl Counts {
     pub fn record_reported_over(&self, hits: u64) {
         self.recorded_over.fetch_add(hits, Ordering::Relaxed);
     }
+
+    /// Hits admitted, then taken back because another descriptor refused
+    /// the request (`count_refused: false`): seen, but never counted.
+    pub fn record_taken_back(&self, hits: u64) {
+        self.total_hits.fetch_add(hits, Ordering::Relaxed);
+        self.taken_back.fetch_add(hits, Ordering::Relaxed);
+    }
 }
 
 /// The label of the series that takes every value past the cap of a
@@ -129,6 +142,7 @@ static NO_COUNTS: Counts = Counts {
     over_limit: AtomicU64::new(0),
     shadow_mode: AtomicU64::new(0),
     recorded_over: AtomicU64::new(0),
+    taken_back: AtomicU64::new(0),
 };
 
 impl PartialEq for RuleStats {
@@ -206,6 +220,7 @@ mod tests {
                 over_limit: 2,
                 shadow_mode: 0,
                 recorded_over: 0,
+                taken_back: 0,
             }
         );
     }
@@ -230,6 +245,7 @@ mod tests {
                 over_limit: 3,
                 shadow_mode: 4,
                 recorded_over: 0,
+                taken_back: 0,
             }
         );
     }

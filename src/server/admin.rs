@@ -298,6 +298,7 @@ fn rules_json(
                 "burst": r.burst,
                 "shards": r.shards,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
+                "countRefused": r.count_refused,
                 "replaces": r.replaces,
                 "shadowMode": r.shadow_mode,
                 "quotaMode": r.quota_mode,

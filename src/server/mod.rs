@@ -89,6 +89,7 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
             detailed_metric_max_series: settings.metrics.detailed_max_series,
             max_value_bytes: settings.limits.max_value_bytes,
             usage_reports: settings.usage_reports,
+            count_refused: settings.count_refused,
         },
     ))
 }
@@ -99,6 +100,7 @@ pub fn rule_options(settings: &Settings) -> rules::LoadOptions {
         default_algorithm: settings.default_algorithm,
         max_log_limit: settings.max_log_limit,
         merge_domains: settings.merge_domain_config,
+        count_refused: settings.count_refused,
     }
 }
 

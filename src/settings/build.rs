@@ -33,6 +33,16 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
     // Past max_in_flight no count can be made in time, as when the store
     // fails: the same answer unless the operator says otherwise.
     let on_overload = v.opt("on_overload")?.unwrap_or(on_store_error);
+    let usage_reports = v.flag("usage_reports")?;
+    let count_refused = v.bool("count_refused")?;
+    if !count_refused && usage_reports == Some(true) {
+        return Err(bad(
+            src,
+            "count_refused",
+            "false",
+            "cannot go with usage_reports=true: a limiter that records every reported cost does not give back what another descriptor refused",
+        ));
+    }
     let header = |name: &'static str| -> Result<String, SettingsError> {
         let h: String = v.get(name)?;
         let valid = !h.is_empty()
@@ -105,7 +115,8 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         default_algorithm: v.get("default_algorithm")?,
         on_store_error,
         on_overload,
-        usage_reports: v.flag("usage_reports")?,
+        usage_reports,
+        count_refused,
         shadow_mode: v.bool("shadow_mode")?,
         rate_limit_headers: v.bool("rate_limit_headers")?.then_some(names),
         store,

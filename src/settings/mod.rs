@@ -204,6 +204,8 @@ pub struct Settings {
     /// `usage_reports` of rules that do not say; `None`: by whether the
     /// rule names an algorithm.
     pub usage_reports: Option<bool>,
+    /// `count_refused` of rules that do not say (and of request overrides).
+    pub count_refused: bool,
     pub shadow_mode: bool,
     /// `Some` when `RateLimit-*` headers are enabled.
     pub rate_limit_headers: Option<HeaderNames>,

@@ -131,6 +131,12 @@ pub const SETTINGS: &[Setting] = &[
         "`usage_reports` of rules that do not say: `true` records every positive cost, also past the limit (costs reported after the response); `false` only admitted hits. Unset: rules that name no algorithm record every cost, as the reference does; rules that name one record admitted hits",
     ),
     s(
+        "count_refused",
+        Some("true"),
+        Kind::Bool,
+        "`count_refused` of rules that do not say: `false` charges a limiter only with requests answered OK (what a request another descriptor refuses charged is taken back); `true` charges every hit it admits, as the reference does. Not with `usage_reports=true`",
+    ),
+    s(
         "shadow_mode",
         Some("false"),
         Kind::Bool,

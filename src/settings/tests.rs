@@ -128,6 +128,32 @@ fn bad_values_name_the_setting() {
     }
 }
 
+/// `count_refused=false` charges a limiter only with requests answered
+/// OK; usage reports are recorded whatever the answer: not both.
+#[test]
+fn count_refused_false_excludes_usage_reports() {
+    let s = Settings::load(&env(&[("TOLLGATE_COUNT_REFUSED", "false")])).unwrap();
+    assert!(!s.count_refused);
+    assert!(Settings::load(&env(&[])).unwrap().count_refused);
+    let err = Settings::load(&env(&[
+        ("TOLLGATE_COUNT_REFUSED", "false"),
+        ("TOLLGATE_USAGE_REPORTS", "true"),
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("count_refused=false is not valid: cannot go with usage_reports=true"),
+        "{err}"
+    );
+    let err = Settings::load(&env(&[("TOLLGATE_COUNT_REFUSED", "no way")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("count_refused=no way is not valid"),
+        "{err}"
+    );
+}
+
 #[test]
 fn errors_name_their_source() {
     let dir = tempfile::tempdir().unwrap();

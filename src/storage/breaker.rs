@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::storage::{
-    BoxFuture, Cost, Decision, FailureCounters, FailureCounts, Hit, LeaseCall, NodeId, Store,
-    StoreError, StoreGauges,
+    BoxFuture, Cost, Decision, FailureCounters, FailureCounts, Hit, LeaseCall, NodeId, Receipt,
+    Store, StoreError, StoreGauges,
 };
 
 /// A server's entry unused for this long is forgotten.
@@ -335,6 +335,11 @@ impl<S: Store> Store for Breaker<S> {
         self.guarded(self.inner.node(&call.limiter()), || self.inner.lease(call))
     }
 
+    /// An undo is one call to the limiter's server, under its circuit.
+    fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.guarded(self.inner.node(&hit), || self.inner.undo(hit, receipt))
+    }
+
     fn maintain(&self) {
         self.forget_unused();
         self.inner.maintain();
@@ -460,6 +465,7 @@ mod tests {
             admitted: true,
             remaining: 1,
             reset_micros: 1,
+            receipt: None,
         }
     }
 
@@ -483,6 +489,7 @@ mod tests {
             buckets: 2,
             burst: 0,
             shard: crate::storage::Shard::NONE,
+            receipt: false,
         }
     }
 

@@ -45,6 +45,10 @@
 //! A hit costing more than the limit is never cached (the store does not
 //! record it, so its refusal says nothing about the count).
 //!
+//! Refusals of a limiter whose hits take receipts (a `count_refused: false`
+//! rule) are never kept: a charge on it that is taken back, by this
+//! replica or another, reopens it before its reset.
+//!
 //! A limiter that takes usage reports records every positive cost, so
 //! every positive cost goes to the store, refused or not: a cached refusal
 //! never hides a report. Only checks (cost 0) are answered here: any
@@ -95,6 +99,8 @@ pub struct LimiterId {
     pub shard: Shard,
     /// Whether every positive cost is recorded ([`Hit::usage_reports`]).
     pub usage_reports: bool,
+    /// Whether its hits are answered with receipts ([`Hit::receipt`]).
+    pub receipt: bool,
 }
 
 /// A limiter's identity as the layers see it: owned ([`LimiterId`]) or
@@ -130,6 +136,7 @@ impl Limiter for Hit<'_> {
             self.burst,
             self.shard,
             self.usage_reports,
+            self.receipt,
         ))
     }
 
@@ -143,6 +150,7 @@ impl Limiter for Hit<'_> {
             && id.burst == self.burst
             && id.shard == self.shard
             && id.usage_reports == self.usage_reports
+            && id.receipt == self.receipt
     }
 
     fn to_id(&self) -> LimiterId {
@@ -162,6 +170,7 @@ impl Limiter for LimiterId {
             self.burst,
             self.shard,
             self.usage_reports,
+            self.receipt,
         ))
     }
 
@@ -186,6 +195,7 @@ impl LimiterId {
             burst: hit.burst,
             shard: hit.shard,
             usage_reports: hit.usage_reports,
+            receipt: hit.receipt,
         }
     }
 }
@@ -205,6 +215,7 @@ impl LimiterId {
             buckets: self.buckets,
             burst: self.burst,
             shard: self.shard,
+            receipt: self.receipt,
         }
     }
 }
@@ -342,6 +353,7 @@ impl OverLimitCache {
             admitted: false,
             remaining: r.remaining,
             reset_micros: r.until - now,
+            receipt: None,
         };
         if hit.usage_reports {
             // Reports are recorded whatever the answer: only checks are
@@ -393,7 +405,10 @@ impl OverLimitCache {
     /// Keeps a refusal the store just gave, when the cache may answer it
     /// (see the module docs).
     fn fill(&self, id: u64, hit: &Hit<'_>, d: &Decision, sent_at: u64) {
-        if d.admitted || hit.negative || d.reset_micros == 0 {
+        // A limiter whose hits take receipts (`count_refused: false`) is
+        // never answered here: another request's charge on it, taken back
+        // on any replica, reopens it before its reset.
+        if d.admitted || hit.negative || hit.receipt || d.reset_micros == 0 {
             return;
         }
         let cost = match hit.algorithm {
@@ -569,6 +584,7 @@ mod tests {
             buckets: crate::limit::DEFAULT_BUCKETS,
             burst: 0,
             shard: crate::storage::Shard::NONE,
+            receipt: false,
         }
     }
 

@@ -302,6 +302,7 @@ mod tests {
             buckets: 2,
             burst: 0,
             shard: Shard::NONE,
+            receipt: false,
         }
     }
 

@@ -1,5 +1,5 @@
 //! The in-flight gate: at most `max_in_flight` store calls wait at once
-//! (decisions and the quota service's lease calls alike).
+//! (decisions, the quota service's lease calls and undos alike).
 //! Past it a call fails at once with [`StoreError::Overloaded`], and the
 //! engine answers it by `on_overload` (error, allow or deny), so work never
 //! queues without bound when the store slows down.
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::quota;
-use crate::storage::{BoxFuture, Decision, Hit, LeaseCall, Store, StoreError};
+use crate::storage::{BoxFuture, Decision, Hit, LeaseCall, Receipt, Store, StoreError};
 
 pub struct Gate {
     inner: Arc<dyn Store>,
@@ -75,6 +75,13 @@ impl Store for Gate {
         })
     }
 
+    fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let _slot = self.enter()?;
+            self.inner.undo(hit, receipt).await
+        })
+    }
+
     fn wrapped(&self) -> Option<&dyn Store> {
         Some(&*self.inner)
     }
@@ -98,6 +105,7 @@ mod tests {
                     admitted: true,
                     remaining: 1,
                     reset_micros: 1,
+                    receipt: None,
                 })
             })
         }
@@ -173,6 +181,7 @@ mod tests {
             buckets: 2,
             burst: 0,
             shard: Shard::NONE,
+            receipt: false,
         }
     }
 

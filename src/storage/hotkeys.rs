@@ -263,6 +263,7 @@ mod tests {
             burst: 0,
             shard: crate::storage::Shard::NONE,
             usage_reports: false,
+            receipt: false,
         }
     }
 

@@ -468,6 +468,7 @@ mod tests {
             buckets: 2,
             burst: 0,
             shard: crate::storage::Shard::NONE,
+            receipt: false,
         })
     }
 
@@ -555,6 +556,7 @@ mod tests {
             buckets: DEFAULT_BUCKETS,
             burst: 0,
             shard: crate::storage::Shard::NONE,
+            receipt: false,
         };
         let b = KeyBuilder::default();
         let fixed = b.local(&hit(Algorithm::FixedWindow, Unit::Second));
@@ -638,6 +640,7 @@ mod tests {
             buckets: 2,
             burst: 0,
             shard,
+            receipt: false,
         };
         let b = KeyBuilder::default();
         let plain = b.limiter(&hit(Shard::NONE));

@@ -72,6 +72,11 @@ pub struct Hit<'a> {
     /// sharding layer ([`shards::Sharded`]) picks the shard and sets
     /// `limit` to that shard's share before any store sees it.
     pub shard: Shard,
+    /// Answer with a [`Receipt`] of what this call recorded, so that it can
+    /// be taken back ([`Store::undo`]): the engine asks for one on the
+    /// limiters of `count_refused: false` rules. Not part of the limiter's
+    /// state: its keys are the same either way.
+    pub receipt: bool,
 }
 
 /// A sub-limiter of a limit split over `count` shards (`rate_limit.shards`),
@@ -139,6 +144,7 @@ impl<'a> LeaseCall<'a> {
             buckets: DEFAULT_BUCKETS,
             burst: 0,
             shard: Shard::NONE,
+            receipt: false,
         }
     }
 }
@@ -153,6 +159,42 @@ pub struct Decision {
     /// (fixed window: until the window ends). Refused: microseconds until a
     /// hit of this cost would be admitted.
     pub reset_micros: u64,
+    /// What the call recorded, when the hit asked for a receipt
+    /// ([`Hit::receipt`]) and something was recorded; `None` otherwise.
+    pub receipt: Option<Receipt>,
+}
+
+impl Decision {
+    /// A decision without a receipt.
+    pub const fn new(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {
+        Decision {
+            admitted,
+            remaining,
+            reset_micros,
+            receipt: None,
+        }
+    }
+}
+
+/// Exactly what one call recorded on one limiter, so that it can be taken
+/// back ([`Store::undo`]) as if the call had never come. Only the store
+/// that wrote it (through the same layers) reads it; what `at` and `mark`
+/// hold depends on the algorithm and the store:
+///
+/// | algorithm | `at` | `mark` |
+/// |---|---|---|
+/// | `fixed_window` | the window's index | 0 |
+/// | `sliding_window_counter` | the bucket's index | 0 |
+/// | `sliding_window_log` | Redis: the member's sequence number; embedded: its time | the member's time (Redis: its score) |
+/// | `token_bucket` | when the tokens were taken (µs) | the bucket's debt right after (units of 1/k µs) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    /// The cost recorded (at least 1).
+    pub hits: u64,
+    pub at: u64,
+    pub mark: u64,
+    /// The shard that recorded it (0 when not sharded).
+    pub shard: u16,
 }
 
 /// Why a store could not answer.
@@ -322,6 +364,25 @@ pub trait Store: Send + Sync + 'static {
             None => Box::pin(async {
                 Err(StoreError::Protocol(
                     "this store keeps no lease ledgers".into(),
+                ))
+            }),
+        }
+    }
+
+    /// Takes back what `receipt` says a call of `hit`'s limiter recorded,
+    /// as if that call had never come, as far as that can be done without
+    /// ever lowering the count below what the hits still recorded account
+    /// for: what cannot be told apart is left counted (an error towards
+    /// refusing, never towards admitting). One atomic step on the
+    /// limiter's own state (in its own slot on a cluster). `hit` is the
+    /// limiter as it was hit (its cost is ignored). Layers that keep
+    /// nothing of a limiter pass it on.
+    fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+        match self.wrapped() {
+            Some(w) => w.undo(hit, receipt),
+            None => Box::pin(async {
+                Err(StoreError::Protocol(
+                    "this store cannot take hits back".into(),
                 ))
             }),
         }

@@ -36,7 +36,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::storage::{BoxFuture, Decision, Hit, Shard, Store, StoreError};
+use crate::storage::{BoxFuture, Decision, Hit, Receipt, Shard, Store, StoreError};
 
 /// The share of shard `index` of `count` in `limit`: the first
 /// `limit % count` shards get one more, so the shares add up to `limit`.
@@ -64,16 +64,7 @@ impl Sharded {
     async fn sharded(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
         let count = hit.shard.count;
         let start = (self.next.fetch_add(1, Ordering::Relaxed) % u64::from(count)) as u16;
-        let shard_hit = |index: u16| Hit {
-            limit: share(hit.limit, count, index),
-            // A token bucket's burst is split as its rate is (0: the share).
-            burst: match hit.burst {
-                0 => 0,
-                burst => share(burst, count, index).max(1),
-            },
-            shard: Shard { index, count },
-            ..hit
-        };
+        let shard_hit = |index: u16| shard_hit(&hit, index);
         // A give-back goes to one shard. So does a positive cost on a
         // limiter that takes usage reports: the shard records it whatever
         // it answers, so passing it on would record it twice.
@@ -100,9 +91,13 @@ impl Sharded {
                         admitted: true,
                         remaining,
                         reset_micros: d.reset_micros,
+                        receipt: d.receipt,
                     });
                 }
                 Ok(d) => {
+                    // A refused hit the shard recorded (the fixed window's)
+                    // stays: the hit is tried on the next shard, and one
+                    // receipt names one shard.
                     full += 1;
                     soonest = Some(soonest.map_or(d.reset_micros, |s| s.min(d.reset_micros)));
                 }
@@ -118,8 +113,24 @@ impl Sharded {
                 admitted: false,
                 remaining: 0,
                 reset_micros: soonest.unwrap_or(0),
+                receipt: None,
             }),
         }
+    }
+}
+
+/// `hit` as it goes to shard `index` of its limit: the shard's share of
+/// the limit, and of a token bucket's burst (0 stays the share).
+fn shard_hit<'a>(hit: &Hit<'a>, index: u16) -> Hit<'a> {
+    let count = hit.shard.count;
+    Hit {
+        limit: share(hit.limit, count, index),
+        burst: match hit.burst {
+            0 => 0,
+            burst => share(burst, count, index).max(1),
+        },
+        shard: Shard { index, count },
+        ..*hit
     }
 }
 
@@ -129,6 +140,15 @@ impl Store for Sharded {
             Box::pin(self.sharded(hit))
         } else {
             self.inner.hit(hit)
+        }
+    }
+
+    /// Goes to the shard that recorded it.
+    fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+        if hit.shard.is_sharded() && receipt.shard < hit.shard.count {
+            self.inner.undo(shard_hit(&hit, receipt.shard), receipt)
+        } else {
+            self.inner.undo(hit, receipt)
         }
     }
 

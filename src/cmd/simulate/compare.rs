@@ -102,6 +102,7 @@ pub async fn run(who: Contender, bursty: bool, args: &SimulateArgs) -> Outcome {
         buckets: tollgate::limit::DEFAULT_BUCKETS,
         burst: who.burst,
         shard: Shard::NONE,
+        receipt: false,
     };
     let (times, bursts) = arrivals(bursty, args);
     let burst_times: std::collections::HashSet<u64> = if bursty {

@@ -110,6 +110,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         buckets,
         burst: 0,
         shard: Shard::NONE,
+        receipt: false,
     };
     let mut admitted = Vec::new();
     match load {

@@ -36,6 +36,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "shards",
     "on_store_error",
     "usage_reports",
+    "count_refused",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -190,6 +191,7 @@ impl Walker<'_> {
                 shards: limit.shards,
                 on_store_error: limit.on_store_error,
                 usage_reports: limit.usage_reports,
+                count_refused: limit.count_refused,
                 shadow_mode,
                 quota_mode,
                 detailed_metric,
@@ -350,6 +352,7 @@ impl Walker<'_> {
             Some(_) => self.flag(&fields, path, "usage_reports"),
             None => None,
         };
+        let count_refused = self.count_refused(&fields, usage_reports, path);
 
         if self.errors.len() > errors_before {
             return None;
@@ -364,6 +367,7 @@ impl Walker<'_> {
             shards,
             on_store_error,
             usage_reports,
+            count_refused: count_refused?,
         })
     }
 
@@ -561,4 +565,5 @@ struct RateLimit {
     shards: Option<u16>,
     on_store_error: Option<FailurePolicy>,
     usage_reports: Option<bool>,
+    count_refused: bool,
 }

@@ -20,6 +20,7 @@ mod build;
 mod burst;
 mod depth;
 mod fast;
+mod refused;
 mod tree;
 mod window;
 mod yaml;
@@ -51,6 +52,9 @@ pub struct LoadOptions {
     /// merged into it (a descriptor defined in two of them is still an
     /// error); off, a domain defined twice is an error.
     pub merge_domains: bool,
+    /// The `count_refused` setting: what a rule that does not say (and
+    /// does not take usage reports) gets.
+    pub count_refused: bool,
 }
 
 impl Default for LoadOptions {
@@ -60,6 +64,7 @@ impl Default for LoadOptions {
             default_algorithm: Algorithm::SlidingWindowCounter,
             max_log_limit: 10_000,
             merge_domains: false,
+            count_refused: true,
         }
     }
 }

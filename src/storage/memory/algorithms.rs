@@ -38,9 +38,11 @@ pub(super) fn fixed_window(
     if hit.hits > limit && !hit.usage_reports {
         return (decision(false, limit.saturating_sub(*count), reset), end);
     }
+    let before = *count;
     *count = count.saturating_add(hit.hits).min(MAX_COUNT);
     let admitted = *count <= limit;
-    (decision(admitted, limit.saturating_sub(*count), reset), end)
+    let d = decision(admitted, limit.saturating_sub(*count), reset);
+    (with_receipt(d, hit, *count - before, idx, 0), end)
 }
 
 /// `n` epoch-aligned buckets of `w / (n - 1)` each: the current one, `n - 2`
@@ -142,7 +144,8 @@ pub(super) fn sliding_counter(
     if est + hit.hits as f64 <= limit as f64 {
         counts[0] += hit.hits;
         let est = estimate(counts);
-        return (decision(true, remaining(est), ok_reset(counts)), expires);
+        let d = decision(true, remaining(est), ok_reset(counts));
+        return (with_receipt(d, hit, hit.hits, idx, 0), expires);
     }
     if hit.usage_reports {
         // Recorded all the same; refused until a check would pass.
@@ -212,12 +215,13 @@ pub(super) fn sliding_log(
         return (d, expires(entries));
     }
     if *sum + hit.hits <= limit {
+        let mut at = 0;
         if hit.hits > 0 {
-            record(entries, now, w, hit.hits, limit, max_members);
+            at = record(entries, now, w, hit.hits, limit, max_members);
             *sum += hit.hits;
         }
         let d = decision(true, limit - *sum, oldest_reset(entries));
-        return (d, expires(entries));
+        return (with_receipt(d, hit, hit.hits, at, at), expires(entries));
     }
     // Refused: the first moment enough of the oldest hits have left for a
     // hit of `cost`.
@@ -236,7 +240,9 @@ pub(super) fn sliding_log(
         match entries.back_mut() {
             Some(last) if *sum >= limit => *last = (last.0.max(now), last.1 + add),
             _ if add == 0 => {}
-            _ => record(entries, now, w, add, limit, max_members),
+            _ => {
+                record(entries, now, w, add, limit, max_members);
+            }
         }
         *sum += add;
         let d = decision(false, 0, wait_for(entries, *sum, 0));
@@ -261,6 +267,7 @@ pub(super) fn sliding_log(
 /// `max_members` of them. Should a log still be full (its limit was raised
 /// by a reload), the hit joins the newest member, whose time moves up to
 /// the hit's. Either way a hit only ever counts longer, never shorter.
+/// Returns the time of the member that holds the hit.
 pub(super) fn record(
     entries: &mut VecDeque<(u64, u64)>,
     now: u64,
@@ -268,7 +275,7 @@ pub(super) fn record(
     cost: u64,
     limit: u64,
     max_members: usize,
-) {
+) -> u64 {
     let mut at = now;
     if limit > max_members as u64 {
         let granule = w.div_ceil((max_members as u64).saturating_sub(1).max(1));
@@ -281,7 +288,7 @@ pub(super) fn record(
         if last.0 == at || full {
             last.0 = at;
             last.1 += cost;
-            return;
+            return at;
         }
     }
     if entries.len() == entries.capacity() {
@@ -292,6 +299,7 @@ pub(super) fn record(
         entries.reserve_exact(target.saturating_sub(len).max(1));
     }
     entries.push_back((at, cost));
+    at
 }
 
 /// The token bucket (generic cell rate algorithm), as
@@ -337,7 +345,8 @@ pub(super) fn token_bucket(
         let after = (u128::from(*debt) + cost).min(max) as u64;
         if after <= full {
             *debt = after;
-            decision(true, remaining(after), micros(after))
+            let d = decision(true, remaining(after), micros(after));
+            with_receipt(d, hit, hit.hits, *stamp, after)
         } else if hit.usage_reports && hit.hits > 0 {
             *debt = after;
             decision(false, 0, micros(after - full))
@@ -348,10 +357,25 @@ pub(super) fn token_bucket(
     (d, *stamp + micros(*debt))
 }
 
+/// `d` with a receipt of `recorded` hits at `at` (and `mark`), when the
+/// hit asked for one and something was recorded.
+fn with_receipt(mut d: Decision, hit: &Hit<'_>, recorded: u64, at: u64, mark: u64) -> Decision {
+    if hit.receipt && recorded > 0 {
+        d.receipt = Some(Receipt {
+            hits: recorded,
+            at,
+            mark,
+            shard: hit.shard.index,
+        });
+    }
+    d
+}
+
 pub(super) fn decision(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {
     Decision {
         admitted,
         remaining,
         reset_micros,
+        receipt: None,
     }
 }

@@ -58,10 +58,13 @@ use hashlink::linked_hash_map::Entry;
 use crate::clock::{Clock, SystemClock};
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::storage::keys::KeyBuilder;
-use crate::storage::{BoxFuture, Decision, Hit, LeaseCall, Store, StoreError, StoreGauges};
+use crate::storage::{
+    BoxFuture, Decision, Hit, LeaseCall, Receipt, Store, StoreError, StoreGauges,
+};
 
 mod algorithms;
 mod lease;
+mod undo;
 
 use algorithms::{fixed_window, sliding_counter, sliding_log, token_bucket};
 
@@ -394,6 +397,32 @@ impl MemoryStore {
         decision
     }
 
+    /// Takes back what `r` recorded on `hit`'s limiter, under its shard's
+    /// lock; a limiter no longer held has nothing to take back.
+    fn take_back(&self, hit: &Hit<'_>, r: &Receipt) {
+        let key = self.keys.local(hit);
+        let now = self.clock.now_micros();
+        let w = hit.window.micros();
+        let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
+        let mut guard = lock(&self.shards[index]);
+        let shard = &mut *guard;
+        let Some(slot) = shard.slots.get_mut(&key) else {
+            return;
+        };
+        let before = state_bytes(slot);
+        match &mut slot.state {
+            State::Fixed { window, count } => undo::fixed_window(now, w, r, *window, count),
+            State::Counter { window, counts } => {
+                undo::sliding_counter(now, w, hit, r, *window, counts)
+            }
+            State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
+            State::Bucket { stamp, debt, scale } => {
+                undo::token_bucket(now, w, hit, r, stamp, debt, *scale)
+            }
+        }
+        shard.held = shard.held.saturating_sub(before) + state_bytes(slot);
+    }
+
     /// Forgets least recently used limiters until `shard` is within its
     /// bytes. The limiter just used is the most recent, so it goes last,
     /// and only if it alone is too big.
@@ -481,6 +510,11 @@ impl Store for MemoryStore {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         let decision = self.decide(&hit);
         Box::pin(async move { Ok(decision) })
+    }
+
+    fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.take_back(&hit, &receipt);
+        Box::pin(async { Ok(()) })
     }
 
     fn lease<'a>(

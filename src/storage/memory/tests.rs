@@ -32,6 +32,7 @@ fn hit<'a>(entries: &'a [(String, String)], algorithm: Algorithm, limit: u64) ->
         buckets: DEFAULT_BUCKETS,
         burst: 0,
         shard: SubLimiter::NONE,
+        receipt: false,
     }
 }
 

@@ -62,7 +62,7 @@ use supervise::*;
 use crate::limit::{Algorithm, effective_burst};
 use crate::storage::keys::{self, KeyBuilder, Role};
 use crate::storage::{
-    BoxFuture, Cost, Decision, Hit, LeaseCall, NodeId, Store, StoreError, StoreGauges,
+    BoxFuture, Cost, Decision, Hit, LeaseCall, NodeId, Receipt, Store, StoreError, StoreGauges,
 };
 
 /// Lua numbers are doubles: integers are exact up to 2^53.
@@ -213,7 +213,12 @@ impl RedisStore {
                 }
                 _ => i64::from(hit.buckets),
             },
-            i64::from(hit.usage_reports),
+            // 2: answer with receipts (never asked with usage reports).
+            if hit.receipt {
+                2
+            } else {
+                i64::from(hit.usage_reports)
+            },
         ]);
         for cost in more {
             args.push(cost.hits.min(MAX_EXACT) as i64);
@@ -228,12 +233,14 @@ impl RedisStore {
     }
 
     /// Runs a script for `expected` hits: one `{admitted, remaining,
-    /// reset}` triple each.
+    /// reset}` triple each, followed by a receipt `{hits, at, mark}` when
+    /// `receipt` (of `shard`) is asked for.
     async fn run(
         &self,
         slot: u16,
         call: Call,
         expected: usize,
+        receipt: Option<u16>,
     ) -> Result<Vec<Decision>, StoreError> {
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
@@ -243,12 +250,13 @@ impl RedisStore {
             Ok(reply) => reply?,
         };
         let unexpected = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
-        if reply.len() != 3 * expected {
+        let width = if receipt.is_some() { 6 } else { 3 };
+        if reply.len() != width * expected {
             return Err(unexpected());
         }
         reply
-            .chunks_exact(3)
-            .map(|d| match *d {
+            .chunks_exact(width)
+            .map(|d| match d[..3] {
                 [admitted, remaining, reset]
                     if (0..=1).contains(&admitted) && remaining >= 0 && reset >= 0 =>
                 {
@@ -256,11 +264,48 @@ impl RedisStore {
                         admitted: admitted == 1,
                         remaining: remaining as u64,
                         reset_micros: reset as u64,
+                        receipt: match (receipt, &d[3..]) {
+                            (Some(shard), &[hits, at, mark]) if hits > 0 => Some(Receipt {
+                                hits: hits as u64,
+                                at: u64::try_from(at).map_err(|_| unexpected())?,
+                                mark: u64::try_from(mark).map_err(|_| unexpected())?,
+                                shard,
+                            }),
+                            _ => None,
+                        },
                     })
                 }
                 _ => Err(unexpected()),
             })
             .collect()
+    }
+
+    /// Takes back what `r` recorded: the algorithm's script in its undo
+    /// mode, on the limiter's own slot.
+    async fn take_back(&self, hit: &Hit<'_>, r: &Receipt) -> Result<(), StoreError> {
+        let undo = Hit {
+            hits: r.hits,
+            negative: false,
+            usage_reports: false,
+            receipt: false,
+            ..*hit
+        };
+        let (slot, mut call) = self.prepare(&undo, &[]);
+        // ARGV[4] = 2: undo; ARGV[7], ARGV[8]: where it was recorded.
+        call.args[3] = 2;
+        call.args
+            .extend([r.at.min(MAX_EXACT) as i64, r.mark.min(MAX_EXACT) as i64]);
+        let timeout = self.inner.command_timeout;
+        let reply = match tokio::time::timeout(timeout, self.call(slot, call)).await {
+            Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
+            Ok(reply) => reply?,
+        };
+        match reply[..] {
+            [1] => Ok(()),
+            _ => Err(StoreError::Protocol(format!(
+                "unexpected undo reply {reply:?}"
+            ))),
+        }
     }
 
     /// Runs the script on the slot's primary. A `MOVED` reply (the slot has
@@ -323,8 +368,9 @@ impl RedisStore {
 impl Store for RedisStore {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         let (slot, call) = self.prepare(&hit, &[]);
+        let receipt = hit.receipt.then_some(hit.shard.index);
         Box::pin(async move {
-            let mut decisions = self.run(slot, call, 1).await?;
+            let mut decisions = self.run(slot, call, 1, receipt).await?;
             decisions
                 .pop()
                 .ok_or_else(|| StoreError::Protocol("empty script reply".into()))
@@ -337,7 +383,12 @@ impl Store for RedisStore {
         more: &'a [Cost],
     ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
         let (slot, call) = self.prepare(&hit, more);
-        Box::pin(self.run(slot, call, 1 + more.len()))
+        let receipt = hit.receipt.then_some(hit.shard.index);
+        Box::pin(self.run(slot, call, 1 + more.len(), receipt))
+    }
+
+    fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.take_back(&hit, &receipt).await })
     }
 
     fn lease<'a>(

@@ -54,6 +54,7 @@ async fn connect_succeeds_while_redis_is_down() {
                 buckets: 2,
                 burst: 0,
                 shard: crate::storage::Shard::NONE,
+                receipt: false,
             })
             .await;
         assert!(result.is_err(), "{url}");

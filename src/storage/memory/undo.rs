@@ -1,0 +1,99 @@
+//! Taking back what a receipt says one call recorded, on one limiter's
+//! state, with the semantics of the scripts' undo mode in `lua/`. Each
+//! function removes at most what the receipt names, from where it was
+//! recorded, and only while that still counts; what can no longer be
+//! told apart stays counted (see [`crate::storage::Store::undo`]).
+
+use std::collections::VecDeque;
+
+use super::*;
+use crate::limit::bucket_scale;
+
+/// Fixed window: the count of the receipt's window, only while that
+/// window is the current one (a later window never counted the hit).
+pub(super) fn fixed_window(now: u64, w: u64, r: &Receipt, window: u64, count: &mut u64) {
+    if window == r.at && now / w == r.at {
+        *count = count.saturating_sub(r.hits);
+    }
+}
+
+/// Counter: the receipt's bucket, while it is still one of the `n`
+/// buckets in the trailing window. `window` is the index of the state's
+/// newest bucket, `counts[age]` the bucket `age` buckets older.
+pub(super) fn sliding_counter(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    r: &Receipt,
+    window: u64,
+    counts: &mut [u64],
+) {
+    let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
+    if counts.len() != n || r.at > window {
+        return;
+    }
+    let spans = n as u64 - 1;
+    let idx = (u128::from(now) * u128::from(spans) / u128::from(w)) as u64;
+    // Buckets the state has not been moved past yet: the receipt's age
+    // counts from the state's newest bucket, and one older than the
+    // trailing window at `now` has stopped counting anyway.
+    let age = window - r.at;
+    if idx.saturating_sub(r.at) >= n as u64 {
+        return;
+    }
+    if let Some(c) = counts.get_mut(age as usize) {
+        *c = c.saturating_sub(r.hits);
+    }
+}
+
+/// Log: the member at the receipt's time, less at most the receipt's
+/// cost (hits of one instant share a member), removed when nothing is
+/// left of it. A member whose time moved (a later hit joined a full log's
+/// newest member) is not found, and stays.
+pub(super) fn sliding_log(r: &Receipt, entries: &mut VecDeque<(u64, u64)>, sum: &mut u64) {
+    // A member is named by its time here (`at` and `mark` alike).
+    if r.at != r.mark {
+        return;
+    }
+    let Ok(i) = entries.binary_search_by(|&(ts, _)| ts.cmp(&r.at)) else {
+        return;
+    };
+    let take = r.hits.min(entries[i].1);
+    entries[i].1 -= take;
+    *sum -= take;
+    if entries[i].1 == 0 {
+        entries.remove(i);
+    }
+}
+
+/// Token bucket: gives back the part of the receipt's tokens that lies
+/// after `now` on the bucket's timeline. The charge took the interval
+/// `[tat - cost, tat]` of the bucket's time (`tat`: when the bucket would
+/// be full again right after it, `at + mark / k`); the part of it already
+/// past cannot be told from time the bucket would have refilled anyway,
+/// so it stays spent. The debt never goes below zero.
+pub(super) fn token_bucket(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    r: &Receipt,
+    stamp: &mut u64,
+    debt: &mut u64,
+    scale: u64,
+) {
+    let (step, k) = bucket_scale(hit.limit, w);
+    if scale != k || *stamp < r.at {
+        // Another limit's units, or a state older than the charge (it was
+        // forgotten and started again): nothing to tell apart.
+        return;
+    }
+    if now > *stamp {
+        let drained = u128::from(now - *stamp) * u128::from(k);
+        *debt = u128::from(*debt).saturating_sub(drained) as u64;
+        *stamp = now;
+    }
+    let drained = u128::from(now.saturating_sub(r.at)) * u128::from(k);
+    let ahead = u128::from(r.mark).saturating_sub(drained);
+    let back = ahead.min(u128::from(r.hits) * u128::from(step));
+    *debt = u128::from(*debt).saturating_sub(back) as u64;
+}
