@@ -106,7 +106,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         entries: &entries,
         algorithm,
         limit: 1_000_000_000,
-        unit: Unit::Second,
+        window: Unit::Second.into(),
         hits: 1,
         negative: false,
         usage_reports: false,

@@ -2,7 +2,7 @@
 # scripts/profile.sh: where does tollgate's CPU per decision go?
 #
 # Serves one fixed_window rule from a private redis-server with a release
-# build, drives it with `tollgate bench` (C callers, one hot key), and
+# build, drives it with `tollgate bench` (C callers, one hot key unless KEYS says more), and
 # reports, each over its own run:
 #   1. CPU per decision of the tollgate process, user and system, from
 #      /proc/<pid>/stat;
@@ -14,8 +14,10 @@
 #      protobuf, and tollgate's own code.
 #
 # Usage: scripts/profile.sh       (builds --release)
-# Knobs (environment): SECS=3, C=16, CONNS=4, BENCH_BIN=path (skip the
-# build), SERVE_ENV="VAR=value ..." (environment of the server only, e.g.
+# Knobs (environment): SECS=3, C=16, CONNS=4, KEYS=1 (distinct keys, as in
+# bench.sh), STORE=memory (the embedded store instead of Redis, to see
+# what the round trip costs), BENCH_BIN=path (skip the build),
+# SERVE_ENV="VAR=value ..." (environment of the server only, e.g.
 # TOKIO_WORKER_THREADS=1). Needs redis-server and redis-cli; strace and perf
 # steps are skipped when the tool is missing or not permitted.
 
@@ -24,6 +26,7 @@ set -euo pipefail
 SECS=${SECS:-3}
 C=${C:-16}
 CONNS=${CONNS:-4}
+KEYS=${KEYS:-1}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -54,7 +57,7 @@ GRPC_PORT=$(free_port)
 HTTP_PORT=$(free_port)
 # shellcheck disable=SC2086
 env RUST_LOG=warn ${SERVE_ENV:-} "$BIN" serve --rules "$WORK/rules" \
-    --store "redis://127.0.0.1:$REDIS_PORT" \
+    --store "${STORE:-redis://127.0.0.1:$REDIS_PORT}" \
     --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" \
     >"$WORK/tollgate.log" 2>&1 &
 PIDS+=($!)
@@ -68,7 +71,7 @@ done
 # Runs the load for SECS and prints the number of calls made.
 load() {
     timeout $((SECS + 30)) "$BIN" bench --addr "127.0.0.1:$GRPC_PORT" --domain bench \
-        --descriptor user=u --concurrency "$C" --connections "$CONNS" \
+        --descriptor user=u --keys "$KEYS" --concurrency "$C" --connections "$CONNS" \
         --duration "$SECS" --warmup 0 --json | sed -n 's/.*"requests":\([0-9]*\).*/\1/p'
 }
 ticks() { awk '{print $14, $15}' "/proc/$PID/stat"; }

@@ -80,6 +80,86 @@ impl FromStr for Unit {
     }
 }
 
+/// The longest window tollgate counts exactly, in seconds (about 285
+/// years): its microseconds stay within [`MAX_EXACT`], where the Redis
+/// scripts' doubles are exact.
+pub const MAX_WINDOW_SECS: u64 = MAX_EXACT / 1_000_000;
+
+/// A limit's window: `multiplier` whole units (`unit_multiplier` in a rule,
+/// 1 when it names none), as the reference service's `unit_multiplier`
+/// reads (10 per 5 minutes is `unit: minute, unit_multiplier: 5`). Fixed
+/// windows are aligned on multiples of its length since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window {
+    unit: Unit,
+    multiplier: u32,
+}
+
+impl Window {
+    /// One `unit`.
+    pub const fn of(unit: Unit) -> Window {
+        Window {
+            unit,
+            multiplier: 1,
+        }
+    }
+
+    /// `multiplier` units: at least 1, and no longer than
+    /// [`MAX_WINDOW_SECS`].
+    pub fn new(unit: Unit, multiplier: u32) -> Result<Window, String> {
+        if multiplier == 0 {
+            return Err(
+                "invalid unit multiplier of 0: unit_multiplier must be at least 1 \
+                 (the window is unit x unit_multiplier)"
+                    .to_string(),
+            );
+        }
+        let secs = unit.seconds() * u64::from(multiplier);
+        if secs > MAX_WINDOW_SECS {
+            return Err(format!(
+                "a window of {multiplier} {unit}s ({secs} seconds) is longer than tollgate \
+                 counts exactly ({MAX_WINDOW_SECS} seconds, about 285 years); use at most \
+                 unit_multiplier: {}",
+                MAX_WINDOW_SECS / unit.seconds()
+            ));
+        }
+        Ok(Window { unit, multiplier })
+    }
+
+    pub fn unit(self) -> Unit {
+        self.unit
+    }
+
+    pub fn multiplier(self) -> u32 {
+        self.multiplier
+    }
+
+    pub fn seconds(self) -> u64 {
+        self.unit.seconds() * u64::from(self.multiplier)
+    }
+
+    pub fn micros(self) -> u64 {
+        self.seconds() * 1_000_000
+    }
+}
+
+impl From<Unit> for Window {
+    fn from(unit: Unit) -> Self {
+        Window::of(unit)
+    }
+}
+
+/// `minute` for one unit, `5 minutes` for several.
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.multiplier == 1 {
+            write!(f, "{}", self.unit)
+        } else {
+            write!(f, "{} {}s", self.multiplier, self.unit)
+        }
+    }
+}
+
 /// How a limiter counts. Chosen per rule; the default comes from settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -209,17 +289,45 @@ pub fn bucket_scale(limit: u64, w: u64) -> (u64, u64) {
     (w.max(1) / a, limit.max(1) / a)
 }
 
-/// The largest `burst` a token bucket of `limit` per `unit` keeps exact:
+/// The largest `burst` a token bucket of `limit` per `window` keeps exact:
 /// `burst x step` must stay within [`MAX_EXACT`].
-pub fn max_burst(limit: u64, unit: Unit) -> u64 {
-    let (step, _) = bucket_scale(limit, unit.micros());
+pub fn max_burst(limit: u64, window: Window) -> u64 {
+    let (step, _) = bucket_scale(limit, window.micros());
     MAX_EXACT / step
 }
 
 /// The burst a token bucket uses: the one asked for (0: the limit), within
 /// 1..=[`max_burst`]. Rules are refused at load past the bound; a limit a
 /// request overrides is held to it here.
-pub fn effective_burst(burst: u64, limit: u64, unit: Unit) -> u64 {
+pub fn effective_burst(burst: u64, limit: u64, window: Window) -> u64 {
     let asked = if burst == 0 { limit } else { burst };
-    asked.clamp(1, max_burst(limit, unit))
+    asked.clamp(1, max_burst(limit, window))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_whole_units() {
+        let w = Window::new(Unit::Minute, 5).unwrap();
+        assert_eq!((w.seconds(), w.micros()), (300, 300_000_000));
+        assert_eq!(w.to_string(), "5 minutes");
+        assert_eq!(Window::of(Unit::Hour).to_string(), "hour");
+        assert_eq!(Window::of(Unit::Day), Window::new(Unit::Day, 1).unwrap());
+        assert!(
+            Window::new(Unit::Second, 0)
+                .unwrap_err()
+                .contains("at least 1")
+        );
+        // Every multiplier of a second fits; a year's bound is 285.
+        assert!(Window::new(Unit::Second, u32::MAX).is_ok());
+        assert!(Window::new(Unit::Year, 285).is_ok());
+        let err = Window::new(Unit::Year, 286).unwrap_err();
+        assert!(err.contains("at most unit_multiplier: 285"), "{err}");
+        for unit in Unit::ALL {
+            let most = u32::try_from(MAX_WINDOW_SECS / unit.seconds()).unwrap_or(u32::MAX);
+            assert!(Window::new(unit, most).unwrap().micros() <= MAX_EXACT);
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, join_all};
 use tollgate::clock::SystemClock;
-use tollgate::limit::{Algorithm, Unit};
+use tollgate::limit::{Algorithm, Unit, Window as Span};
 use tollgate::storage::keys::{KeyBuilder, Role};
 use tollgate::storage::{
     Coalescing, Cost, Decision, Hit, MemoryBounds, MemoryStore, Receipt, RedisConfig, RedisStore,
@@ -29,7 +29,7 @@ struct Limiter {
     entries: Vec<(String, String)>,
     algorithm: Algorithm,
     limit: u64,
-    unit: Unit,
+    window: Span,
     buckets: u8,
     /// A token bucket's burst; 0 means the limit.
     burst: u64,
@@ -39,13 +39,13 @@ struct Limiter {
 }
 
 impl Limiter {
-    fn new(case: &str, algorithm: Algorithm, limit: u64, unit: Unit) -> Limiter {
+    fn new(case: &str, algorithm: Algorithm, limit: u64, window: impl Into<Span>) -> Limiter {
         Limiter {
             domain: unique_domain(case),
             entries: vec![("user".into(), "alice".into())],
             algorithm,
             limit,
-            unit,
+            window: window.into(),
             buckets: 2,
             burst: 0,
             usage_reports: false,
@@ -68,7 +68,7 @@ impl Limiter {
             entries: &self.entries,
             algorithm: self.algorithm,
             limit: self.limit,
-            unit: self.unit,
+            window: self.window,
             hits,
             negative,
             usage_reports: self.usage_reports,
@@ -152,7 +152,7 @@ impl Limiter {
     }
 
     fn window(&self) -> u64 {
-        self.unit.micros()
+        self.window.micros()
     }
 
     /// The longest reset an answer may carry: the counter's current bucket
@@ -400,12 +400,17 @@ async fn distinct_limiters_are_independent(store: &dyn Store, algorithm: Algorit
     let b = a.with_entries(&[("user", "bob")]);
     let other_domain = Limiter::new("independent", algorithm, 2, Unit::Day);
     let other_unit = Limiter {
-        unit: Unit::Hour,
+        window: Unit::Hour.into(),
+        ..a.clone()
+    };
+    // Two days (`unit_multiplier: 2`) is another window, so another limiter.
+    let other_multiplier = Limiter {
+        window: Span::new(Unit::Day, 2).unwrap(),
         ..a.clone()
     };
     a.hit(store, 2).await;
     assert!(!a.hit(store, 1).await.admitted, "{}", ctx(store, algorithm));
-    for l in [&b, &other_domain, &other_unit] {
+    for l in [&b, &other_domain, &other_unit, &other_multiplier] {
         let d = l.hit(store, 1).await;
         assert!(d.admitted, "{}: {:?}", ctx(store, algorithm), l.entries);
         assert_eq!(d.remaining, 1, "{}: {:?}", ctx(store, algorithm), l.entries);
@@ -870,7 +875,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         entries: &l.entries,
         algorithm: l.algorithm,
         limit: l.limit,
-        unit: l.unit,
+        window: l.window,
         hits: 1,
         negative: false,
         usage_reports: false,
@@ -1181,6 +1186,64 @@ async fn concurrent_undos_never_over_admit(store: DynStore, algorithm: Algorithm
     }
 }
 
+/// Waits until the wall clock is early in an even second: the start of a
+/// 2-second window, as fixed windows align them (on multiples of their
+/// length since the epoch).
+async fn early_in_an_even_second() {
+    let into = wall_micros() % 2_000_000;
+    if into > 300_000 {
+        tokio::time::sleep(Duration::from_micros(2_010_000 - into)).await;
+    }
+}
+
+/// A window of two seconds (`unit: second, unit_multiplier: 2`), 3 per
+/// window, taken at the start of an even second: every algorithm refuses
+/// the 4th hit and says when a retry succeeds, as a 2-second window
+/// counts (a 1-second one would answer about half as long); the retry is
+/// still refused 150 ms before that and admitted 30 ms after.
+async fn two_second_window(store: &dyn Store, algorithm: Algorithm) {
+    let c = format!("{} (2 s)", ctx(store, algorithm));
+    let l = Limiter::new(
+        "two-seconds",
+        algorithm,
+        3,
+        Span::new(Unit::Second, 2).unwrap(),
+    );
+    early_in_an_even_second().await;
+    for _ in 0..3 {
+        assert!(l.hit(store, 1).await.admitted, "{c}");
+    }
+    let refused = l.hit(store, 1).await;
+    let refused_at = Instant::now();
+    assert!(!refused.admitted, "{c}");
+    // Fixed: the rest of the even-aligned window (at least 1.7 s, less the
+    // calls). Log: two seconds after the first hit. Counter (two buckets
+    // of a window): once the full bucket is the older one and weighs a
+    // third less, 8/3 s after the even second. Bucket: one token at 1.5 a
+    // second. A 1-second window would answer about half of each.
+    let (least, most) = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog => (1_500_000, 2_000_000),
+        Algorithm::SlidingWindowCounter => (2_200_000, 2_666_667),
+        Algorithm::TokenBucket => (550_000, 666_667),
+    };
+    assert!(
+        (least..=most).contains(&refused.reset_micros),
+        "{c}: reset {} not in [{least}, {most}]",
+        refused.reset_micros
+    );
+    let reset = Duration::from_micros(refused.reset_micros);
+    tokio::time::sleep_until((refused_at + reset - Duration::from_millis(150)).into()).await;
+    assert!(
+        !l.hit(store, 1).await.admitted,
+        "{c}: admitted 150 ms before the reset {reset:?}"
+    );
+    tokio::time::sleep_until((refused_at + reset + Duration::from_millis(30)).into()).await;
+    assert!(
+        l.hit(store, 1).await.admitted,
+        "{c}: refused 30 ms after the reset {reset:?}"
+    );
+}
+
 // ------------------------------------------------------------ the runners
 
 async fn run_suite(store: DynStore) {
@@ -1212,6 +1275,7 @@ async fn run_suite(store: DynStore) {
     for algorithm in Algorithm::ALL {
         timed.push(Box::pin(retry_after_reset_succeeds(&*store, algorithm)));
         timed.push(Box::pin(admits_again_after_the_window(&*store, algorithm)));
+        timed.push(Box::pin(two_second_window(&*store, algorithm)));
     }
     // A counter with 10 buckets of 111 ms: the wait for a refused hit runs
     // through the bucket shifts until the full bucket is the oldest.

@@ -381,6 +381,7 @@ fn rule_yaml() -> impl Strategy<Value = String> {
         Just("rate_limit"),
         Just("unit"),
         Just("requests_per_unit"),
+        Just("unit_multiplier"),
         Just("unlimited"),
         Just("name"),
         Just("replaces"),
@@ -396,6 +397,7 @@ fn rule_yaml() -> impl Strategy<Value = String> {
     let scalar = prop_oneof![
         Just("second".to_string()),
         Just("hour".to_string()),
+        Just("year".to_string()),
         Just("sliding_window_log".to_string()),
         Just("sliding_window_counter".to_string()),
         Just("true".to_string()),

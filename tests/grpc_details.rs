@@ -239,3 +239,40 @@ async fn old_connections_are_sent_goaway() {
     assert_eq!(none, None);
     plain.stop().await;
 }
+
+/// Connections opened together are sent GOAWAY spread over ±10% of
+/// `grpc_max_connection_age_ms`, as gRPC's own servers do, not at one
+/// moment: ten connections opened at once with an age of 2 s each get
+/// theirs between 1.8 s and 2.2 s after they opened (with slack for a busy
+/// machine above, none below), and not all within 40 ms of each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_ages_are_jittered_within_a_tenth() {
+    let t = Tollgate::start(
+        &[("d.yaml", RULES)],
+        &[
+            ("grpc_max_connection_age_ms", "2000"),
+            ("grpc_max_connection_age_grace_ms", "2000"),
+        ],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(10)).await;
+    let addr = t.grpc;
+    let opened: Vec<_> = (0..10)
+        .map(|_| tokio::task::spawn_blocking(move || goaway_after(addr, Duration::from_secs(5))))
+        .collect();
+    let mut ages = Vec::new();
+    for one in opened {
+        ages.push(one.await.unwrap().expect("a GOAWAY"));
+    }
+    ages.sort();
+    for age in &ages {
+        assert!(
+            (Duration::from_millis(1_800)..=Duration::from_millis(2_700)).contains(age),
+            "{ages:?}"
+        );
+    }
+    let spread = ages[ages.len() - 1] - ages[0];
+    assert!(spread >= Duration::from_millis(40), "{ages:?}");
+    eprintln!("GOAWAY after {ages:?}");
+    t.stop().await;
+}

@@ -75,7 +75,7 @@ impl Placement<'_> {
                 entries: &entries,
                 algorithm: Algorithm::SlidingWindowLog,
                 limit: 5,
-                unit: Unit::Hour,
+                window: Unit::Hour.into(),
                 hits: 1,
                 negative: false,
                 usage_reports: false,

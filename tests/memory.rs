@@ -59,7 +59,7 @@ fn hit(entries: &[(String, String)], algorithm: Algorithm, limit: u64) -> Hit<'_
         entries,
         algorithm,
         limit,
-        unit: Unit::Hour,
+        window: Unit::Hour.into(),
         hits: 1,
         negative: false,
         usage_reports: false,

@@ -1,13 +1,15 @@
 //! Parity with the reference service's rule files: its own fixtures get
 //! the verdict its tests expect from `tollgate validate`, and the keys it
 //! added (`share_threshold`, `value_to_metric`, `metadata`,
-//! `merge_domain_config`, response dynamic metadata) behave as it
-//! documents them, over real gRPC on the embedded store and on Redis.
+//! `merge_domain_config`, `unit_multiplier`, response dynamic metadata)
+//! behave as it documents them, over real gRPC on the embedded store and
+//! on Redis.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -28,9 +30,6 @@ enum Verdict {
     /// Refused; the error names this (tollgate's wording of the same
     /// reason the reference gives).
     Refused(&'static str),
-    /// The reference accepts it and tollgate refuses it: a feature
-    /// tollgate does not have, said here and in docs/deploy.md.
-    Differs(&'static str),
 }
 
 #[test]
@@ -111,16 +110,12 @@ fn reference_fixtures_get_the_reference_verdict() {
         // ...and without it is a duplicate domain.
         ("existing_domain_reload", false, Refused("duplicate domain")),
         ("examples", false, Accepted),
-        (
-            "unit_multiplier",
-            false,
-            Differs("unknown key \"unit_multiplier\""),
-        ),
-        // A zero multiplier: refused there; here the key is unknown.
+        ("unit_multiplier", false, Accepted),
+        // "invalid unit multiplier of 0"
         (
             "zero_unit_multiplier",
             false,
-            Refused("unknown key \"unit_multiplier\""),
+            Refused("invalid unit multiplier of 0"),
         ),
     ];
     let listed: Vec<&str> = cases.iter().map(|c| c.0).collect();
@@ -150,7 +145,7 @@ fn reference_fixtures_get_the_reference_verdict() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         match verdict {
             Accepted => assert_eq!(out.status.code(), Some(0), "{case}: {stderr}"),
-            Refused(why) | Differs(why) => {
+            Refused(why) => {
                 assert_eq!(out.status.code(), Some(1), "{case}: {stderr}");
                 assert!(stderr.contains(why), "{case}: expected {why:?} in {stderr}");
                 // Every error names its file and line.
@@ -179,6 +174,167 @@ fn share_threshold_without_a_wildcard_names_file_line_and_path() {
         "{stderr}"
     );
     assert!(stderr.contains("\"files/readme\""), "{stderr}");
+}
+
+/// The reference's `unit_multiplier` case read as its test reads it: key1
+/// is 20 per 5 minutes, key2 (no multiplier) 25 per minute, here through
+/// the library and on `/rlconfig` of a running server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unit_multiplier_fixture_gives_the_reference_windows() {
+    use tollgate::limit::{Unit, Window};
+    use tollgate::rules::{LimitSpec, LoadOptions, load_dir};
+    let set = load_dir(&reference_dir("unit_multiplier"), &LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let limit = |key: &str| {
+        let entries = vec![(key.to_string(), String::new())];
+        set.find("test-domain", &entries).unwrap().limit.clone()
+    };
+    assert_eq!(
+        limit("key1"),
+        LimitSpec::PerUnit {
+            requests_per_unit: 20,
+            window: Window::new(Unit::Minute, 5).unwrap()
+        }
+    );
+    assert_eq!(
+        limit("key2"),
+        LimitSpec::PerUnit {
+            requests_per_unit: 25,
+            window: Window::of(Unit::Minute)
+        }
+    );
+
+    let text =
+        std::fs::read_to_string(reference_dir("unit_multiplier").join("unit_multiplier.yaml"))
+            .unwrap();
+    let t = Tollgate::start(&[("unit_multiplier.yaml", &text)], &[]).await;
+    let (status, json) = http_get(t.debug, "/rlconfig?format=json").await;
+    assert_eq!(status, 200, "{json}");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rules = json["rules"].as_array().unwrap();
+    let rule = |name: &str| rules.iter().find(|r| r["rule"] == name).unwrap().clone();
+    let key1 = rule("key1");
+    assert_eq!(
+        (
+            &key1["requestsPerUnit"],
+            &key1["unit"],
+            &key1["unitMultiplier"],
+            &key1["windowSeconds"]
+        ),
+        (&20.into(), &"minute".into(), &5.into(), &300.into()),
+        "{key1}"
+    );
+    let key2 = rule("key2");
+    assert_eq!(
+        (
+            &key2["unit"],
+            &key2["unitMultiplier"],
+            &key2["windowSeconds"]
+        ),
+        (&"minute".into(), &1.into(), &60.into()),
+        "{key2}"
+    );
+    let (_, text) = http_get(t.debug, "/rlconfig").await;
+    assert!(text.contains("test-domain.key1: 20/5 minutes "), "{text}");
+    t.stop().await;
+}
+
+/// Waits until the wall clock is early in an even second: the start of a
+/// 2-second fixed window (Redis runs on this machine's clock).
+async fn early_in_an_even_second() {
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        % 2_000_000;
+    if into > 250_000 {
+        tokio::time::sleep(Duration::from_micros((2_010_000 - into) as u64)).await;
+    }
+}
+
+/// 3 per 2 seconds (`unit: second, unit_multiplier: 2`) over gRPC, for
+/// every algorithm at once, starting early in an even second: the 4th call
+/// is OVER_LIMIT with the reset a 2-second window gives; 1.2 s later a
+/// 1-second window would have admitted again, this one still refuses
+/// (the bucket, refilled 1.5 a second, has one token again); 3.1 s after
+/// the start every algorithm admits again. `current_limit` says SECOND
+/// (Envoy's unit: its protocol has no multiplier).
+async fn two_second_windows(store: &[(&str, &str)]) -> Tollgate {
+    let domain = unique_domain("two-seconds");
+    let mut rules = format!("domain: {domain}\ndescriptors:\n");
+    for algorithm in ALGORITHMS {
+        rules.push_str(&format!(
+            "  - key: {algorithm}\n    rate_limit:\n      unit: second\n      \
+             unit_multiplier: 2\n      requests_per_unit: 3\n      algorithm: {algorithm}\n"
+        ));
+    }
+    let server = Tollgate::start(&[("w.yaml", &rules)], store).await;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let t = &server;
+    let domain = domain.as_str();
+    early_in_an_even_second().await;
+    let start = tokio::time::Instant::now();
+    let runs = ALGORITHMS.iter().map(|&algorithm| async move {
+        let ask = || t.ask(req(domain, &[(algorithm, "x")]));
+        for _ in 0..3 {
+            assert_eq!(ask().await.overall_code, ok, "{algorithm}");
+        }
+        let r = ask().await;
+        assert_eq!(r.overall_code, over, "{algorithm}");
+        let s = &r.statuses[0];
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit::Second as i32),
+            "{algorithm}"
+        );
+        let reset = s.duration_until_reset.as_ref().unwrap();
+        let reset = Duration::new(reset.seconds as u64, reset.nanos as u32);
+        let (least, most) = match algorithm {
+            "fixed_window" | "sliding_window_log" => (1_500, 2_000),
+            "sliding_window_counter" => (2_200, 2_667),
+            _ => (550, 667),
+        };
+        // The lower bounds hold for four calls made at once; on a busy
+        // machine the calls take longer, and every reset is that much
+        // nearer (a 1-second window would still be at most half these).
+        let least = Duration::from_millis(least).saturating_sub(start.elapsed());
+        assert!(
+            (least..=Duration::from_millis(most)).contains(&reset),
+            "{algorithm}: reset {reset:?}, at least {least:?}"
+        );
+        tokio::time::sleep_until(start + Duration::from_millis(1_200)).await;
+        let expected = if algorithm == "token_bucket" { ok } else { over };
+        assert_eq!(ask().await.overall_code, expected, "{algorithm} at 1.2 s");
+        tokio::time::sleep_until(start + Duration::from_millis(3_100)).await;
+        let r = ask().await;
+        assert_eq!(r.overall_code, ok, "{algorithm} at 3.1 s");
+    });
+    futures_util::future::join_all(runs).await;
+    server
+}
+
+const ALGORITHMS: [&str; 4] = [
+    "fixed_window",
+    "sliding_window_log",
+    "sliding_window_counter",
+    "token_bucket",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_second_windows_on_the_embedded_store() {
+    two_second_windows(&[]).await.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_second_windows_on_redis() {
+    require_redis();
+    let redis = RedisServer::start();
+    let t = two_second_windows(&[("store", &redis.url())]).await;
+    // The fixed window's key names its 2-second window.
+    let keys = redis.cli(&["--scan", "--pattern", "*:f2:*"]);
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    t.stop().await;
 }
 
 fn shared_rules(domain: &str) -> String {

@@ -268,7 +268,7 @@ async fn a_cluster_failover_under_load_is_answered_per_policy() {
             entries: &entries,
             algorithm: Algorithm::SlidingWindowCounter,
             limit: 1000,
-            unit: Unit::Second,
+            window: Unit::Second.into(),
             hits: 1,
             negative: false,
             usage_reports: false,

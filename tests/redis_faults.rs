@@ -47,7 +47,7 @@ impl Limiter {
             algorithm: self.algorithm,
             // Never refuses: these tests are about errors, not counting.
             limit: 1_000_000_000,
-            unit: Unit::Minute,
+            window: Unit::Minute.into(),
             hits: 1,
             negative: false,
             usage_reports: false,

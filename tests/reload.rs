@@ -454,3 +454,93 @@ fn fingerprint_of_a_symlink_loop_lists_each_file_once() {
         [dir.path().join(".hidden/x"), dir.path().join("r.yaml")]
     );
 }
+
+/// A bad `unit_multiplier` is an operator's mistake with a file and line,
+/// wherever rules are read: `serve` does not start on it (exit 1, the
+/// error logged once), and a running server refuses the edit, logs the
+/// same error and keeps the rules it had; a good multiplier then applies
+/// (a window of 2 hours answers with its unit, HOUR).
+#[tokio::test]
+async fn a_bad_unit_multiplier_is_refused_at_start_and_on_reload() {
+    let bad = "domain: mult\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: 9\n      unit_multiplier: 0\n";
+    let good = |rpu: u32| {
+        format!(
+            "domain: mult\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: {rpu}\n      unit_multiplier: 2\n      algorithm: fixed_window\n"
+        )
+    };
+    let error =
+        "limits.yaml:7: descriptors[0].rate_limit.unit_multiplier: invalid unit multiplier of 0";
+    let rules = tempfile::tempdir().unwrap();
+    let file = rules.path().join("limits.yaml");
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let http = format!("127.0.0.1:{}", free_port());
+    let debug = format!("127.0.0.1:{}", free_port());
+    let dir = rules.path().display().to_string();
+    let env = [
+        ("TOLLGATE_GRPC_ADDR", grpc.as_str()),
+        ("TOLLGATE_HTTP_ADDR", http.as_str()),
+        ("TOLLGATE_DEBUG_ADDR", debug.as_str()),
+        ("TOLLGATE_RULES_DIR", dir.as_str()),
+        ("TOLLGATE_RULES_RELOAD_MS", "50"),
+        ("TOLLGATE_SHUTDOWN_DRAIN_MS", "0"),
+    ];
+
+    std::fs::write(&file, bad).unwrap();
+    let mut refused = Proc::spawn(&["serve"], &env);
+    let status = refused.child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "{:#?}", refused.lines());
+    refused.wait_for_line(error, Duration::from_secs(10));
+
+    std::fs::write(&file, good(5)).unwrap();
+    let server = Proc::spawn(&["serve"], &env);
+    let grpc: SocketAddr = grpc.parse().unwrap();
+    let debug: SocketAddr = debug.parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut client = loop {
+        if let Ok(c) = RateLimitServiceClient::connect(format!("http://{grpc}")).await {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "tollgate never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(limit_of(&mut client, "mult", "k").await, Some(5));
+
+    std::fs::write(&file, bad).unwrap();
+    wait_for_refusals(debug, 1, Duration::from_secs(20)).await;
+    server.wait_for_line(error, Duration::from_secs(10));
+    assert_eq!(limit_of(&mut client, "mult", "k").await, Some(5));
+
+    std::fs::write(&file, good(6)).unwrap();
+    wait_for_limit(&mut client, "mult", "k", 6, Duration::from_secs(20)).await;
+    let response = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "mult".into(),
+            descriptors: vec![descriptor(&[("k", "v")])],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let limit = response.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        limit.unit,
+        envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit::Hour
+            as i32
+    );
+    // The rest of a 2-hour window, aligned on even hours since the epoch.
+    let reset = response.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .unwrap()
+        .seconds as u64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expected = 7_200 - now % 7_200;
+    assert!(
+        reset.abs_diff(expected) <= 2,
+        "reset {reset} s, expected {expected}"
+    );
+    drop(server);
+}

@@ -56,6 +56,9 @@ descriptors:
     value: shadow
     shadow_mode: true
     rate_limit: {{unit: second, requests_per_unit: 5}}
+  - key: name
+    value: seven
+    rate_limit: {{unit: second, requests_per_unit: 10, unit_multiplier: 7}}
 "#
     )
 }
@@ -243,6 +246,7 @@ async fn suite(t: &Tollgate, short: &Tollgate, domain: &str) {
     busy_streams_share_the_limit(t, domain, 5).await;
     shares_follow_a_rising_demand(t, domain).await;
     blanket_rules(t, domain).await;
+    a_window_of_several_units_fills_over_whole_windows(t, domain).await;
     malformed_reports(t, domain).await;
     idle_buckets_are_abandoned(t, domain).await;
     a_closed_streams_share_goes_to_the_others(short, domain).await;
@@ -309,6 +313,25 @@ async fn shares_follow_a_rising_demand(t: &Tollgate, domain: &str) {
         "within two rounds the risen stream has its half: {shares:?}"
     );
     assert!(shares[0] + 1 >= CAPACITY / 2, "{shares:?}");
+}
+
+/// 10 per 7 seconds (`unit_multiplier: 7`): the bucket fills every 63 s
+/// (nine whole windows, the first from a minute), 90 tokens to a lone
+/// stream, 10 at once (one window's share).
+async fn a_window_of_several_units_fills_over_whole_windows(t: &Tollgate, domain: &str) {
+    let bucket = [("name", "seven")];
+    let mut q = Quota::open(t, domain).await;
+    let response = q.report(vec![usage(&bucket, 1, 0, 0)]).await;
+    let Outcome::Bucket {
+        max_tokens,
+        per_fill,
+        fill_secs,
+        ..
+    } = outcome(&response, &bucket)
+    else {
+        panic!("{response:?}");
+    };
+    assert_eq!((fill_secs, per_fill, max_tokens), (63, 90, 10));
 }
 
 async fn blanket_rules(t: &Tollgate, domain: &str) {

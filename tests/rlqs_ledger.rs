@@ -52,7 +52,7 @@ async fn lease(store: &dyn Store, domain: &str, case: &str, step: &Step, terms: 
         .lease(LeaseCall {
             domain,
             entries: &entries,
-            unit: Unit::Second,
+            window: Unit::Second.into(),
             holder: &holder,
             report: Report {
                 requests: step.requests,
@@ -157,7 +157,7 @@ fn the_ledger_key_shares_the_limiters_slot() {
     let call = LeaseCall {
         domain: "edge",
         entries: &entries,
-        unit: Unit::Second,
+        window: Unit::Second.into(),
         holder: "r.1",
         report: Report {
             requests: 1,

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use tollgate::limit::{Algorithm, FailurePolicy, Unit};
+use tollgate::limit::{Algorithm, FailurePolicy, Unit, Window};
 use tollgate::rules::{
     LimitSpec, LoadOptions, MAX_DEPTH, MAX_DIR_DEPTH, MAX_ENTRIES, Rule, RuleErrors, RuleSet,
     WalkOptions, load_dir, load_texts, parse_file, walk,
@@ -97,7 +97,7 @@ fn limits_and_flags_are_parsed() {
         ban.limit,
         LimitSpec::PerUnit {
             requests_per_unit: 0,
-            unit: Unit::Hour
+            window: Unit::Hour.into()
         }
     );
 
@@ -110,7 +110,7 @@ fn limits_and_flags_are_parsed() {
         &Rule {
             limit: LimitSpec::PerUnit {
                 requests_per_unit: 100,
-                unit: Unit::Minute
+                window: Unit::Minute.into()
             },
             name: Some("per_user".into()),
             replaces: vec!["per_ip".into(), "path_default".into()],
@@ -138,7 +138,7 @@ fn limits_and_flags_are_parsed() {
         shout.limit,
         LimitSpec::PerUnit {
             requests_per_unit: 16,
-            unit: Unit::Second
+            window: Unit::Second.into()
         }
     );
     assert_eq!(shout.name, None);
@@ -300,7 +300,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused)",
     );
 }
 
@@ -697,6 +697,113 @@ fn too_large_number() {
 }
 
 #[test]
+fn zero_unit_multiplier() {
+    assert_error(
+        "zero_unit_multiplier.yaml",
+        8,
+        "descriptors[0].rate_limit.unit_multiplier: ",
+        "invalid unit multiplier of 0: unit_multiplier must be at least 1",
+    );
+}
+
+#[test]
+fn negative_unit_multiplier() {
+    assert_error(
+        "negative_unit_multiplier.yaml",
+        8,
+        "descriptors[0].rate_limit.unit_multiplier: ",
+        "must not be negative, found -2",
+    );
+}
+
+#[test]
+fn window_too_long() {
+    assert_error(
+        "window_too_long.yaml",
+        8,
+        "descriptors[0].rate_limit.unit_multiplier: ",
+        "a window of 300 years (9460800000 seconds) is longer than tollgate counts exactly \
+         (9007199254 seconds, about 285 years); use at most unit_multiplier: 285",
+    );
+}
+
+#[test]
+fn unit_multiplier_with_unlimited() {
+    assert_error(
+        "unit_multiplier_with_unlimited.yaml",
+        8,
+        "descriptors[0].rate_limit.unit_multiplier: ",
+        "unit_multiplier must not be set together with unlimited: true",
+    );
+}
+
+/// `unit_multiplier` (the reference's key): the window is that many units,
+/// in every YAML style; without it, one unit; and it counts on `/rlconfig`'s
+/// text as the window it makes.
+#[test]
+fn unit_multiplier_makes_a_window_of_several_units() {
+    let text = "domain: w
+descriptors:
+  - key: five
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+      unit_multiplier: 5
+  - key: one
+    rate_limit:
+      unit: minute
+      requests_per_unit: 25
+  - key: flow
+    rate_limit: {unit: SECOND, requests_per_unit: 10, unit_multiplier: \"2\", algorithm: token_bucket}
+  - key: plain
+    rate_limit: {unit: hour, requests_per_unit: 1, unit_multiplier: 1}
+";
+    let set = load_texts(
+        vec![("w.yaml".into(), text.to_string())],
+        &LoadOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let limit = |key: &str| find(&set, "w", &[(key, "x")]).unwrap().limit.clone();
+    let five = Window::new(Unit::Minute, 5).unwrap();
+    assert_eq!(
+        limit("five"),
+        LimitSpec::PerUnit {
+            requests_per_unit: 20,
+            window: five
+        }
+    );
+    assert_eq!(
+        (five.unit(), five.multiplier(), five.seconds()),
+        (Unit::Minute, 5, 300)
+    );
+    assert_eq!(
+        limit("one"),
+        LimitSpec::PerUnit {
+            requests_per_unit: 25,
+            window: Window::of(Unit::Minute)
+        }
+    );
+    assert_eq!(
+        limit("flow"),
+        LimitSpec::PerUnit {
+            requests_per_unit: 10,
+            window: Window::new(Unit::Second, 2).unwrap()
+        }
+    );
+    // An explicit 1 is the unit itself.
+    assert_eq!(
+        limit("plain"),
+        LimitSpec::PerUnit {
+            requests_per_unit: 1,
+            window: Unit::Hour.into()
+        }
+    );
+    let dump = set.describe(Algorithm::FixedWindow);
+    assert!(dump.contains("20/5 minutes fixed_window"), "{dump}");
+    assert!(dump.contains("25/minute fixed_window"), "{dump}");
+}
+
+#[test]
 fn not_a_bool() {
     assert_error(
         "not_a_bool.yaml",
@@ -985,7 +1092,7 @@ fn deepest_allowed_rule_loads() {
         rule.limit,
         LimitSpec::PerUnit {
             requests_per_unit: 3,
-            unit: Unit::Second
+            window: Unit::Second.into()
         }
     );
     assert_eq!(rule.path, keys.join("."));

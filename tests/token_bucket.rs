@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use tollgate::clock::ManualClock;
-use tollgate::limit::{Algorithm, Unit};
+use tollgate::limit::{Algorithm, Unit, Window};
 use tollgate::storage::{Decision, Hit, MemoryStore, RedisConfig, RedisStore, Shard, Store};
 
 use support::redis::{RedisCluster, RedisServer};
@@ -34,7 +34,7 @@ struct Model {
 }
 
 impl Model {
-    fn new(limit: u64, unit: Unit, burst: u64) -> Model {
+    fn new(limit: u64, unit: Window, burst: u64) -> Model {
         Model {
             limit: limit.into(),
             w: unit.micros().into(),
@@ -87,13 +87,18 @@ impl Model {
     }
 }
 
-fn hit<'a>(entries: &'a [(String, String)], limit: u64, unit: Unit, burst: u64) -> Hit<'a> {
+fn hit<'a>(
+    entries: &'a [(String, String)],
+    limit: u64,
+    window: impl Into<Window>,
+    burst: u64,
+) -> Hit<'a> {
     Hit {
         domain: "bucket",
         entries,
         algorithm: Algorithm::TokenBucket,
         limit,
-        unit,
+        window: window.into(),
         hits: 1,
         negative: false,
         usage_reports: false,
@@ -104,13 +109,17 @@ fn hit<'a>(entries: &'a [(String, String)], limit: u64, unit: Unit, burst: u64) 
     }
 }
 
-fn unit() -> impl Strategy<Value = Unit> {
-    prop_oneof![
+/// Windows of one unit, and of several (`unit_multiplier`, up to 10: a
+/// 10-day bucket of 2,000 still counts exactly).
+fn unit() -> impl Strategy<Value = Window> {
+    let unit = prop_oneof![
         Just(Unit::Second),
         Just(Unit::Minute),
         Just(Unit::Hour),
         Just(Unit::Day)
-    ]
+    ];
+    (unit, prop_oneof![3 => Just(1u32), 1 => 2u32..=10])
+        .prop_map(|(unit, n)| Window::new(unit, n).expect("a short window"))
 }
 
 /// (gap before the call in microseconds, cost, give back)

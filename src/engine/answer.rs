@@ -67,7 +67,7 @@ impl Engine {
                     };
                     self.count(rule, entries, &steps, hits, &limit, &refused);
                 }
-                let w = limit.unit.micros();
+                let w = limit.window.micros();
                 let now = self.clock.now_micros();
                 Status {
                     code: Code::OverLimit,

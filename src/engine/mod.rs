@@ -310,7 +310,7 @@ fn hit_of<'a>(
         entries,
         algorithm: limit.algorithm,
         limit: u64::from(limit.requests_per_unit),
-        unit: limit.unit,
+        window: limit.window,
         hits: d.hits.unwrap_or(request_hits),
         negative: d.negative,
         usage_reports: limit.usage_reports,

@@ -2,7 +2,7 @@
 //! counted: the rule found by matching, a caller's override, and
 //! `replaces` across the request.
 
-use crate::limit::{DEFAULT_BUCKETS, FailurePolicy};
+use crate::limit::{DEFAULT_BUCKETS, FailurePolicy, Window};
 use crate::rules::{LimitSpec, Rule, RuleSet, Step};
 
 use super::{AppliedLimit, Engine, LimitOverride, Request};
@@ -63,7 +63,7 @@ impl Engine {
                         steps: Vec::new(),
                         limit: AppliedLimit {
                             requests_per_unit: o.requests_per_unit,
-                            unit: o.unit,
+                            window: Window::of(o.unit),
                             name: None,
                             algorithm: self.options.default_algorithm,
                             buckets: DEFAULT_BUCKETS,
@@ -88,7 +88,7 @@ impl Engine {
                     LimitSpec::Unlimited => Plan::Unlimited,
                     LimitSpec::PerUnit {
                         requests_per_unit,
-                        unit,
+                        window,
                     } => Plan::Limited(Limited {
                         rule: Some(rule),
                         steps: if rule.share_threshold || rule.value_to_metric {
@@ -98,7 +98,7 @@ impl Engine {
                         },
                         limit: AppliedLimit {
                             requests_per_unit,
-                            unit,
+                            window,
                             name: rule.name.clone(),
                             algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
                             buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),

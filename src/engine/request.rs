@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::limit::{Algorithm, Unit};
+use crate::limit::{Algorithm, Unit, Window};
 use crate::storage::StoreError;
 
 /// One descriptor of a request, protocol-neutral.
@@ -50,7 +50,8 @@ pub enum Code {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppliedLimit {
     pub requests_per_unit: u32,
-    pub unit: Unit,
+    /// The unit (what Envoy is told) and how many of them make the window.
+    pub window: Window,
     pub name: Option<String>,
     pub algorithm: Algorithm,
     /// Buckets of a `sliding_window_counter` (the rule's, or the default).

@@ -20,20 +20,24 @@
 
 use std::collections::HashMap;
 
-use crate::limit::Unit;
+use crate::limit::Window;
 
 /// The fill interval for a window: at least a minute, so a per-second
 /// limit is shared in sixtieths of a request per second, and always whole
 /// seconds (Envoy divides by the interval's seconds and compares only its
-/// nanoseconds when it decides whether an assignment changed).
-pub fn fill_secs(unit: Unit) -> u64 {
-    unit.seconds().max(60)
+/// nanoseconds when it decides whether an assignment changed). A whole
+/// number of windows, so the capacity stays a whole number: the window
+/// itself from a minute up, else the first multiple of it from a minute
+/// (60 seconds for the windows that divide a minute, 63 for 7 seconds).
+pub fn fill_secs(window: Window) -> u64 {
+    let w = window.seconds().max(1);
+    w * 60u64.div_ceil(w).max(1)
 }
 
-/// Tokens per fill of the whole limit: `limit` per `unit`, over
+/// Tokens per fill of the whole limit: `limit` per `window`, over
 /// [`fill_secs`].
-pub fn capacity(limit: u64, unit: Unit) -> u64 {
-    limit.saturating_mul(fill_secs(unit) / unit.seconds())
+pub fn capacity(limit: u64, window: Window) -> u64 {
+    limit.saturating_mul(fill_secs(window) / window.seconds().max(1))
 }
 
 /// What one stream reports about one limiter.

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::limit::Unit;
 
 const SEC: u64 = 1_000_000;
 
@@ -21,11 +22,21 @@ fn busy() -> Report {
 
 #[test]
 fn per_second_limits_are_shared_in_sixtieths() {
-    assert_eq!(fill_secs(Unit::Second), 60);
-    assert_eq!(fill_secs(Unit::Hour), 3_600);
-    assert_eq!(capacity(100, Unit::Second), 6_000);
-    assert_eq!(capacity(100, Unit::Minute), 100);
-    assert_eq!(capacity(100, Unit::Day), 100);
+    assert_eq!(fill_secs(Unit::Second.into()), 60);
+    assert_eq!(fill_secs(Unit::Hour.into()), 3_600);
+    assert_eq!(capacity(100, Unit::Second.into()), 6_000);
+    assert_eq!(capacity(100, Unit::Minute.into()), 100);
+    assert_eq!(capacity(100, Unit::Day.into()), 100);
+    // Windows of several units (`unit_multiplier`): whole windows per
+    // fill, at least a minute.
+    let w = |unit, n| Window::new(unit, n).unwrap();
+    assert_eq!(fill_secs(w(Unit::Second, 2)), 60);
+    assert_eq!(capacity(10, w(Unit::Second, 2)), 300);
+    assert_eq!(fill_secs(w(Unit::Second, 7)), 63);
+    assert_eq!(capacity(10, w(Unit::Second, 7)), 90);
+    assert_eq!(fill_secs(w(Unit::Second, 90)), 90);
+    assert_eq!(capacity(10, w(Unit::Second, 90)), 10);
+    assert_eq!(fill_secs(w(Unit::Minute, 5)), 300);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! One bucket of a usage report: its id to the rule RLS would apply, and
 //! the rule (with the ledger's grant) to the assignment Envoy enforces.
 
-use crate::limit::{FailurePolicy, Unit};
+use crate::limit::{FailurePolicy, Window};
 use crate::quota;
 use crate::rules::{LimitSpec, Rule};
 use crate::storage::keys::identity_entries;
@@ -91,7 +91,7 @@ pub enum Plan {
     /// Shadow mode: allow all, but usage is counted on the rule.
     Shadow,
     /// A limit shared by lease.
-    Leased { limit: u64, unit: Unit },
+    Leased { limit: u64, window: Window },
 }
 
 pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {
@@ -107,10 +107,10 @@ pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {
         } => Plan::Banned,
         LimitSpec::PerUnit {
             requests_per_unit,
-            unit,
+            window,
         } => Plan::Leased {
             limit: u64::from(requests_per_unit),
-            unit,
+            window,
         },
     }
 }
@@ -118,12 +118,12 @@ pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {
 /// A grant as a token bucket: `tokens` per fill interval, and a burst of
 /// `burst` times the share of one window (at least one token). No tokens
 /// is `DENY_ALL`: Envoy refuses a bucket of 0 tokens per fill.
-pub fn token_bucket(tokens: u64, unit: Unit, burst: f64) -> Assignment {
+pub fn token_bucket(tokens: u64, window: Window, burst: f64) -> Assignment {
     if tokens == 0 {
         return Assignment::DenyAll;
     }
-    let fill_secs = quota::fill_secs(unit);
-    let per_window = tokens as f64 * unit.seconds() as f64 / fill_secs as f64;
+    let fill_secs = quota::fill_secs(window);
+    let per_window = tokens as f64 * window.seconds() as f64 / fill_secs as f64;
     let max_tokens = (per_window * burst).ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
     Assignment::TokenBucket {
         max_tokens,
@@ -146,6 +146,7 @@ pub fn on_failure(policy: FailurePolicy) -> Option<Assignment> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::Unit;
 
     const LIMITS: IdLimits = IdLimits {
         max_entries: 2,
@@ -185,9 +186,12 @@ mod tests {
 
     #[test]
     fn grants_become_buckets_envoy_reads() {
-        assert_eq!(token_bucket(0, Unit::Second, 1.0), Assignment::DenyAll);
         assert_eq!(
-            token_bucket(6_000, Unit::Second, 1.0),
+            token_bucket(0, Unit::Second.into(), 1.0),
+            Assignment::DenyAll
+        );
+        assert_eq!(
+            token_bucket(6_000, Unit::Second.into(), 1.0),
             Assignment::TokenBucket {
                 max_tokens: 100,
                 tokens_per_fill: 6_000,
@@ -195,15 +199,25 @@ mod tests {
             }
         );
         assert_eq!(
-            token_bucket(1, Unit::Second, 1.0),
+            token_bucket(1, Unit::Second.into(), 1.0),
             Assignment::TokenBucket {
                 max_tokens: 1,
                 tokens_per_fill: 1,
                 fill_secs: 60
             }
         );
+        // 10 per 2 seconds (`unit_multiplier: 2`): 300 a minute, 10 at once.
+        let two = crate::limit::Window::new(Unit::Second, 2).unwrap();
         assert_eq!(
-            token_bucket(50, Unit::Hour, 0.5),
+            token_bucket(300, two, 1.0),
+            Assignment::TokenBucket {
+                max_tokens: 10,
+                tokens_per_fill: 300,
+                fill_secs: 60
+            }
+        );
+        assert_eq!(
+            token_bucket(50, Unit::Hour.into(), 0.5),
             Assignment::TokenBucket {
                 max_tokens: 25,
                 tokens_per_fill: 50,

@@ -214,7 +214,7 @@ async fn answer(
             let holder = state.holder.as_str();
             let domain = domain.as_str();
             Box::pin(async move {
-                let Plan::Leased { limit, unit } = item.plan else {
+                let Plan::Leased { limit, window } = item.plan else {
                     return None;
                 };
                 let elapsed = item
@@ -234,14 +234,14 @@ async fn answer(
                     },
                 };
                 let terms = Terms {
-                    capacity: quota::capacity(limit, unit),
-                    fill_secs: quota::fill_secs(unit),
+                    capacity: quota::capacity(limit, window),
+                    fill_secs: quota::fill_secs(window),
                     hold_micros,
                 };
                 let call = LeaseCall {
                     domain,
                     entries: &item.identity,
-                    unit,
+                    window,
                     holder,
                     report,
                     terms,
@@ -262,9 +262,12 @@ async fn answer(
         let assignment = match (item.plan, grant) {
             (Plan::Free | Plan::Shadow, _) => Some((Assignment::AllowAll, ttl)),
             (Plan::Banned, _) => Some((Assignment::DenyAll, ttl)),
-            (Plan::Leased { unit, .. }, Some(Ok(grant))) => {
+            (Plan::Leased { window, .. }, Some(Ok(grant))) => {
                 ledger = Some(grant);
-                Some((bucket::token_bucket(grant.tokens, unit, options.burst), ttl))
+                Some((
+                    bucket::token_bucket(grant.tokens, window, options.burst),
+                    ttl,
+                ))
             }
             (Plan::Leased { .. }, _) => {
                 inner.stats.store_error();

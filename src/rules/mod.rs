@@ -18,7 +18,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::limit::{Algorithm, FailurePolicy, Unit};
+use crate::limit::{Algorithm, FailurePolicy, Window};
 
 pub use load::{LoadOptions, MAX_DEPTH, load_dir, load_texts, parse_file};
 pub use matcher::Step;
@@ -30,8 +30,12 @@ pub use walk::{Found, MAX_DIR_DEPTH, MAX_ENTRIES, WalkOptions, walk};
 pub enum LimitSpec {
     /// `unlimited: true`: always OK, never counted.
     Unlimited,
-    /// `requests_per_unit` per `unit`; 0 always rejects.
-    PerUnit { requests_per_unit: u32, unit: Unit },
+    /// `requests_per_unit` per window (`unit` times `unit_multiplier`);
+    /// 0 always rejects.
+    PerUnit {
+        requests_per_unit: u32,
+        window: Window,
+    },
 }
 
 /// A `rate_limit` block and the flags of the descriptor node that holds it.
@@ -447,9 +451,9 @@ fn describe_rule(rule: &Rule, default: Algorithm) -> String {
         LimitSpec::Unlimited => "unlimited".to_string(),
         LimitSpec::PerUnit {
             requests_per_unit,
-            unit,
+            window,
         } => format!(
-            "{requests_per_unit}/{unit} {}",
+            "{requests_per_unit}/{window} {}",
             rule.algorithm.unwrap_or(default).as_str()
         ),
     };

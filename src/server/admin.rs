@@ -257,7 +257,8 @@ fn hot_keys_json(report: &hotkeys::Report, show_values: bool) -> serde_json::Val
                     "entries": entries,
                     "algorithm": k.limiter.algorithm.as_str(),
                     "limit": k.limiter.limit,
-                    "unit": k.limiter.unit.as_str(),
+                    "unit": k.limiter.window.unit().as_str(),
+                    "unitMultiplier": k.limiter.window.multiplier(),
                     "shards": k.limiter.shard.count,
                 },
                 "rate": k.rate,
@@ -311,10 +312,12 @@ fn rules_json(
                 LimitSpec::Unlimited => v["unlimited"] = true.into(),
                 LimitSpec::PerUnit {
                     requests_per_unit,
-                    unit,
+                    window,
                 } => {
                     v["requestsPerUnit"] = (*requests_per_unit).into();
-                    v["unit"] = unit.as_str().into();
+                    v["unit"] = window.unit().as_str().into();
+                    v["unitMultiplier"] = window.multiplier().into();
+                    v["windowSeconds"] = window.seconds().into();
                     v["algorithm"] = r.algorithm.unwrap_or(default).as_str().into();
                     v["algorithmSetBy"] = if r.algorithm.is_some() {
                         "rule"

@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::transport::server::{Connected, Router};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
-use super::conn_age::Aged;
+use super::conn_age::{Aged, jittered};
 use super::grpc_limits::MessageSizeStatus;
 use crate::proto::rlqs::RateLimitQuotaServiceServer;
 use crate::proto::{FILE_DESCRIPTOR_SET, RateLimitServiceServer};
@@ -81,11 +83,80 @@ pub(super) fn follow_store_health(
     HealthTask { service, task }
 }
 
-/// Wraps each accepted connection to end `end` after it is accepted.
-fn aged<T>(
-    end: Option<Duration>,
-) -> impl Fn(std::io::Result<T>) -> std::io::Result<Aged<T>> + Send + 'static {
-    move |accepted| accepted.map(|io| Aged::new(io, end))
+/// How long connections live: `age` (none: for ever) moved per
+/// connection by [`jittered`], and the `grace` after it before the
+/// connection is closed (none: calls may take as long as they take).
+#[derive(Debug, Clone, Copy)]
+struct Ages {
+    age: Option<Duration>,
+    grace: Option<Duration>,
+}
+
+/// Serves every connection `incoming` accepts on its own copy of
+/// `router`, whose shutdown is the connection's own jittered age or the
+/// server's `stop`, whichever comes first: tonic then sends GOAWAY and
+/// waits for the connection's calls ([`Aged`] closes it at age + grace).
+/// Stops accepting at `stop` and returns once every connection is closed,
+/// as tonic's own server does.
+async fn serve_each<I, IO, E>(
+    router: Router,
+    incoming: I,
+    ages: Ages,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error>
+where
+    I: Stream<Item = Result<IO, E>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    E: std::fmt::Display,
+{
+    let stop = stop.shared();
+    let mut incoming = Box::pin(incoming);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let io = tokio::select! {
+            () = stop.clone() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = incoming.next() => match accepted {
+                Some(Ok(io)) => io,
+                // One failed accept (or handshake) is that client's; not
+                // logged above trace, as nothing is per connection.
+                Some(Err(e)) => {
+                    tracing::trace!(error = %e, "gRPC connection not accepted");
+                    continue;
+                }
+                None => break,
+            },
+        };
+        let age = ages.age.map(jittered);
+        let end = age.zip(ages.grace).map(|(age, grace)| age + grace);
+        let stop = stop.clone();
+        let gone = async move {
+            match age {
+                Some(age) => {
+                    tokio::select! {
+                        () = stop => {}
+                        () = tokio::time::sleep(age) => {}
+                    }
+                }
+                None => stop.await,
+            }
+        };
+        // One connection, then nothing more: a stream that ended would
+        // shut this connection's server down at once.
+        let one = tokio_stream::once(Ok::<_, std::io::Error>(Aged::new(io, end)))
+            .chain(tokio_stream::pending());
+        let served = router.clone().serve_with_incoming_shutdown(one, gone);
+        connections.spawn(async move {
+            if let Err(e) = served.await {
+                tracing::trace!(error = %e, "gRPC connection ended with an error");
+            }
+        });
+    }
+    // The listener closes here: nothing more is accepted while the open
+    // connections drain.
+    drop(incoming);
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }
 
 /// Reflection over every service served: RLS, health and reflection
@@ -143,12 +214,8 @@ where
         let service =
             RateLimitServiceServer::new(limiter).max_decoding_message_size(max_message_bytes);
         let service = MessageSizeStatus::new(service, max_message_bytes);
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(age) = settings.grpc_max_connection_age {
-            builder = builder.max_connection_age(age);
-        }
         anyhow::Ok(
-            builder
+            tonic::transport::Server::builder()
                 .add_service(health)
                 .add_service(v1)
                 .add_service(v1alpha)
@@ -156,17 +223,17 @@ where
                 .add_service(quota.clone()),
         )
     };
-    // Past its age and grace a connection is closed (see `conn_age`).
-    let end = settings
-        .grpc_max_connection_age
-        .zip(settings.grpc_max_connection_age_grace)
-        .map(|(age, grace)| age + grace);
+    // Each connection is sent away at its own age, and closed past its
+    // grace (see `conn_age`).
+    let ages = Ages {
+        age: settings.grpc_max_connection_age,
+        grace: settings.grpc_max_connection_age_grace,
+    };
     let uds_server = match uds {
         Some(uds) => {
-            let incoming = UnixListenerStream::new(uds).map(aged(end));
-            let serve = routes(health.clone(), limiter.clone())?
-                .serve_with_incoming_shutdown(incoming, stopped());
-            Some(serve.boxed())
+            let incoming = UnixListenerStream::new(uds);
+            let router = routes(health.clone(), limiter.clone())?;
+            Some(serve_each(router, incoming, ages, stopped()).boxed())
         }
         None => None,
     };
@@ -175,27 +242,19 @@ where
         (Some(listener), None) => {
             // Answers are small and each is awaited by a caller: send them
             // at once instead of waiting to fill a segment (Nagle).
-            let incoming = TcpListenerStream::new(listener)
-                .map(|accepted| {
-                    if let Ok(tcp) = &accepted {
-                        let _ = tcp.set_nodelay(true);
-                    }
-                    accepted
-                })
-                .map(aged(end));
-            Some(
-                routes(health, limiter)?
-                    .serve_with_incoming_shutdown(incoming, stopped())
-                    .boxed(),
-            )
+            let incoming = TcpListenerStream::new(listener).map(|accepted| {
+                if let Ok(tcp) = &accepted {
+                    let _ = tcp.set_nodelay(true);
+                }
+                accepted
+            });
+            let router = routes(health, limiter)?;
+            Some(serve_each(router, incoming, ages, stopped()).boxed())
         }
         (Some(listener), Some(tls)) => {
-            let incoming = crate::tls::listen(listener, tls, stopped())?.map(aged(end));
-            Some(
-                routes(health, limiter)?
-                    .serve_with_incoming_shutdown(incoming, stopped())
-                    .boxed(),
-            )
+            let incoming = crate::tls::listen(listener, tls, stopped())?;
+            let router = routes(health, limiter)?;
+            Some(serve_each(router, incoming, ages, stopped()).boxed())
         }
     };
     let both = async move {

@@ -414,7 +414,7 @@ fn to_proto(d: &Decision, headers: Option<&HeaderNames>) -> RateLimitResponse {
             current_limit: s.limit.as_ref().map(|l| RateLimit {
                 name: l.name.clone().unwrap_or_default(),
                 requests_per_unit: l.requests_per_unit,
-                unit: unit_to_proto(l.unit) as i32,
+                unit: unit_to_proto(l.window.unit()) as i32,
             }),
             limit_remaining: s.remaining,
             duration_until_reset: s.reset.map(|r| prost_types::Duration {
@@ -461,7 +461,7 @@ fn rate_limit_headers(d: &Decision, names: &HeaderNames) -> Vec<HeaderValue> {
                 "{}, {};w={}",
                 limit.requests_per_unit,
                 limit.requests_per_unit,
-                limit.unit.seconds()
+                limit.window.seconds()
             ),
         ),
         header(&names.remaining, status.remaining.to_string()),

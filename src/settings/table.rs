@@ -50,7 +50,7 @@ pub const SETTINGS: &[Setting] = &[
         "grpc_max_connection_age_ms",
         Some("86400000"),
         Kind::Millis,
-        "a gRPC connection older than this is asked to go away (HTTP/2 GOAWAY), so long-lived Envoy connections spread over replicas added since; 24 hours, as the reference service; 0 = never",
+        "a gRPC connection older than this is asked to go away (HTTP/2 GOAWAY), so long-lived Envoy connections spread over replicas added since; each connection's age is moved by up to 10% either way, so connections opened together do not all go at once; 24 hours, as the reference service (whose gRPC server adds the same ±10%); 0 = never",
     ),
     s(
         "grpc_max_connection_age_grace_ms",

@@ -482,7 +482,7 @@ mod tests {
             entries: ENTRIES,
             algorithm: Algorithm::FixedWindow,
             limit: 10,
-            unit: Unit::Second,
+            window: Unit::Second.into(),
             hits: 1,
             negative: false,
             usage_reports: false,

@@ -75,7 +75,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashlink::LruCache;
 
 use crate::clock::Clock;
-use crate::limit::{Algorithm, Unit};
+use crate::limit::{Algorithm, Window};
 use crate::storage::{BoxFuture, Cost, Decision, Hit, Shard, Store, StoreError, StoreGauges};
 
 /// Costs remembered per `sliding_window_counter` limiter.
@@ -90,7 +90,7 @@ pub struct LimiterId {
     pub entries: Box<[(String, String)]>,
     pub algorithm: Algorithm,
     pub limit: u64,
-    pub unit: Unit,
+    pub window: Window,
     /// A counter's bucket count: a different count is a different limiter.
     pub buckets: u8,
     /// A token bucket's burst ([`Hit::burst`]).
@@ -131,7 +131,7 @@ impl Limiter for Hit<'_> {
             self.entries,
             self.algorithm,
             self.limit,
-            self.unit,
+            self.window,
             self.buckets,
             self.burst,
             self.shard,
@@ -145,7 +145,7 @@ impl Limiter for Hit<'_> {
             && *id.entries == *self.entries
             && id.algorithm == self.algorithm
             && id.limit == self.limit
-            && id.unit == self.unit
+            && id.window == self.window
             && id.buckets == self.buckets
             && id.burst == self.burst
             && id.shard == self.shard
@@ -165,7 +165,7 @@ impl Limiter for LimiterId {
             &*self.entries,
             self.algorithm,
             self.limit,
-            self.unit,
+            self.window,
             self.buckets,
             self.burst,
             self.shard,
@@ -190,7 +190,7 @@ impl LimiterId {
             entries: hit.entries.into(),
             algorithm: hit.algorithm,
             limit: hit.limit,
-            unit: hit.unit,
+            window: hit.window,
             buckets: hit.buckets,
             burst: hit.burst,
             shard: hit.shard,
@@ -208,7 +208,7 @@ impl LimiterId {
             entries: &self.entries,
             algorithm: self.algorithm,
             limit: self.limit,
-            unit: self.unit,
+            window: self.window,
             hits: cost.hits,
             negative: cost.negative,
             usage_reports: self.usage_reports,
@@ -514,6 +514,7 @@ impl Store for OverLimitCache {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::limit::Unit;
     use crate::storage::MemoryStore;
 
     fn entries() -> Vec<(String, String)> {
@@ -533,7 +534,7 @@ mod tests {
             Hit { limit: 6, ..h },
             Hit { buckets: 10, ..h },
             Hit {
-                unit: Unit::Minute,
+                window: Unit::Minute.into(),
                 ..h
             },
             Hit {
@@ -576,7 +577,7 @@ mod tests {
             entries,
             algorithm,
             limit: 5,
-            unit: Unit::Second,
+            window: Unit::Second.into(),
             hits,
             negative,
             usage_reports: false,

@@ -295,7 +295,7 @@ mod tests {
             entries,
             algorithm: Algorithm::FixedWindow,
             limit: 5,
-            unit: Unit::Hour,
+            window: Unit::Hour.into(),
             hits,
             negative: false,
             usage_reports: false,

@@ -129,7 +129,7 @@ mod tests {
         LeaseCall {
             domain: "d",
             entries,
-            unit: Unit::Second,
+            window: Unit::Second.into(),
             holder: "stream-1",
             report: quota::Report {
                 requests: 1,
@@ -174,7 +174,7 @@ mod tests {
             entries,
             algorithm: Algorithm::FixedWindow,
             limit: 10,
-            unit: Unit::Second,
+            window: Unit::Second.into(),
             hits: 1,
             negative: false,
             usage_reports: false,

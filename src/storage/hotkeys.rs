@@ -258,7 +258,7 @@ mod tests {
             entries: vec![("user".to_string(), name.to_string())].into(),
             algorithm: Algorithm::FixedWindow,
             limit: 10,
-            unit: Unit::Second,
+            window: Unit::Second.into(),
             buckets: crate::limit::DEFAULT_BUCKETS,
             burst: 0,
             shard: crate::storage::Shard::NONE,

@@ -297,7 +297,7 @@ fn hash_long_identity(text: &mut String, identity_at: usize) -> bool {
 /// buckets) the bucket count: what must change the key when it changes.
 fn push_algo(text: &mut String, hit: &Hit<'_>) {
     text.push(algo_code(hit.algorithm));
-    let _ = write!(text, "{}", hit.unit.seconds());
+    let _ = write!(text, "{}", hit.window.seconds());
     if hit.algorithm == Algorithm::SlidingWindowCounter && hit.buckets != DEFAULT_BUCKETS {
         let _ = write!(text, "b{}", hit.buckets);
     }
@@ -461,7 +461,7 @@ mod tests {
             entries: &entries,
             algorithm: Algorithm::SlidingWindowLog,
             limit: 1,
-            unit: Unit::Minute,
+            window: Unit::Minute.into(),
             hits: 1,
             negative: false,
             usage_reports: false,
@@ -544,12 +544,12 @@ mod tests {
     #[test]
     fn local_keys_tell_limiters_apart() {
         let entries = vec![("k".to_owned(), "v".to_owned())];
-        let hit = |algorithm, unit| Hit {
+        let hit = |algorithm, unit: Unit| Hit {
             domain: "d",
             entries: &entries,
             algorithm,
             limit: 1,
-            unit,
+            window: unit.into(),
             hits: 1,
             negative: false,
             usage_reports: false,
@@ -570,6 +570,21 @@ mod tests {
         assert_eq!(counter(DEFAULT_BUCKETS), "c1:d:k=v");
         assert_eq!(counter(10), "c1b10:d:k=v");
         assert_ne!(fixed, b.local(&hit(Algorithm::FixedWindow, Unit::Minute)));
+        // A window of several units (`unit_multiplier`) is named by its
+        // length, so the same length written either way is one limiter.
+        let two = Hit {
+            window: crate::limit::Window::new(Unit::Second, 2).unwrap(),
+            ..hit(Algorithm::FixedWindow, Unit::Second)
+        };
+        assert_eq!(b.local(&two), "f2:d:k=v");
+        let sixty = Hit {
+            window: crate::limit::Window::new(Unit::Second, 60).unwrap(),
+            ..hit(Algorithm::FixedWindow, Unit::Second)
+        };
+        assert_eq!(
+            b.local(&sixty),
+            b.local(&hit(Algorithm::FixedWindow, Unit::Minute))
+        );
         assert_ne!(
             fixed,
             b.local(&hit(Algorithm::SlidingWindowCounter, Unit::Second))
@@ -618,7 +633,7 @@ mod tests {
             entries: &entries,
             algorithm: Algorithm::FixedWindow,
             limit: 10,
-            unit: Unit::Hour,
+            window: Unit::Hour.into(),
             hits: 1,
             negative: false,
             usage_reports: false,

@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::limit::{Algorithm, DEFAULT_BUCKETS, Unit};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, Window};
 use crate::quota;
 
 pub use breaker::{Breaker, BreakerConfig};
@@ -44,9 +44,11 @@ pub struct Hit<'a> {
     /// limiter's identity.
     pub entries: &'a [(String, String)],
     pub algorithm: Algorithm,
-    /// Requests per unit; never 0 (a zero limit is decided without a store).
+    /// Requests per window; never 0 (a zero limit is decided without a
+    /// store).
     pub limit: u64,
-    pub unit: Unit,
+    /// The window's length is what counts (`unit` x `unit_multiplier`).
+    pub window: Window,
     /// Cost of this call. 0 checks without counting.
     pub hits: u64,
     /// Give `hits` back instead of taking them (never below zero).
@@ -114,12 +116,12 @@ impl Hit<'_> {
 
 /// One stream's report on a limiter whose limit is shared by lease (the
 /// Rate Limit Quota Service): the ledger of `domain` and `entries` at
-/// `unit` grants `holder` its share. See [`crate::quota`].
+/// `window` grants `holder` its share. See [`crate::quota`].
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseCall<'a> {
     pub domain: &'a str,
     pub entries: &'a [(String, String)],
-    pub unit: Unit,
+    pub window: Window,
     /// Who holds the share: one stream of one replica.
     pub holder: &'a str,
     pub report: quota::Report,
@@ -135,7 +137,7 @@ impl<'a> LeaseCall<'a> {
             entries: self.entries,
             algorithm: Algorithm::FixedWindow,
             limit: self.terms.capacity.max(1),
-            unit: self.unit,
+            window: self.window,
             hits: 0,
             negative: false,
             usage_reports: false,

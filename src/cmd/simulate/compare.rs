@@ -95,7 +95,7 @@ pub async fn run(who: Contender, bursty: bool, args: &SimulateArgs) -> Outcome {
         entries: &entries,
         algorithm: who.algorithm,
         limit,
-        unit: Unit::Second,
+        window: Unit::Second.into(),
         hits: 1,
         negative: false,
         usage_reports: false,

@@ -103,7 +103,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         entries: &entries,
         algorithm: Algorithm::SlidingWindowCounter,
         limit: args.limit.max(1),
-        unit: Unit::Second,
+        window: Unit::Second.into(),
         hits: 1,
         negative: false,
         usage_reports: false,

@@ -24,7 +24,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use tollgate::clock::ManualClock;
-use tollgate::limit::Unit;
+use tollgate::limit::{Unit, Window};
 use tollgate::quota::{self, Report, Terms};
 use tollgate::rlqs::bucket::{self, Assignment};
 use tollgate::rlqs::{DEFAULT_REPORT_SECS, HOLD_MARGIN};
@@ -284,10 +284,10 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
     let t0 = 1_800_000_000 * SEC;
     let clock = ManualClock::at_micros(t0);
     let store = MemoryStore::new(Arc::new(clock.clone()));
-    let unit = Unit::Second;
+    let window = Window::of(Unit::Second);
     let terms = Terms {
-        capacity: quota::capacity(args.limit, unit),
-        fill_secs: quota::fill_secs(unit),
+        capacity: quota::capacity(args.limit, window),
+        fill_secs: quota::fill_secs(window),
         hold_micros: args.ttl * SEC + HOLD_MARGIN.as_micros() as u64,
     };
     let mut events: BinaryHeap<Reverse<(u64, Event)>> = BinaryHeap::new();
@@ -348,7 +348,7 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
                         .lease(LeaseCall {
                             domain: "sim",
                             entries: &entries,
-                            unit,
+                            window,
                             holder: &holder,
                             report: Report {
                                 requests,
@@ -362,7 +362,7 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
                         })
                         .await;
                     if let Ok(grant) = grant {
-                        pending.push(bucket::token_bucket(grant.tokens, unit, args.burst));
+                        pending.push(bucket::token_bucket(grant.tokens, window, args.burst));
                         events.push(Reverse((t + RTT, Event::Answer(i, pending.len() - 1))));
                     }
                     if t + REPORT_EVERY < duration {

@@ -26,6 +26,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
     "requests_per_unit",
+    "unit_multiplier",
     "unlimited",
     "name",
     "replaces",
@@ -259,8 +260,13 @@ impl Walker<'_> {
         let unlimited = self.flag(&fields, path, "unlimited").unwrap_or(false);
         let unit = fields.get("unit");
         let rpu = fields.get("requests_per_unit");
+        let multiplier = fields.get("unit_multiplier");
         let limit = if unlimited {
-            for (name, field) in [("unit", unit), ("requests_per_unit", rpu)] {
+            for (name, field) in [
+                ("unit", unit),
+                ("requests_per_unit", rpu),
+                ("unit_multiplier", multiplier),
+            ] {
                 if let Some((k, _)) = field {
                     self.error(
                         key_line(k),
@@ -282,6 +288,7 @@ impl Walker<'_> {
                 }
                 Some((_, v)) => self.parsed::<Unit>(v, &join(path, "unit")),
             };
+            let window = self.window(unit, multiplier, path);
             let requests_per_unit = match rpu {
                 None => {
                     self.error(
@@ -293,10 +300,10 @@ impl Walker<'_> {
                 }
                 Some((_, v)) => self.number(v, &join(path, "requests_per_unit")),
             };
-            match (unit, requests_per_unit) {
-                (Some(unit), Some(requests_per_unit)) => Some(LimitSpec::PerUnit {
+            match (window, requests_per_unit) {
+                (Some(window), Some(requests_per_unit)) => Some(LimitSpec::PerUnit {
                     requests_per_unit,
-                    unit,
+                    window,
                 }),
                 _ => None,
             }

@@ -27,19 +27,19 @@ impl Walker<'_> {
                 Algorithm::TokenBucket,
                 Some(LimitSpec::PerUnit {
                     requests_per_unit,
-                    unit,
+                    window,
                 }),
             ) = (effective, limit)
             {
-                let max = max_burst(u64::from(*requests_per_unit), *unit);
+                let max = max_burst(u64::from(*requests_per_unit), *window);
                 if u64::from(*requests_per_unit) > max {
                     self.error(
                         rpu_line,
                         &join(path, "requests_per_unit"),
                         format!(
-                            "token_bucket {requests_per_unit} per {unit} needs a burst (default: \
+                            "token_bucket {requests_per_unit} per {window} needs a burst (default: \
                              requests_per_unit) of at most {max} to stay exact; set burst, or \
-                             use a smaller unit"
+                             use a shorter window"
                         ),
                     );
                 }
@@ -63,8 +63,8 @@ impl Walker<'_> {
         let max = match limit {
             Some(LimitSpec::PerUnit {
                 requests_per_unit,
-                unit,
-            }) if *requests_per_unit > 0 => max_burst(u64::from(*requests_per_unit), *unit),
+                window,
+            }) if *requests_per_unit > 0 => max_burst(u64::from(*requests_per_unit), *window),
             _ => MAX_EXACT,
         }
         .min(u64::from(u32::MAX));

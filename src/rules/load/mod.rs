@@ -22,6 +22,7 @@ mod depth;
 mod fast;
 mod refused;
 mod tree;
+mod window;
 mod yaml;
 
 use std::collections::HashMap;

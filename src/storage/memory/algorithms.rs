@@ -320,7 +320,7 @@ pub(super) fn token_bucket(
     scale: &mut u64,
 ) -> (Decision, u64) {
     let (step, k) = bucket_scale(hit.limit, w);
-    let burst = effective_burst(hit.burst, hit.limit, hit.unit);
+    let burst = effective_burst(hit.burst, hit.limit, hit.window);
     let max = u128::from(MAX_COUNT);
     if *scale != 0 && *scale != k {
         let converted = (u128::from(*debt) * u128::from(k)).div_ceil(u128::from(*scale));

@@ -402,7 +402,7 @@ impl MemoryStore {
     fn take_back(&self, hit: &Hit<'_>, r: &Receipt) {
         let key = self.keys.local(hit);
         let now = self.clock.now_micros();
-        let w = hit.unit.micros();
+        let w = hit.window.micros();
         let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
         let mut guard = lock(&self.shards[index]);
         let shard = &mut *guard;
@@ -475,7 +475,7 @@ fn new_slot(algorithm: Algorithm) -> Slot {
 /// Decides `hit` on one limiter's state and records it; a log holds at
 /// most `max_members` members.
 fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decision {
-    let w = hit.unit.micros();
+    let w = hit.window.micros();
     match &mut slot.state {
         State::Fixed { window, count } => {
             let (d, exp) = fixed_window(now, w, hit, window, count);

@@ -25,7 +25,7 @@ fn hit<'a>(entries: &'a [(String, String)], algorithm: Algorithm, limit: u64) ->
         entries,
         algorithm,
         limit,
-        unit: Unit::Minute,
+        window: Unit::Minute.into(),
         hits: 1,
         negative: false,
         usage_reports: false,
@@ -234,4 +234,58 @@ fn the_limiter_cap_still_applies() {
     }
     assert_eq!(store.len(), 64);
     assert_eq!(store.evictions(), 1000 - 64);
+}
+
+/// A window of several units (`unit: second, unit_multiplier: 2`): fixed
+/// windows align on even seconds since the epoch and reset at the next
+/// one, a log's hit leaves two seconds after it came, a bucket refills 3
+/// tokens in two seconds, and the limiter is not the 1-second one.
+#[test]
+fn multiplied_windows_count_their_whole_length() {
+    let (clock, store) = store(usize::MAX);
+    let two = crate::limit::Window::new(Unit::Second, 2).unwrap();
+    let entries = user("w");
+    let at = |algorithm| Hit {
+        window: two,
+        ..hit(&entries, algorithm, 3)
+    };
+    // An odd second plus half: 1.5 s into the window that began at T0.
+    clock.set_micros(T0 + 1_500_000);
+    for algorithm in Algorithm::ALL {
+        for _ in 0..3 {
+            assert!(store.decide(&at(algorithm)).admitted, "{algorithm}");
+        }
+        let d = store.decide(&at(algorithm));
+        assert!(!d.admitted, "{algorithm}");
+        let expected = match algorithm {
+            // The window ends at T0 + 2 s.
+            Algorithm::FixedWindow => 500_000,
+            // The oldest hit leaves two seconds after it came.
+            Algorithm::SlidingWindowLog => 2_000_000,
+            // Two buckets of a window each, the full one [T0, T0 + 2 s):
+            // once it is the older one, it has to weigh a third less,
+            // 2/3 s into the next.
+            Algorithm::SlidingWindowCounter => 500_000 + 666_667,
+            // One token at 3 per 2 s.
+            Algorithm::TokenBucket => 666_667,
+        };
+        assert!(
+            d.reset_micros.abs_diff(expected) <= 1,
+            "{algorithm}: reset {} is not {expected}",
+            d.reset_micros
+        );
+        // The same descriptor per second is another limiter.
+        let per_second = Hit {
+            window: Unit::Second.into(),
+            ..at(algorithm)
+        };
+        assert!(store.decide(&per_second).admitted, "{algorithm}");
+    }
+    // At T0 + 2 s the fixed window starts again; a 2-second log still
+    // holds the hits of 0.5 s ago.
+    clock.set_micros(T0 + 2_000_000);
+    assert!(store.decide(&at(Algorithm::FixedWindow)).admitted);
+    assert!(!store.decide(&at(Algorithm::SlidingWindowLog)).admitted);
+    clock.set_micros(T0 + 3_500_000);
+    assert!(store.decide(&at(Algorithm::SlidingWindowLog)).admitted);
 }

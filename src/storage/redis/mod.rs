@@ -203,13 +203,13 @@ impl RedisStore {
         let mut args = Vec::with_capacity(6 + 2 * more.len());
         args.extend([
             hit.limit.min(MAX_EXACT) as i64,
-            hit.unit.micros().min(MAX_EXACT) as i64,
+            hit.window.micros().min(MAX_EXACT) as i64,
             hit.hits.min(MAX_EXACT) as i64,
             i64::from(hit.negative),
             match hit.algorithm {
                 // Held within what the script keeps exact.
                 Algorithm::TokenBucket => {
-                    effective_burst(hit.burst, hit.limit, hit.unit).min(MAX_EXACT) as i64
+                    effective_burst(hit.burst, hit.limit, hit.window).min(MAX_EXACT) as i64
                 }
                 _ => i64::from(hit.buckets),
             },

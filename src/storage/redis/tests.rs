@@ -47,7 +47,7 @@ async fn connect_succeeds_while_redis_is_down() {
                 entries: &entries,
                 algorithm: Algorithm::FixedWindow,
                 limit: 1,
-                unit: crate::limit::Unit::Second,
+                window: crate::limit::Unit::Second.into(),
                 hits: 1,
                 negative: false,
                 usage_reports: false,
