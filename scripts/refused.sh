@@ -16,11 +16,14 @@
 # Per row: decisions/s and p50 latency from `tollgate bench` (closed loop,
 # C callers), the share refused, script calls per decision (EVALSHA calls
 # counted by Redis' INFO commandstats, over decisions), and µs of CPU per
-# decision of tollgate and of redis-server (/proc/<pid>/stat). Two server
+# decision of tollgate and of redis-server (/proc/<pid>/stat). Three server
 # configurations: "plain" (redis.batch_max=1 and coalescing off: every
 # script call is one EVALSHA, so the calls column counts store calls
-# exactly) and "defaults" (batching and coalescing on: EVALSHA commands,
-# several calls each when they queue).
+# exactly), "no cache" (plain, and the over-limit cache off: u-1's
+# refusals are store calls made at the same time as the site's charge, so
+# the site is charged and then taken back: the undo's own cost) and
+# "defaults" (batching and coalescing on: EVALSHA commands, several calls
+# each when they queue).
 #
 # Usage: scripts/refused.sh    (builds --release unless BENCH_BIN is set)
 # Knobs: SECS=5 WARMUP=1 C=16 CONNS=4 ALGOS="fixed_window ..." BENCH_BIN=path
@@ -154,12 +157,13 @@ echo "C=$C CONNS=$CONNS SECS=$SECS ($(nproc 2>/dev/null || echo '?') cores, shar
 echo
 echo "| config | algorithm | domain | refused asked | decisions/s | p50 µs | refused | errors | EVALSHA per decision | tollgate µs CPU per decision | Redis µs CPU per decision |"
 echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
-for config in plain defaults; do
-    if [[ $config == plain ]]; then
-        start_tollgate TOLLGATE_REDIS__BATCH_MAX=1 TOLLGATE_REDIS__COALESCE=false
-    else
-        start_tollgate
-    fi
+for config in plain "no cache" defaults; do
+    case $config in
+        plain) start_tollgate TOLLGATE_REDIS__BATCH_MAX=1 TOLLGATE_REDIS__COALESCE=false ;;
+        "no cache") start_tollgate TOLLGATE_REDIS__BATCH_MAX=1 TOLLGATE_REDIS__COALESCE=false \
+            TOLLGATE_OVER_LIMIT_CACHE__ENABLED=false ;;
+        *) start_tollgate ;;
+    esac
     for a in "${MEASURED[@]}"; do
         for share in 0% 50%; do
             for domain in counted free; do

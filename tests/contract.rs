@@ -1046,64 +1046,6 @@ async fn bucket_burst_is_not_the_rate(store: &dyn Store) {
     );
 }
 
-/// Waits until the wall clock is early in an even second: the start of a
-/// 2-second window, as fixed windows align them (on multiples of their
-/// length since the epoch).
-async fn early_in_an_even_second() {
-    let into = wall_micros() % 2_000_000;
-    if into > 300_000 {
-        tokio::time::sleep(Duration::from_micros(2_010_000 - into)).await;
-    }
-}
-
-/// A window of two seconds (`unit: second, unit_multiplier: 2`), 3 per
-/// window, taken at the start of an even second: every algorithm refuses
-/// the 4th hit and says when a retry succeeds, as a 2-second window
-/// counts (a 1-second one would answer about half as long); the retry is
-/// still refused 150 ms before that and admitted 30 ms after.
-async fn two_second_window(store: &dyn Store, algorithm: Algorithm) {
-    let c = format!("{} (2 s)", ctx(store, algorithm));
-    let l = Limiter::new(
-        "two-seconds",
-        algorithm,
-        3,
-        Span::new(Unit::Second, 2).unwrap(),
-    );
-    early_in_an_even_second().await;
-    for _ in 0..3 {
-        assert!(l.hit(store, 1).await.admitted, "{c}");
-    }
-    let refused = l.hit(store, 1).await;
-    let refused_at = Instant::now();
-    assert!(!refused.admitted, "{c}");
-    // Fixed: the rest of the even-aligned window (at least 1.7 s, less the
-    // calls). Log: two seconds after the first hit. Counter (two buckets
-    // of a window): once the full bucket is the older one and weighs a
-    // third less, 8/3 s after the even second. Bucket: one token at 1.5 a
-    // second. A 1-second window would answer about half of each.
-    let (least, most) = match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindowLog => (1_500_000, 2_000_000),
-        Algorithm::SlidingWindowCounter => (2_200_000, 2_666_667),
-        Algorithm::TokenBucket => (550_000, 666_667),
-    };
-    assert!(
-        (least..=most).contains(&refused.reset_micros),
-        "{c}: reset {} not in [{least}, {most}]",
-        refused.reset_micros
-    );
-    let reset = Duration::from_micros(refused.reset_micros);
-    tokio::time::sleep_until((refused_at + reset - Duration::from_millis(150)).into()).await;
-    assert!(
-        !l.hit(store, 1).await.admitted,
-        "{c}: admitted 150 ms before the reset {reset:?}"
-    );
-    tokio::time::sleep_until((refused_at + reset + Duration::from_millis(30)).into()).await;
-    assert!(
-        l.hit(store, 1).await.admitted,
-        "{c}: refused 30 ms after the reset {reset:?}"
-    );
-}
-
 // ------------------------------------------------ taking hits back (undo)
 
 /// Receipts name exactly what was recorded, and an undo takes exactly that
@@ -1242,6 +1184,64 @@ async fn concurrent_undos_never_over_admit(store: DynStore, algorithm: Algorithm
     if algorithm != Algorithm::TokenBucket {
         assert_eq!(left, 20 - kept, "{c}: every undo took its hit back");
     }
+}
+
+/// Waits until the wall clock is early in an even second: the start of a
+/// 2-second window, as fixed windows align them (on multiples of their
+/// length since the epoch).
+async fn early_in_an_even_second() {
+    let into = wall_micros() % 2_000_000;
+    if into > 300_000 {
+        tokio::time::sleep(Duration::from_micros(2_010_000 - into)).await;
+    }
+}
+
+/// A window of two seconds (`unit: second, unit_multiplier: 2`), 3 per
+/// window, taken at the start of an even second: every algorithm refuses
+/// the 4th hit and says when a retry succeeds, as a 2-second window
+/// counts (a 1-second one would answer about half as long); the retry is
+/// still refused 150 ms before that and admitted 30 ms after.
+async fn two_second_window(store: &dyn Store, algorithm: Algorithm) {
+    let c = format!("{} (2 s)", ctx(store, algorithm));
+    let l = Limiter::new(
+        "two-seconds",
+        algorithm,
+        3,
+        Span::new(Unit::Second, 2).unwrap(),
+    );
+    early_in_an_even_second().await;
+    for _ in 0..3 {
+        assert!(l.hit(store, 1).await.admitted, "{c}");
+    }
+    let refused = l.hit(store, 1).await;
+    let refused_at = Instant::now();
+    assert!(!refused.admitted, "{c}");
+    // Fixed: the rest of the even-aligned window (at least 1.7 s, less the
+    // calls). Log: two seconds after the first hit. Counter (two buckets
+    // of a window): once the full bucket is the older one and weighs a
+    // third less, 8/3 s after the even second. Bucket: one token at 1.5 a
+    // second. A 1-second window would answer about half of each.
+    let (least, most) = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog => (1_500_000, 2_000_000),
+        Algorithm::SlidingWindowCounter => (2_200_000, 2_666_667),
+        Algorithm::TokenBucket => (550_000, 666_667),
+    };
+    assert!(
+        (least..=most).contains(&refused.reset_micros),
+        "{c}: reset {} not in [{least}, {most}]",
+        refused.reset_micros
+    );
+    let reset = Duration::from_micros(refused.reset_micros);
+    tokio::time::sleep_until((refused_at + reset - Duration::from_millis(150)).into()).await;
+    assert!(
+        !l.hit(store, 1).await.admitted,
+        "{c}: admitted 150 ms before the reset {reset:?}"
+    );
+    tokio::time::sleep_until((refused_at + reset + Duration::from_millis(30)).into()).await;
+    assert!(
+        l.hit(store, 1).await.admitted,
+        "{c}: refused 30 ms after the reset {reset:?}"
+    );
 }
 
 // ------------------------------------------------------------ the runners
