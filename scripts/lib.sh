@@ -35,6 +35,22 @@ wait_for() {
     done
 }
 
+# Starts a private redis-server on a free loopback port (no persistence)
+# and waits for it; sets REDIS_PORT and REDIS_PID. Exits, with its log, if
+# it does not answer within 10 s.
+start_redis() {
+    REDIS_PORT=$(free_port)
+    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
+        --protected-mode yes --logfile "$WORK/redis.log" &
+    PIDS+=($!)
+    REDIS_PID=$!
+    wait_for 10 redis-cli -p "$REDIS_PORT" ping || {
+        echo "$(basename "$0"): redis-server did not start:" >&2
+        cat "$WORK/redis.log" >&2
+        exit 1
+    }
+}
+
 # Sets BIN: $BENCH_BIN when given, else a fresh release build.
 tollgate_bin() {
     if [[ -n ${BENCH_BIN:-} ]]; then

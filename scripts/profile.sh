@@ -37,14 +37,7 @@ source "$ROOT/scripts/lib.sh"
 
 tollgate_bin
 
-REDIS_PORT=$(free_port)
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
-    --protected-mode yes --logfile "$WORK/redis.log" &
-PIDS+=($!)
-for _ in $(seq 100); do
-    redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
-    sleep 0.1
-done
+start_redis
 
 mkdir "$WORK/rules"
 cat >"$WORK/rules/bench.yaml" <<'EOF'

@@ -50,16 +50,7 @@ source "$ROOT/scripts/lib.sh"
 tollgate_bin
 
 # --- redis -------------------------------------------------------------------
-REDIS_PORT=$(free_port)
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no \
-    --protected-mode yes --logfile "$WORK/redis.log" &
-PIDS+=($!)
-REDIS_PID=$!
-wait_for 10 redis-cli -p "$REDIS_PORT" ping || {
-    echo "refused.sh: redis-server did not start:" >&2
-    cat "$WORK/redis.log" >&2
-    exit 1
-}
+start_redis
 
 # --- rules -------------------------------------------------------------------
 mkdir "$WORK/rules"
