@@ -194,10 +194,13 @@ impl Engine {
         // cluster they usually live on different nodes. Most requests have
         // one, which needs no joining.
         let n = req.descriptors.len();
-        let mut checked = vec![false; n];
+        // Descriptors only checked (see `undo::Engine::outcomes`); empty,
+        // without an allocation, unless some limiter takes receipts.
+        let mut checked = Vec::new();
         let outcomes = if n == 1 {
             vec![call(0, false).await]
         } else if plans.iter().any(Plan::takes_receipts) {
+            checked = vec![false; n];
             self.outcomes(&plans, req, &mut checked, call).await
         } else {
             join_all((0..n).map(|i| call(i, false))).await
@@ -235,11 +238,10 @@ impl Engine {
                         }
                         _ => None,
                     };
+                    let only_checked = checked.get(index) == Some(&true);
                     let counted =
-                        !checked[index] && !charge.as_ref().is_some_and(|c| c.defers_count());
-                    if checked[index]
-                        && let Some(rule) = rule
-                    {
+                        !only_checked && !charge.as_ref().is_some_and(|c| c.defers_count());
+                    if only_checked && let Some(rule) = rule {
                         let hits = descriptor.hits.unwrap_or(request_hits);
                         self.count_taken_back(rule, entries, &limited.steps, hits);
                     }
