@@ -36,53 +36,55 @@ local receipts = ARGV[6] == '2'
 local idx = math.floor(now / w)
 if idx * w > now then idx = idx - 1 end
 if (idx + 1) * w <= now then idx = idx + 1 end
-local window_end = (idx + 1) * w
-local reset = window_end - now
+local reset = (idx + 1) * w - now
 
 local st = redis.call('HMGET', KEYS[1], 'w', 'c')
+local current = tonumber(st[1]) == idx
 local count = 0
-if tonumber(st[1]) == idx then count = tonumber(st[2]) or 0 end
+if current then count = tonumber(st[2]) or 0 end
 local before = count
 
-local function remaining()
-  if count < limit then return limit - count end
-  return 0
+-- Straight-line code, no closures: this runs once per decision, and the
+-- interpreter's work here is a measurable share of Redis's CPU.
+local out = {}
+local n = 0
+local i = 3
+if ARGV[4] == '2' then
+  if tonumber(ARGV[7]) == idx then
+    count = count - tonumber(ARGV[3])
+    if count < 0 then count = 0 end
+  end
+  out[1] = 1
+  i = nil
 end
-
-local function decide(hits, negative)
+while i and ARGV[i] do
+  local hits = tonumber(ARGV[i])
+  local was = count
   local admitted = 1
-  if negative then
+  if ARGV[i + 1] == '1' then
     count = count - hits
     if count < 0 then count = 0 end
   elseif hits > limit and not reports then
     admitted = 0
   else
     -- Recorded usage saturates at 2^53 (doubles stay exact below it).
-    count = math.min(count + hits, 9007199254740992)
+    count = count + hits
+    if count > 9007199254740992 then count = 9007199254740992 end
     if count > limit then admitted = 0 end
   end
-  return admitted
-end
-
-local out = {}
-local i = 3
-if ARGV[4] == '2' then
-  if tonumber(ARGV[7]) == idx then
-    count = math.max(count - tonumber(ARGV[3]), 0)
-  end
-  out[1] = 1
-  i = nil
-end
-while i and ARGV[i] do
-  local was = count
-  local admitted = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
-  out[#out + 1] = admitted
-  out[#out + 1] = remaining()
-  out[#out + 1] = reset
+  local left = 0
+  if count < limit then left = limit - count end
+  out[n + 1] = admitted
+  out[n + 2] = left
+  out[n + 3] = reset
+  n = n + 3
   if receipts then
-    out[#out + 1] = math.max(count - was, 0)
-    out[#out + 1] = idx
-    out[#out + 1] = 0
+    local recorded = count - was
+    if recorded < 0 then recorded = 0 end
+    out[n + 1] = recorded
+    out[n + 2] = idx
+    out[n + 3] = 0
+    n = n + 3
   end
   if i == 3 then i = 7 else i = i + 2 end
 end
@@ -90,6 +92,9 @@ end
 if count ~= before then
   if count == 0 then
     redis.call('DEL', KEYS[1])
+  elseif current then
+    -- The window's first write set the expiry at its end; HSET keeps it.
+    redis.call('HSET', KEYS[1], 'c', string.format('%d', count))
   else
     redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count))
     redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(reset / 1000)))

@@ -121,7 +121,11 @@ local function save()
     return
   end
   redis.call('HSET', KEYS[1], unpack(args))
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(real(n * w - elapsed) / 1000)))
+  -- The expiry is the current bucket's end plus n - 1 buckets: a write in
+  -- the bucket the key was last written in already set it (HSET keeps it).
+  if window ~= idx then
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(real(n * w - elapsed) / 1000)))
+  end
 end
 
 local dirty = false

@@ -66,11 +66,11 @@ local m = redis.call('HMGET', meta, 's', 'q')
 local sum = tonumber(m[1])
 local seq = tonumber(m[2])
 local dirty = false
-if sum == nil or seq == nil or redis.call('EXISTS', log) == 0 then
-  -- First use, or one of the two keys was lost (evicted, deleted): the log
-  -- is the truth. Rebuild the sum from it, and continue the sequence past
-  -- every live member, or a new hit would reuse a member name and overwrite
-  -- a hit that still counts.
+if sum == nil or seq == nil then
+  -- First use, or the metadata was lost (evicted, deleted): the log is the
+  -- truth. Rebuild the sum from it, and continue the sequence past every
+  -- live member, or a new hit would reuse a member name and overwrite a hit
+  -- that still counts. (A lost log is found below: empty, it sums to 0.)
   sum = 0
   seq = seq or 0
   local all = redis.call('ZRANGE', log, 0, -1)
@@ -91,22 +91,34 @@ if #gone > 0 then
   dirty = true
 end
 
+-- The oldest live hit's score (nil: the log is empty, so nothing counts,
+-- whatever the metadata says). Hits added below are newer; only giving
+-- back can change it, and then it is read again.
+local oldest = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')[2]
+if oldest == nil and sum ~= 0 then
+  sum = 0
+  dirty = true
+end
+-- The newest live hit's score, once a hit was added at `now`.
+local newest = nil
+
 local function oldest_reset()
-  local first = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')
-  if #first == 0 then return 0 end
-  return tonumber(first[2]) + w - now
+  if oldest == nil then return 0 end
+  return tonumber(oldest) + w - now
 end
 local function remaining()
   if sum < limit then return limit - sum end
   return 0
 end
 local function save()
-  local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-  if #last == 0 then
-    redis.call('DEL', log, meta)
-    return
+  if newest == nil then
+    newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
+    if newest == nil then
+      redis.call('DEL', log, meta)
+      return
+    end
   end
-  local ttl = int(math.ceil((tonumber(last[2]) + w - now) / 1000))
+  local ttl = int(math.ceil((tonumber(newest) + w - now) / 1000))
   redis.call('HSET', meta, 's', int(sum), 'q', int(seq))
   redis.call('PEXPIRE', log, ttl)
   redis.call('PEXPIRE', meta, ttl)
@@ -150,6 +162,8 @@ local function decide(hits, negative)
       back = back - take
       dirty = true
     end
+    oldest = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')[2]
+    newest = nil
     return {1, remaining(), oldest_reset()}
   end
 
@@ -163,6 +177,8 @@ local function decide(hits, negative)
       redis.call('ZADD', log, int(now), member(seq, hits))
       sum = sum + hits
       dirty = true
+      oldest = oldest or now
+      newest = now
     end
     return {1, limit - sum, oldest_reset(), hits, seq, now}
   end
@@ -174,12 +190,16 @@ local function decide(hits, negative)
     if sum >= limit and #last > 0 then
       redis.call('ZREM', log, last[1])
       redis.call('ZADD', log, int(now), member(seq_of(last[1]), cost_of(last[1]) + add))
+      -- That hit may have been the oldest.
+      oldest = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')[2]
     elseif add > 0 then
       seq = seq + 1
       redis.call('ZADD', log, int(now), member(seq, add))
     end
     sum = sum + add
     dirty = true
+    oldest = oldest or now
+    newest = now
     return {0, 0, wait_for(0)}
   end
   return {0, remaining(), wait_for(hits)}

@@ -908,6 +908,13 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
     assert!(!l.hit(store, 1).await.admitted, "{c}");
     // Members 1, 2:2, 3, 4, 5: none was overwritten.
     assert_eq!(delete(&log), "1", "{c}: the log existed");
+    // The log lost and its metadata kept (it still says 6): the log is the
+    // truth, so nothing counts any more and a full limit is admitted again.
+    let d = l.hit(store, 1).await;
+    assert!(d.admitted, "{c}: the lost log's hits no longer count");
+    assert_eq!(d.remaining, 5, "{c}: after losing the log");
+    assert_eq!(l.hit(store, 5).await.remaining, 0, "{c}");
+    assert!(!l.hit(store, 1).await.admitted, "{c}: full again");
 }
 
 /// Waits until the wall clock is early in a second, so a burst of calls
