@@ -27,8 +27,10 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local limit = tonumber(ARGV[1])
-local w = tonumber(ARGV[2])
+-- `s + 0` converts a string once, tonumber(s) twice (Lua 5.1): the
+-- arguments always present are converted so.
+local limit = ARGV[1] + 0
+local w = ARGV[2] + 0
 local reports = ARGV[6] == '1'
 local receipts = ARGV[6] == '2'
 
@@ -58,7 +60,7 @@ if ARGV[4] == '2' then
   i = nil
 end
 while i and ARGV[i] do
-  local hits = tonumber(ARGV[i])
+  local hits = ARGV[i] + 0
   local was = count
   local admitted = 1
   if ARGV[i + 1] == '1' then

@@ -35,8 +35,9 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local limit = tonumber(ARGV[1])
-local w = tonumber(ARGV[2])
+-- `s + 0` converts a string once, tonumber(s) twice (Lua 5.1).
+local limit = ARGV[1] + 0
+local w = ARGV[2] + 0
 local reports = ARGV[6] == '1'
 local receipts = ARGV[6] == '2'
 local log, meta = KEYS[1], KEYS[2]
@@ -222,7 +223,7 @@ if ARGV[4] == '2' then
   i = nil
 end
 while i and ARGV[i] do
-  local d = decide(tonumber(ARGV[i]), ARGV[i + 1] == '1')
+  local d = decide(ARGV[i] + 0, ARGV[i + 1] == '1')
   out[#out + 1] = d[1]
   out[#out + 1] = d[2]
   out[#out + 1] = d[3]

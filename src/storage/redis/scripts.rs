@@ -12,7 +12,8 @@ const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
 
 /// How every algorithm script reads the server's clock: the batch script
 /// reads it once instead.
-const READ_CLOCK: &str = "local t = redis.call('TIME')";
+const READ_CLOCK: &str =
+    "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])";
 
 /// The scripts, by algorithm, and the batch script.
 pub(super) struct Scripts {
@@ -75,14 +76,16 @@ pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
 /// together (one `redis.call` less per call; the batch is one atomic step
 /// either way).
 fn batch_lua() -> String {
-    let mut text = String::from("local clock = redis.call('TIME')\nlocal run = {}\n");
+    let mut text = String::from(
+        "local clock = redis.call('TIME')\nclock = clock[1] * 1000000 + clock[2]\nlocal run = {}\n",
+    );
     for (id, body) in [
         (1, FIXED_WINDOW_LUA),
         (2, SLIDING_COUNTER_LUA),
         (3, SLIDING_LOG_LUA),
         (4, TOKEN_BUCKET_LUA),
     ] {
-        let body = body.replacen(READ_CLOCK, "local t = clock", 1);
+        let body = body.replacen(READ_CLOCK, "local now = clock", 1);
         text.push_str(&format!("run[{id}] = function(KEYS, ARGV)\n{body}\nend\n"));
     }
     text.push_str(
@@ -90,9 +93,10 @@ fn batch_lua() -> String {
 local out = {}
 local a = 1
 while ARGV[a] do
-  local algorithm = tonumber(ARGV[a])
-  local nkeys = tonumber(ARGV[a + 1])
-  local nargs = tonumber(ARGV[a + 2])
+  -- `s + 0` converts a string once, tonumber(s) twice (Lua 5.1).
+  local algorithm = ARGV[a] + 0
+  local nkeys = ARGV[a + 1] + 0
+  local nargs = ARGV[a + 2] + 0
   local keys, args = {}, {}
   for j = 1, nkeys do keys[j] = ARGV[a + 2 + j] end
   for j = 1, nargs do args[j] = ARGV[a + 2 + nkeys + j] end
@@ -121,9 +125,15 @@ mod tests {
         ] {
             assert_eq!(body.matches(READ_CLOCK).count(), 1);
             assert_eq!(body.matches("'TIME'").count(), 1);
+            // `t` is the clock's reply: the batch removes its only use.
+            let uses = body
+                .match_indices("t[")
+                .filter(|(at, _)| !body[..*at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+                .count();
+            assert_eq!(uses, 2, "the clock is read only there");
         }
         let batch = batch_lua();
         assert_eq!(batch.matches("'TIME'").count(), 1);
-        assert_eq!(batch.matches("local t = clock").count(), 4);
+        assert_eq!(batch.matches("local now = clock").count(), 4);
     }
 }
