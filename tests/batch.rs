@@ -89,8 +89,13 @@ async fn callers_on_many_limiters_of_one_server_share_calls_and_stay_exact() {
     let url = redis.url();
     let domain = unique_domain("batch");
     let alone = unique_domain("alone");
-    let (text, alone_text) = (rules(&domain), rules(&alone));
-    let files = [("b.yaml", text.as_str()), ("a.yaml", alone_text.as_str())];
+    let lanes = unique_domain("lanes");
+    let (text, alone_text, lanes_text) = (rules(&domain), rules(&alone), rules(&lanes));
+    let files = [
+        ("b.yaml", text.as_str()),
+        ("a.yaml", alone_text.as_str()),
+        ("l.yaml", lanes_text.as_str()),
+    ];
     // The over-limit cache would answer refusals without Redis: off, so
     // every decision is a script call to count.
     let common = [
@@ -102,8 +107,12 @@ async fn callers_on_many_limiters_of_one_server_share_calls_and_stay_exact() {
     let mut alone_settings = common.to_vec();
     alone_settings.push(("redis.batch_max", "1"));
     let single = Tollgate::start(&files, &alone_settings).await;
+    let mut lanes_settings = common.to_vec();
+    lanes_settings.push(("redis.batch_lanes", "4"));
+    let four = Tollgate::start(&files, &lanes_settings).await;
     batched.wait_serving(Duration::from_secs(20)).await;
     single.wait_serving(Duration::from_secs(20)).await;
+    four.wait_serving(Duration::from_secs(20)).await;
     away_from_an_hour_boundary().await;
 
     let decisions = (CALLERS * PER_CALLER) as u64;
@@ -127,6 +136,16 @@ async fn callers_on_many_limiters_of_one_server_share_calls_and_stay_exact() {
         callers_on_their_own_limiters(&single, &alone, key).await;
         let calls = command_calls(redis.port(), "evalsha") - before;
         assert_eq!(calls, decisions, "{key}: batch_max=1 sends each call alone");
+
+        // Four batches in flight at once: smaller batches, still exact.
+        let before = command_calls(redis.port(), "evalsha");
+        callers_on_their_own_limiters(&four, &lanes, key).await;
+        let calls = command_calls(redis.port(), "evalsha") - before;
+        eprintln!("{key}, four lanes: {calls} EVALSHA for {decisions} decisions");
+        assert!(
+            calls * 4 <= decisions * 3,
+            "{key}, four lanes: {calls} script calls for {decisions} decisions"
+        );
     }
 
     let (status, text) = http_get(batched.http, "/metrics").await;
@@ -139,6 +158,7 @@ async fn callers_on_many_limiters_of_one_server_share_calls_and_stay_exact() {
     );
     batched.stop().await;
     single.stop().await;
+    four.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,7 +187,7 @@ async fn batches_on_a_cluster_carry_many_slots_of_one_primary_and_stay_exact() {
         callers_on_their_own_limiters(&t, &domain, key).await;
         let calls = total(&cluster) - before;
         eprintln!("{key}, cluster: {calls} EVALSHA for {decisions} decisions");
-        // 64 callers over three primaries of 4 lanes each: most wait,
+        // 64 callers over three primaries of one lane each: most wait,
         // and ride in a batch.
         assert!(
             calls * 4 <= decisions * 3,
@@ -178,7 +198,7 @@ async fn batches_on_a_cluster_carry_many_slots_of_one_primary_and_stay_exact() {
 }
 
 /// A caller that stops waiting while its call is on the wire gives its
-/// lane back: with one lane (`redis.pool_size=1`), calls cut off by their
+/// lane back: with one lane (`redis.batch_lanes=1`), calls cut off by their
 /// deadline while Redis is paused leave the server able to decide, and the
 /// next calls are answered by Redis (an OVER_LIMIT only the store can give,
 /// with the over-limit cache off), not by the failure policy at their
@@ -193,7 +213,7 @@ async fn callers_that_stop_waiting_give_their_lane_back() {
         &[("l.yaml", text.as_str())],
         &[
             ("store", url.as_str()),
-            ("redis.pool_size", "1"),
+            ("redis.batch_lanes", "1"),
             ("redis.command_timeout_ms", "5000"),
             ("over_limit_cache.enabled", "false"),
         ],

@@ -24,6 +24,8 @@ pub struct RedisConfig {
     /// Script calls to one server sent as one batch at most (1: each
     /// alone). Batches form only while earlier ones are in flight.
     pub batch_max: usize,
+    /// Batches in flight per server at most (a call sent alone counts).
+    pub batch_lanes: usize,
     /// Bound on opening one connection (TCP, TLS, AUTH, cluster discovery).
     pub connect_timeout: Duration,
     /// Bound on one call, end to end. Keep it well under Envoy's timeout
@@ -44,6 +46,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("tls_key_file", &self.tls_key_file)
             .field("pool_size", &self.pool_size)
             .field("batch_max", &self.batch_max)
+            .field("batch_lanes", &self.batch_lanes)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("key_prefix", &self.key_prefix)
@@ -62,6 +65,7 @@ impl Default for RedisConfig {
             tls_key_file: None,
             pool_size: 4,
             batch_max: 64,
+            batch_lanes: 1,
             connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_millis(500),
             key_prefix: keys::DEFAULT_PREFIX.to_owned(),

@@ -134,6 +134,7 @@ impl RedisStore {
             command_timeout: config.command_timeout,
             scripts: scripts.clone(),
             batch_max: config.batch_max,
+            batch_lanes: config.batch_lanes,
         };
         // A standalone server is named from the start, so a failure before
         // the supervisor first looks is already counted against it.

@@ -19,6 +19,8 @@ pub(super) struct PoolSettings {
     pub(super) scripts: Arc<Scripts>,
     /// Calls in one batch at most (see [`Batcher`]).
     pub(super) batch_max: usize,
+    /// Batches in flight at most.
+    pub(super) batch_lanes: usize,
 }
 
 impl PoolSettings {
@@ -60,7 +62,7 @@ impl PoolSettings {
         let batcher = Arc::new(Batcher::new(
             pool.clone(),
             self.scripts.clone(),
-            self.pool_size,
+            self.batch_lanes,
             self.batch_max,
         ));
         Ok(NodePool {
