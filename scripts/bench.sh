@@ -61,9 +61,6 @@ KEYS=${KEYS:-1}
 RB_N=${RB_N:-200000}
 # Seconds of the strace run per row (0: no system-call columns).
 SYSCALL_SECS=${SYSCALL_SECS:-2}
-ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log token_bucket)
-# shellcheck disable=SC2206
-MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 LIMIT=1000000000     # requests per second: never reached
 WINDOW_MICROS=1000000
 
@@ -76,6 +73,8 @@ done
 
 # shellcheck source=lib.sh
 source "$ROOT/scripts/lib.sh"
+# shellcheck disable=SC2206
+MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 
 
 
@@ -89,17 +88,7 @@ start_redis
 # One rule per algorithm, each under its own `algo` value; `user` varies with
 # KEYS (tollgate bench suffixes the last entry of the template).
 mkdir "$WORK/rules"
-{
-    echo "domain: bench"
-    echo "descriptors:"
-    for a in "${ALGORITHMS[@]}"; do
-        echo "  - key: algo"
-        echo "    value: $a"
-        echo "    descriptors:"
-        echo "      - key: user"
-        echo "        rate_limit: {unit: second, requests_per_unit: $LIMIT, algorithm: $a}"
-    done
-} >"$WORK/rules/bench.yaml"
+algorithm_rules bench "$LIMIT" >"$WORK/rules/bench.yaml"
 
 STORE=${BENCH_STORE:-redis://127.0.0.1:$REDIS_PORT}
 # Starts one `tollgate serve` from binary $1, with the environment
@@ -147,16 +136,11 @@ LABELS=()
 BINS=()
 PORTS=()
 TG_PIDS=()
-for spec in ${COMPARE:-}; do
-    label=${spec%%=*}
-    rest=${spec#*=}
-    path=${rest%%@*}
-    vars=()
-    if [[ $rest == *@* ]]; then
-        IFS=, read -r -a vars <<<"${rest#*@}"
-    fi
-    start_tollgate "$path" "${vars[@]}"
-    LABELS+=("$label") BINS+=("$path") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
+compare_servers
+for i in "${!CMP_LABELS[@]}"; do
+    IFS=, read -r -a vars <<<"${CMP_VARS[$i]}"
+    start_tollgate "${CMP_BINS[$i]}" "${vars[@]}"
+    LABELS+=("${CMP_LABELS[$i]}") BINS+=("${CMP_BINS[$i]}") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
 done
 # shellcheck disable=SC2086
 start_tollgate "$BIN" ${SERVE_ENV:-}

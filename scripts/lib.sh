@@ -68,3 +68,38 @@ json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 # CPU time (user + system) of a process so far, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
+
+# The algorithms, in the order the measuring scripts report them.
+ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log token_bucket)
+
+# algorithm_rules DOMAIN LIMIT: a rules file with one rule per algorithm,
+# each under its own `algo` value, over a `user` entry (tollgate bench
+# varies its value with --keys), LIMIT requests per second.
+algorithm_rules() {
+    echo "domain: $1"
+    echo "descriptors:"
+    local a
+    for a in "${ALGORITHMS[@]}"; do
+        echo "  - key: algo"
+        echo "    value: $a"
+        echo "    descriptors:"
+        echo "      - key: user"
+        echo "        rate_limit: {unit: second, requests_per_unit: $2, algorithm: $a}"
+    done
+}
+
+# compare_servers: reads COMPARE ("label=path[@VAR=value,...] ...") into
+# CMP_LABELS, CMP_BINS and CMP_VARS (each entry's variables, comma
+# separated, empty when none).
+compare_servers() {
+    CMP_LABELS=()
+    CMP_BINS=()
+    CMP_VARS=()
+    local spec rest
+    for spec in ${COMPARE:-}; do
+        rest=${spec#*=}
+        CMP_LABELS+=("${spec%%=*}")
+        CMP_BINS+=("${rest%%@*}")
+        if [[ $rest == *@* ]]; then CMP_VARS+=("${rest#*@}"); else CMP_VARS+=(""); fi
+    done
+}

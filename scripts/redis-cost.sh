@@ -20,7 +20,8 @@
 # Usage: scripts/redis-cost.sh     (builds --release unless BENCH_BIN is set)
 # Knobs: N=3000 decisions per row, C=16, KEYS=10000,
 #   ALGOS="fixed_window sliding_window_counter sliding_window_log token_bucket",
-#   BENCH_BIN=path, COMPARE="label=path[@VAR=value,...] ..." as in bench.sh.
+#   BENCH_BIN=path, COMPARE="label=path[@VAR=value,...] ..." and
+#   SERVE_ENV="VAR=value ..." (the "new" server only) as in bench.sh.
 # Needs valgrind (callgrind_control), redis-server, redis-cli. Loopback
 # only; every process is killed on exit; each step is bounded.
 
@@ -29,9 +30,6 @@ set -euo pipefail
 N=${N:-3000}
 C=${C:-16}
 KEYS=${KEYS:-10000}
-ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log token_bucket)
-# shellcheck disable=SC2206
-MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 LIMIT=1000000000
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,6 +39,8 @@ for tool in valgrind callgrind_control redis-server redis-cli timeout python3; d
 done
 # shellcheck source=lib.sh
 source "$ROOT/scripts/lib.sh"
+# shellcheck disable=SC2206
+MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 tollgate_bin
 
 REDIS_PORT=$(free_port)
@@ -56,17 +56,7 @@ wait_for 60 redis-cli -p "$REDIS_PORT" ping || {
 }
 
 mkdir "$WORK/rules"
-{
-    echo "domain: cost"
-    echo "descriptors:"
-    for a in "${ALGORITHMS[@]}"; do
-        echo "  - key: algo"
-        echo "    value: $a"
-        echo "    descriptors:"
-        echo "      - key: user"
-        echo "        rate_limit: {unit: second, requests_per_unit: $LIMIT, algorithm: $a}"
-    done
-} >"$WORK/rules/cost.yaml"
+algorithm_rules cost "$LIMIT" >"$WORK/rules/cost.yaml"
 
 # Starts `tollgate serve` from binary $1 with the environment in the other
 # arguments; sets GRPC_PORT and TOLLGATE_PID.
@@ -103,18 +93,11 @@ evalsha_calls() {
         sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | awk '{ print $1 + 0 } END { if (NR == 0) print 0 }'
 }
 
-LABELS=()
-BINS=()
-ENVS=()
-for entry in ${COMPARE:-}; do
-    LABELS+=("${entry%%=*}")
-    spec=${entry#*=}
-    BINS+=("${spec%%@*}")
-    if [[ $spec == *@* ]]; then ENVS+=("${spec#*@}"); else ENVS+=(""); fi
-done
-LABELS+=(new)
-BINS+=("$BIN")
-ENVS+=("${SERVE_ENV:-}")
+compare_servers
+LABELS=("${CMP_LABELS[@]}" new)
+BINS=("${CMP_BINS[@]}" "$BIN")
+SERVE_VARS=${SERVE_ENV:-}
+ENVS=("${CMP_VARS[@]}" "${SERVE_VARS// /,}")
 
 printf '%-10s %-24s %14s %12s %12s\n' server algorithm "instr/dec" "EVALSHA/dec" "rd+wr/dec"
 for a in "${MEASURED[@]}"; do

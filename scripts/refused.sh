@@ -35,9 +35,6 @@ SECS=${SECS:-5}
 WARMUP=${WARMUP:-1}
 C=${C:-16}
 CONNS=${CONNS:-4}
-ALGORITHMS=(fixed_window sliding_window_counter sliding_window_log token_bucket)
-# shellcheck disable=SC2206
-MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 LIMIT=1000000000
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,6 +44,8 @@ for tool in redis-server redis-cli timeout python3; do
 done
 # shellcheck source=lib.sh
 source "$ROOT/scripts/lib.sh"
+# shellcheck disable=SC2206
+MEASURED=(${ALGOS:-${ALGORITHMS[*]}})
 tollgate_bin
 
 # --- redis -------------------------------------------------------------------
