@@ -146,23 +146,102 @@ async fn reports_close_the_budget(settings: &[(&str, &str)]) {
     t.stop().await;
 }
 
+/// A request weighed by a gRPC client (the request's `hits_addend`) that
+/// does not fit is refused and not recorded, on every rule: only a
+/// descriptor's own cost is a report.
+fn weighted(domain: &str, algo: &str, tenant: &str, cost: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![descriptor(&[("algo", algo), ("tenant", tenant)])],
+        hits_addend: cost,
+    }
+}
+
+/// Ten streams checked at zero usage, each reporting 300 when it ends, on
+/// a 1,000 budget: all ten reports are recorded (3,000), as giving back
+/// shows to the hit. And weighted requests keep admission semantics.
+async fn streams_and_weighted_requests(settings: &[(&str, &str)]) {
+    support::away_from_an_hour_boundary().await;
+    let domain = unique_domain("streams");
+    let t = Tollgate::start(&[("r.yaml", &rules(&domain))], settings).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    let mut c = t.client().await;
+    for algo in ALGOS {
+        let tenant = "ten-streams";
+        for n in 0..10 {
+            let check = ask(&mut c, call(&domain, algo, tenant, 0)).await;
+            assert_eq!(check.overall_code, OK, "{algo}: check of stream {n}");
+        }
+        let reports = (0..10).map(|_| {
+            let mut c = c.clone();
+            let r = call(&domain, algo, tenant, 300);
+            async move { ask(&mut c, r).await }
+        });
+        futures_util::future::join_all(reports).await;
+        // 3,000 recorded: 1,999 back leaves 1,001 (refused), one more
+        // leaves 1,000 (a check fits, nothing remains).
+        let mut back = call(&domain, algo, tenant, 1999);
+        back.descriptors[0].is_negative_hits = true;
+        ask(&mut c, back).await;
+        let check = ask(&mut c, call(&domain, algo, tenant, 0)).await;
+        assert_eq!(check.overall_code, OVER, "{algo}: 1,001 of 1,000 left");
+        let mut back = call(&domain, algo, tenant, 1);
+        back.descriptors[0].is_negative_hits = true;
+        ask(&mut c, back).await;
+        let check = ask(&mut c, call(&domain, algo, tenant, 0)).await;
+        assert_eq!(check.overall_code, OK, "{algo}: 1,000 of 1,000 left");
+        assert_eq!(check.statuses[0].limit_remaining, 0, "{algo}");
+
+        let tenant = "weighted";
+        for n in 1..=3 {
+            let r = ask(&mut c, weighted(&domain, algo, tenant, 300)).await;
+            assert_eq!(r.overall_code, OK, "{algo}: weighted request {n}");
+        }
+        let r = ask(&mut c, weighted(&domain, algo, tenant, 300)).await;
+        assert_eq!(r.overall_code, OVER, "{algo}: 1,200 does not fit 1,000");
+        let r = ask(&mut c, weighted(&domain, algo, tenant, 100)).await;
+        if algo == "fixed_window" {
+            // The reference's fixed window: the refused 300 stays counted.
+            assert_eq!(r.overall_code, OVER, "{algo}: 1,200 recorded");
+        } else {
+            assert_eq!(
+                r.overall_code, OK,
+                "{algo}: the refused 300 was not recorded"
+            );
+            assert_eq!(r.statuses[0].limit_remaining, 0, "{algo}");
+        }
+    }
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn reports_close_the_budget_on_the_embedded_store() {
     reports_close_the_budget(&[]).await;
+    streams_and_weighted_requests(&[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_close_the_budget_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    reports_close_the_budget(&[("store", &url), ("redis.command_timeout_ms", "5000")]).await;
+    let settings = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "5000"),
+    ];
+    reports_close_the_budget(&settings).await;
+    streams_and_weighted_requests(&settings).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_close_the_budget_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     let url = cluster.url();
-    reports_close_the_budget(&[("store", &url), ("redis.command_timeout_ms", "5000")]).await;
+    let settings = [
+        ("store", url.as_str()),
+        ("redis.command_timeout_ms", "5000"),
+    ];
+    reports_close_the_budget(&settings).await;
+    streams_and_weighted_requests(&settings).await;
 }
 
 /// `usage_reports: false` as a setting gives rules that name no algorithm

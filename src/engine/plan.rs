@@ -5,7 +5,7 @@
 use crate::limit::{DEFAULT_BUCKETS, FailurePolicy, Window};
 use crate::rules::{LimitSpec, Rule, RuleSet, Step};
 
-use super::{AppliedLimit, Engine, LimitOverride, Request};
+use super::{AppliedLimit, Descriptor, Engine, LimitOverride, Request};
 
 /// What one descriptor resolved to before counting.
 pub(super) enum Plan<'r> {
@@ -71,7 +71,8 @@ impl Engine {
                             shards: 1,
                             // Names no algorithm. Settings never ask for
                             // both usage reports and count_refused=false.
-                            usage_reports: self.options.count_refused
+                            usage_reports: is_report(d)
+                                && self.options.count_refused
                                 && self.options.usage_reports.unwrap_or(true),
                             count_refused: self.options.count_refused,
                         },
@@ -107,7 +108,8 @@ impl Engine {
                             // A rule that does not count refused requests
                             // takes no usage reports (load refuses a rule
                             // that says both).
-                            usage_reports: rule.count_refused
+                            usage_reports: is_report(d)
+                                && rule.count_refused
                                 && rule
                                     .usage_reports
                                     .or(self.options.usage_reports)
@@ -120,4 +122,18 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// Whether a descriptor is a usage report rather than a request: it
+/// carries its own cost (`hits_addend` on the descriptor, even 0). Envoy
+/// sets it only for a rate-limit policy with `hits_addend` (costs known
+/// before or after the response: Envoy Gateway's `cost`, token budgets);
+/// its ordinary rate limits never do, and a gRPC client that weighs a
+/// request sets the request's `hits_addend`. On a limiter that takes usage
+/// reports, a report's positive cost is recorded whatever the answer (a
+/// budget charged after the response must close); a request is admitted
+/// or refused by the algorithm's own rules, so a client that keeps sending
+/// over its limit still gets its limit.
+fn is_report(d: &Descriptor) -> bool {
+    d.hits.is_some()
 }

@@ -61,7 +61,10 @@ pub struct AppliedLimit {
     /// Sub-limiters the limit is split over (`rate_limit.shards`; 1 when
     /// not sharded).
     pub shards: u16,
-    /// Every positive cost is recorded (see `storage::Hit::usage_reports`).
+    /// This call is a usage report on a limiter that takes them: its
+    /// positive cost is recorded whatever the answer (see
+    /// `storage::Hit::usage_reports`). Only a descriptor that carries its
+    /// own cost is a report; a plain request on the same limiter is not.
     pub usage_reports: bool,
     /// `false`: what a request answered OVER_LIMIT charged is taken back
     /// (`count_refused`).
