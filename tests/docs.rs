@@ -482,3 +482,90 @@ fn startup_messages_are_said_once() {
     assert_eq!(errors.len(), 1, "{lines:#?}");
     assert!(errors[0].contains("ERROR"), "{lines:#?}");
 }
+
+/// Every command-line mistake is a usage error, exit 64 (EX_USAGE), for
+/// every subcommand: never `check`'s 2, which means OVER_LIMIT.
+#[test]
+fn usage_errors_exit_64() {
+    for args in [
+        &[
+            "check",
+            "--domain",
+            "demo",
+            "--descriptor",
+            "a=b",
+            "--hits",
+            "abc",
+        ][..],
+        &["check", "--descriptor", "a=b"],
+        &["check", "--domian", "demo", "--descriptor", "a=b"],
+        &["check", "--domain", "demo", "--descriptor", "novalue"],
+        &["validate"],
+        &["validate", "--bogus", "examples/rules"],
+        &["serve", "--grpc-port", "9000"],
+        &["bench", "--bogus"],
+        &["simulate", "--bogus"],
+        &["nosuchcommand"],
+    ] {
+        let o = tollgate(args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {}", show(&o));
+        assert!(!o.stderr.is_empty(), "{args:?}: says why");
+    }
+    for args in [&["--help"][..], &["check", "--help"], &["--version"]] {
+        let o = tollgate(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", show(&o));
+    }
+}
+
+/// `validate` reads settings as `serve` does, and says so when a
+/// `TOLLGATE_*` variable is no setting, with the nearest one.
+#[test]
+fn validate_warns_of_a_mistyped_variable() {
+    let o = Command::new(tollgate_bin())
+        .args(["validate", "examples/rules"])
+        .env_clear()
+        .env("TOLLGATE_GRPC_PORTT", "9000")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "warning: TOLLGATE_GRPC_PORTT is not a tollgate setting; ignored (did you mean TOLLGATE_GRPC_ADDR?)\n"
+    );
+}
+
+/// Two servers on one host: `--debug-addr` moves (or turns off) the debug
+/// listener, which would otherwise collide on 127.0.0.1:6070.
+#[test]
+fn two_servers_on_one_host_with_debug_addr() {
+    let port = || format!("127.0.0.1:{}", free_port());
+    let (debug_a, debug_b) = (port(), port());
+    let mut servers = Vec::new();
+    for debug in [debug_a.as_str(), debug_b.as_str(), "off"] {
+        let (g, h) = (port(), port());
+        let p = Proc::spawn(
+            &[
+                "serve",
+                "--rules",
+                "examples/rules",
+                "--grpc-addr",
+                &g,
+                "--http-addr",
+                &h,
+                "--debug-addr",
+                debug,
+            ],
+            &[],
+        );
+        p.wait_for_line("gRPC listening", Duration::from_secs(30));
+        servers.push(p);
+    }
+    for debug in [&debug_a, &debug_b] {
+        let o = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("http://{debug}/rlconfig"))
+            .output()
+            .unwrap();
+        assert_eq!(stdout(&o), "200", "{debug}: {}", show(&o));
+    }
+}

@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// HTTP listen address [default: 0.0.0.0:8080].
     #[arg(long)]
     pub http_addr: Option<String>,
+    /// Debug listen address (`/rlconfig`, `/debug/*`), or `off`
+    /// [default: 127.0.0.1:6070].
+    #[arg(long)]
+    pub debug_addr: Option<String>,
     /// Algorithm of rules that name none [default: sliding_window_counter].
     #[arg(long)]
     pub default_algorithm: Option<String>,
@@ -157,9 +161,12 @@ pub fn main() -> ExitCode {
         .mut_subcommand("validate", |c| {
             c.after_help(short).after_long_help(settings_help())
         });
-    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+    let parsed = command
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
-        Err(e) => e.exit(),
+        Err(e) => return usage_error(&e),
     };
     match cli.command {
         Command::Serve(args) => serve(args),
@@ -168,6 +175,18 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => super::bench::main(args),
         Command::Simulate(args) => super::simulate::main(args),
         Command::SimulateRlqs(args) => super::simulate::rlqs::main(args),
+    }
+}
+
+/// `--help` and `--version` print and exit 0; every other command-line
+/// error is a usage error: EX_USAGE (64), as for bad settings, so that a
+/// script never takes a mistyped flag of `check` for its OVER_LIMIT (2).
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let _ = e.print();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+        _ => ExitCode::from(EXIT_BAD_SETTINGS),
     }
 }
 
@@ -185,6 +204,7 @@ impl ServeArgs {
         );
         set("grpc_addr", self.grpc_addr.clone());
         set("http_addr", self.http_addr.clone());
+        set("debug_addr", self.debug_addr.clone());
         set("default_algorithm", self.default_algorithm.clone());
         set("store", self.store.clone());
         Sources {
@@ -280,6 +300,11 @@ fn validate(args: &ValidateArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_SETTINGS);
         }
     };
+    // What `serve` logs at startup (a mistyped TOLLGATE_* variable, with
+    // the nearest setting), said here too: these are the same settings.
+    for warning in &settings.warnings {
+        eprintln!("warning: {warning}");
+    }
     let dir = &args.dir;
     match tollgate::rules::load_dir(dir, &tollgate::server::rule_options(&settings)) {
         Ok(set) if set.is_empty() && !args.allow_empty => {
