@@ -9,7 +9,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::envoy::{Envoy, request, rewrite_ports, upstream};
+use support::envoy::{Conn, Envoy, request, rewrite_ports, upstream};
 use support::free_port;
 use support::tollgate::Tollgate;
 use tokio::time::Instant;
@@ -95,4 +95,84 @@ async fn a_client_over_per_ip_keeps_getting_20_per_second() {
     );
     drop(e.envoy);
     e.tollgate.stop().await;
+}
+
+/// `examples/envoy/rlqs/` as shipped (ports moved) in front of tollgate:
+/// Envoy's `rate_limit_quota` filter reports its buckets, tollgate assigns
+/// them, and Envoy enforces the assignments itself: `/admin` is denied
+/// (403), other paths pass, and a tenant flooding `/api/` gets its burst
+/// and rate (100 + 100 per second), plus what passed by the bucket's
+/// `ALLOW_ALL` fallback before the first assignment arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rlqs_example_assigns_denies_and_allows() {
+    let rules = std::fs::read_to_string("examples/envoy/rlqs/rules/quota.yaml").unwrap();
+    let tollgate = Tollgate::start(&[("quota.yaml", &rules)], &[]).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = upstream().await;
+    let (admin, listener) = (free_port(), free_port());
+    let config = rewrite_ports(
+        &std::fs::read_to_string("examples/envoy/rlqs/envoy.yaml").unwrap(),
+        &[
+            (9901, admin),
+            (10000, listener),
+            (8000, upstream.port()),
+            (8081, tollgate.grpc.port()),
+        ],
+    );
+    let envoy = tokio::task::spawn_blocking(move || {
+        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
+    })
+    .await
+    .unwrap();
+    let listener = SocketAddr::from(([127, 0, 0, 1], listener));
+
+    assert_eq!(request(listener, "/admin/users", &[]).await.0, 403);
+    for _ in 0..5 {
+        assert_eq!(request(listener, "/other", &[]).await.0, 200);
+    }
+    // The deny stands once tollgate's assignment has arrived too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(request(listener, "/admin/users", &[]).await.0, 403);
+
+    // One request reports the tenant's bucket; tollgate's assignment (a
+    // token bucket of 100 + 100/s) arrives within the deadline below.
+    assert_eq!(
+        request(listener, "/api/x", &[("x-tenant", "acme")]).await.0,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    const SECONDS: u64 = 3;
+    let start = Instant::now();
+    let floods: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (mut passed, mut refused) = (0u64, 0u64);
+                let mut conn = Conn::open(listener).await;
+                while start.elapsed() < Duration::from_secs(SECONDS) {
+                    match conn.get("/api/x", &[("x-tenant", "acme")]).await {
+                        200 => passed += 1,
+                        429 => refused += 1,
+                        other => panic!("status {other}"),
+                    }
+                }
+                (passed, refused)
+            })
+        })
+        .collect();
+    let (mut passed, mut refused) = (0, 0);
+    for f in floods {
+        let (p, r) = f.await.unwrap();
+        passed += p;
+        refused += r;
+    }
+    eprintln!("/api/ for {SECONDS} s: {passed} passed, {refused} refused");
+    assert!(refused > 0, "the assignment is enforced: {passed} passed");
+    // The bucket starts full (100) and refills 100 a second; a second of
+    // slack for the refill Envoy's timer rounds up.
+    assert!(
+        passed <= 100 + 100 * (SECONDS + 1),
+        "{passed} passed in {SECONDS} s, {refused} refused"
+    );
+    drop(envoy);
+    tollgate.stop().await;
 }

@@ -231,3 +231,57 @@ pub async fn request(
         .collect();
     (status, headers)
 }
+
+/// An HTTP/1.1 connection kept open for one request after another.
+pub struct Conn {
+    stream: tokio::io::BufReader<tokio::net::TcpStream>,
+}
+
+impl Conn {
+    pub async fn open(addr: SocketAddr) -> Conn {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            stream: tokio::io::BufReader::new(stream),
+        }
+    }
+
+    /// `GET path` with `headers`: the status (the body is read and
+    /// dropped; answers carry a content-length).
+    pub async fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> u16 {
+        use tokio::io::AsyncBufReadExt;
+        let mut head = format!("GET {path} HTTP/1.1\r\nHost: test\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        self.stream
+            .get_mut()
+            .write_all(head.as_bytes())
+            .await
+            .unwrap();
+        let mut line = String::new();
+        self.stream.read_line(&mut line).await.unwrap();
+        let status = line
+            .get(9..12)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP answer: {line:?}"));
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.stream.read_line(&mut line).await.unwrap();
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; length];
+        self.stream.read_exact(&mut body).await.unwrap();
+        status
+    }
+}
