@@ -26,7 +26,7 @@ fn outcome(result: &Result<Decision, StoreError>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(StoreError::Timeout(_)) => "timeout",
-        Err(StoreError::Unavailable(_)) => "unavailable",
+        Err(StoreError::Unavailable(_) | StoreError::Moved(_)) => "unavailable",
         Err(StoreError::Protocol(_)) => "protocol",
         Err(StoreError::CircuitOpen) => "circuit_open",
         Err(StoreError::Overloaded(_)) => "overloaded",

@@ -266,6 +266,9 @@ impl<S: Store> Permit<'_, S> {
             self.breaker.failures.record(e);
         }
         match result {
+            // A slot moving says nothing of the server's health; a probe
+            // that meets one hands the probe on (as when dropped).
+            Err(StoreError::Moved(_)) => self.finished = false,
             Err(e) if e.is_transient() => self.breaker.failed(&self.node, self.probe),
             _ => self.breaker.succeeded(&self.node),
         }

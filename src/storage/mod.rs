@@ -216,6 +216,12 @@ pub enum StoreError {
     /// once, without trying the store (see [`gate`]).
     #[error("over max_in_flight={0}: too many store calls in flight")]
     Overloaded(usize),
+    /// The limiter's keys were moving between servers (a Redis Cluster
+    /// reshard) and no server took the call before the timeout; nothing
+    /// was recorded. Routing, not a server's health: the breaker counts it
+    /// neither way.
+    #[error("store unavailable while its slot moves: {0}")]
+    Moved(String),
 }
 
 impl StoreError {
@@ -279,7 +285,7 @@ impl FailureCounters {
     pub fn record(&self, error: &StoreError) {
         let counter = match error {
             StoreError::Timeout(_) => &self.timeout,
-            StoreError::Unavailable(_) => &self.unavailable,
+            StoreError::Unavailable(_) | StoreError::Moved(_) => &self.unavailable,
             StoreError::Protocol(_) => &self.protocol,
             StoreError::CircuitOpen => &self.circuit_open,
             // Not the backend's failure: it was never asked.

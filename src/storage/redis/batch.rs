@@ -8,15 +8,22 @@
 //! wait.
 //!
 //! A call whose caller stopped waiting (its deadline passed while it
-//! queued) is left out of the batch. A batch's error is every call's error
-//! and is never resent: part of it may have run, and a hit is written at
-//! most once.
+//! queued) is left out of the batch. Each call of a batch answers for
+//! itself: one whose keys are not on the server (a slot moving) gets
+//! [`NOT_HERE_ERROR`], having recorded nothing, and the others their
+//! answers. An error of the whole batch (a timeout, a lost connection) is
+//! every call's error and is never resent: part of it may have run, and a
+//! hit is written at most once.
 
 use std::collections::VecDeque;
 
 use tokio::sync::oneshot;
 
 use super::*;
+
+/// The error a batched call gets when its keys were not on the server
+/// (see [`scripts::NOT_HERE`]): nothing was recorded; send it again alone.
+pub(super) const NOT_HERE_ERROR: &str = "NOTHERE the call's keys are not on this server";
 
 /// One script call: its algorithm, keys and arguments.
 pub(super) struct Call {
@@ -183,6 +190,17 @@ impl Batcher {
                 let mut rest = &reply[..];
                 for w in batch {
                     let part = match rest.split_first() {
+                        Some((&scripts::NOT_HERE, tail)) => {
+                            rest = tail;
+                            Err(FredError::new(ErrorKind::Unknown, NOT_HERE_ERROR))
+                        }
+                        Some((&scripts::FAILED, tail)) => {
+                            rest = tail;
+                            Err(FredError::new(
+                                ErrorKind::Unknown,
+                                "ERR a batched script call failed",
+                            ))
+                        }
                         Some((&n, tail)) if n >= 0 && (n as usize) <= tail.len() => {
                             let (part, tail) = tail.split_at(n as usize);
                             rest = tail;
@@ -250,6 +268,47 @@ pub(super) async fn run_script(
         match reply {
             Err(e) if attempt < 3 && e.details().starts_with("NOSCRIPT") => continue,
             other => return other,
+        }
+    }
+}
+
+/// `ASKING` then `EVALSHA` on one connection, back to back (one pipeline:
+/// nothing of another caller comes between them, so the `ASKING` is this
+/// call's): how a call reaches the target of a slot being migrated. The
+/// script is loaded there on `NOSCRIPT`, as [`run_script`] does.
+pub(super) async fn run_asking(
+    script: &Script,
+    client: &Client,
+    keys: Vec<String>,
+    args: Vec<fred::types::Value>,
+) -> Reply {
+    use fred::interfaces::ClientLike;
+    use fred::types::{ClusterHash, CustomCommand};
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let pipeline = client.pipeline();
+        let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
+        let _: () = pipeline
+            .custom(asking, Vec::<fred::types::Value>::new())
+            .await?;
+        let evalsha = CustomCommand::new_static("EVALSHA", ClusterHash::Random, false);
+        let mut command: Vec<fred::types::Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        command.push(script.sha1().clone().into());
+        command.push((keys.len() as i64).into());
+        command.extend(keys.iter().map(|k| k.as_str().into()));
+        command.extend(args.iter().cloned());
+        let _: () = pipeline.custom(evalsha, command).await?;
+        let reply = pipeline
+            .try_all::<fred::types::Value>()
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(FredError::new(ErrorKind::Protocol, "empty pipeline reply")));
+        match reply {
+            Err(e) if attempt < 3 && e.details().starts_with("NOSCRIPT") => {
+                script.load(client).await?;
+            }
+            other => return other.and_then(|v| v.convert()),
         }
     }
 }

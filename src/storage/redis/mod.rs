@@ -88,6 +88,9 @@ struct Inner {
     routing: RwLock<Arc<Routing>>,
     /// A call met a slot that moved: look at the cluster again now.
     stale: AtomicBool,
+    /// Pools opened for servers a redirection named that the routing does
+    /// not list (yet): a new primary receiving its first slot.
+    redirect_pools: Mutex<HashMap<String, Arc<NodePool>>>,
     /// Script sets loaded into a server, for metrics.
     script_loads: AtomicU64,
     /// The supervisor; aborted on drop so a dropped store stops
@@ -164,6 +167,7 @@ impl RedisStore {
             command_timeout: config.command_timeout,
             routing: RwLock::new(Arc::new(routing)),
             stale: AtomicBool::new(true),
+            redirect_pools: Mutex::new(HashMap::new()),
             script_loads: AtomicU64::new(0),
             supervisor: Mutex::new(None),
         });
@@ -309,59 +313,159 @@ impl RedisStore {
         }
     }
 
-    /// Runs the script on the slot's primary. A `MOVED` reply (the slot has
-    /// just changed hands, ahead of our routing) is followed once, to a
-    /// primary we already know: the script did not run, so it is safe.
+    /// Runs the script on the node that holds the slot's keys: the primary
+    /// the routing names, then wherever Redis redirects the call, as a
+    /// Redis Cluster client must. A batched call whose keys were not on
+    /// the server (it recorded nothing) is sent again alone with its keys
+    /// declared, so that Redis answers `MOVED` (the slot moved: routing is
+    /// refreshed at once and the call follows to the new owner) or `ASK`
+    /// (the slot is migrating and the keys are already on the target:
+    /// `ASKING` then the call, there). `TRYAGAIN` (a limiter's keys split
+    /// by a migration) and `CLUSTERDOWN` wait a moment and try again. Each
+    /// of these replies means the script did not run, so following it
+    /// never records a hit twice; every retry stays within the call's
+    /// timeout.
     async fn call(&self, slot: u16, call: Call) -> Result<Vec<i64>, StoreError> {
         let timeout = self.inner.command_timeout;
         let routing = self.inner.routing();
         let node = match &self.inner.deployment {
-            Deployment::Single(node) => node,
-            Deployment::Cluster { .. } => match routing.owner(slot) {
-                Some(node) => node,
-                None if routing.nodes.is_empty() => {
-                    return Err(StoreError::Unavailable(
-                        "redis cluster routing not known yet".into(),
-                    ));
-                }
-                None => {
-                    return Err(StoreError::Unavailable(format!(
-                        "no redis primary serves slot {slot}"
-                    )));
-                }
-            },
-        };
-        connected_client(node)?;
-        let script = self.inner.scripts.of(call.algorithm);
-        let retry = matches!(self.inner.deployment, Deployment::Cluster { .. })
-            .then(|| (call.keys.clone(), call.args.clone()));
-        let first = node.batcher.submit(call).await;
-        let e = match first {
-            Ok(reply) => return Ok(reply),
-            Err(e) => e,
-        };
-        if !["MOVED", "ASK", "CLUSTERDOWN"]
-            .iter()
-            .any(|p| e.details().starts_with(p))
-        {
-            return Err(store_error(e, timeout));
-        }
-        self.inner.stale.store(true, Ordering::Release);
-        // MOVED <slot> <host:port>
-        let target = e
-            .details()
-            .strip_prefix("MOVED ")
-            .and_then(|rest| rest.split_whitespace().nth(1));
-        let owner = target.and_then(|t| routing.nodes.iter().find(|n| n.id.name() == Some(t)));
-        match (owner, retry) {
-            (Some(owner), Some((keys, args))) => {
-                let client = connected_client(owner)?;
-                let args = args.into_iter().map(fred::types::Value::from).collect();
-                batch::run_script(script, client, keys, args)
+            Deployment::Single(node) => {
+                connected_client(node)?;
+                return node
+                    .batcher
+                    .submit(call)
                     .await
-                    .map_err(|e| store_error(e, timeout))
+                    .map_err(|e| store_error(e, timeout));
             }
-            _ => Err(store_error(e, timeout)),
+            Deployment::Cluster { .. } => routing.owner_pool(slot)?,
+        };
+        connected_client(&node)?;
+        let script = self.inner.scripts.of(call.algorithm);
+        let (keys, args) = (call.keys.clone(), call.args.clone());
+        let mut reply = node.batcher.submit(call).await;
+        let (mut target, mut asking) = (node, false);
+        for _ in 0..MAX_REDIRECTS {
+            let e = match reply {
+                Ok(reply) => return Ok(reply),
+                Err(e) => e,
+            };
+            match Redirect::of(&e) {
+                None => return Err(store_error(e, timeout)),
+                Some(Redirect::NotHere) => {
+                    self.inner.stale.store(true, Ordering::Release);
+                    (target, asking) = (self.inner.routing().owner_pool(slot)?, false);
+                }
+                Some(Redirect::Moved(to)) => {
+                    self.inner.stale.store(true, Ordering::Release);
+                    (target, asking) = (self.pool_for(&to).await?, false);
+                }
+                Some(Redirect::Ask(to)) => (target, asking) = (self.pool_for(&to).await?, true),
+                Some(Redirect::TryAgain) => tokio::time::sleep(RETRY_PAUSE).await,
+                Some(Redirect::ClusterDown) => {
+                    self.inner.stale.store(true, Ordering::Release);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    (target, asking) = (self.inner.routing().owner_pool(slot)?, false);
+                }
+            }
+            let client = connected_client(&target)?.clone();
+            let values = || args.iter().map(|&a| fred::types::Value::from(a)).collect();
+            reply = if asking {
+                batch::run_asking(script, &client, keys.clone(), values()).await
+            } else {
+                batch::run_script(script, &client, keys.clone(), values()).await
+            };
+        }
+        match reply {
+            Ok(reply) => Ok(reply),
+            Err(e) if Redirect::of(&e).is_some() => Err(StoreError::Moved(e.to_string())),
+            Err(e) => Err(store_error(e, timeout)),
+        }
+    }
+
+    /// The pool of the server named `host:port` by a redirection: a
+    /// primary of the routing, or one opened for it (a node that owns no
+    /// slot yet, the target of a slot's first migration), waited for
+    /// within the call's timeout.
+    async fn pool_for(&self, name: &str) -> Result<Arc<NodePool>, StoreError> {
+        if let Some(pool) = self
+            .inner
+            .routing()
+            .nodes
+            .iter()
+            .find(|n| n.id.name() == Some(name))
+        {
+            return Ok(pool.clone());
+        }
+        let Deployment::Cluster { settings, .. } = &self.inner.deployment else {
+            return Err(StoreError::Moved(format!("redirected to {name}")));
+        };
+        let pool = {
+            let mut extra = self
+                .inner
+                .redirect_pools
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match extra.get(name) {
+                Some(pool) => pool.clone(),
+                None => {
+                    let (host, port) = name
+                        .rsplit_once(':')
+                        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+                        .ok_or_else(|| StoreError::Moved(format!("redirected to {name}")))?;
+                    let pool = Arc::new(settings.open_node(Server::new(host, port))?);
+                    extra.insert(name.to_string(), pool.clone());
+                    pool
+                }
+            }
+        };
+        while !pool.is_connected() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(pool)
+    }
+}
+
+/// Most redirections one call follows (a slot that moved, then moves on).
+const MAX_REDIRECTS: usize = 5;
+/// The wait before trying again after `TRYAGAIN` or `CLUSTERDOWN`: a key
+/// of a migration in flight lands within a `MIGRATE`, a failover takes a
+/// node timeout.
+const RETRY_PAUSE: Duration = Duration::from_millis(5);
+
+/// A reply that says the call's keys are elsewhere, or will be: the
+/// script did not run.
+enum Redirect {
+    /// A batched call whose keys were not on its server ([`batch::NOT_HERE_ERROR`]).
+    NotHere,
+    /// `MOVED <slot> <host:port>`.
+    Moved(String),
+    /// `ASK <slot> <host:port>`.
+    Ask(String),
+    TryAgain,
+    ClusterDown,
+}
+
+impl Redirect {
+    fn of(e: &FredError) -> Option<Redirect> {
+        let details = e.details();
+        let target = |prefix: &str| {
+            details
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.split_whitespace().nth(1))
+                .map(str::to_string)
+        };
+        if details.starts_with(batch::NOT_HERE_ERROR) {
+            Some(Redirect::NotHere)
+        } else if let Some(to) = target("MOVED ") {
+            Some(Redirect::Moved(to))
+        } else if let Some(to) = target("ASK ") {
+            Some(Redirect::Ask(to))
+        } else if details.starts_with("TRYAGAIN") {
+            Some(Redirect::TryAgain)
+        } else if details.starts_with("CLUSTERDOWN") {
+            Some(Redirect::ClusterDown)
+        } else {
+            None
         }
     }
 }

@@ -66,6 +66,19 @@ impl Routing {
             .collect()
     }
 
+    /// The pool of the slot's primary, or why there is none.
+    pub(super) fn owner_pool(&self, slot: u16) -> Result<Arc<NodePool>, StoreError> {
+        match self.slots.get(slot as usize) {
+            Some(&index) if index != UNOWNED => Ok(self.nodes[index as usize].clone()),
+            _ if self.nodes.is_empty() => Err(StoreError::Unavailable(
+                "redis cluster routing not known yet".into(),
+            )),
+            _ => Err(StoreError::Unavailable(format!(
+                "no redis primary serves slot {slot}"
+            ))),
+        }
+    }
+
     pub(super) fn owner(&self, slot: u16) -> Option<&NodePool> {
         match self.slots.get(slot as usize) {
             Some(&index) if index != UNOWNED => Some(&self.nodes[index as usize]),

@@ -47,6 +47,11 @@ impl Scripts {
     }
 }
 
+/// A batch reply's marker for a call whose keys are not on that server.
+pub(super) const NOT_HERE: i64 = -1;
+/// A batch reply's marker for a call that failed otherwise.
+pub(super) const FAILED: i64 = -2;
+
 /// The batch script's number for an algorithm.
 pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
     match algorithm {
@@ -60,16 +65,22 @@ pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
 /// The batch script. `ARGV` holds, per call in order: the algorithm's
 /// number, its key count, its argument count, its keys, then its
 /// arguments. The reply is, per call, the length of its reply followed by
-/// that reply. The calls run one after the other in one atomic step, each
-/// exactly as its own script would.
+/// that reply, or a lone `-1` ([`NOT_HERE`]: its keys are not on this
+/// server) or `-2` ([`FAILED`]: another error). The calls run one after
+/// the other in one atomic step, each exactly as its own script would,
+/// each under its own `pcall`: one call's error is that call's alone.
 ///
 /// The keys travel in `ARGV`, not `KEYS`: on a cluster a batch carries
 /// limiters of many slots of one primary, and Redis refuses declared keys
 /// of different slots in one call (`CROSSSLOT`) but lets a script without
 /// flags use keys of any slot its server holds. So the batch goes to the
-/// primary the routing names, as every call does; a slot that moved away
-/// makes the call that touches it fail with an error, never count
-/// elsewhere.
+/// primary the routing names, as every call does, and Redis cannot
+/// redirect it before it runs. A call whose slot moved away, or is being
+/// migrated and its keys are not (all) here, fails at its first read
+/// ("non local key"), before it writes anything (every algorithm's script
+/// reads all its keys first): it answers `-1`, records nothing, and is
+/// sent again alone, with its keys declared, so that Redis redirects it
+/// (`MOVED`, `ASK`) to the node that holds them.
 ///
 /// The server's clock is read once per batch, not once per call: every
 /// call of a batch is decided at the same instant, as if they had arrived
@@ -101,9 +112,25 @@ while ARGV[a] do
   for j = 1, nkeys do keys[j] = ARGV[a + 2 + j] end
   for j = 1, nargs do args[j] = ARGV[a + 2 + nkeys + j] end
   a = a + 3 + nkeys + nargs
-  local reply = run[algorithm](keys, args)
-  out[#out + 1] = #reply
-  for j = 1, #reply do out[#out + 1] = reply[j] end
+  local ok, reply = pcall(run[algorithm], keys, args)
+  if ok then
+    out[#out + 1] = #reply
+    for j = 1, #reply do out[#out + 1] = reply[j] end
+  else
+    -- Each script reads all its keys before it writes any, so a call
+    -- whose slot is not (or no longer wholly) here stops at its first
+    -- read and records nothing: -1 says so, and only that call is sent
+    -- again, to the node that holds its keys. -2: any other error, this
+    -- call's alone.
+    local message = type(reply) == 'table' and reply.err or tostring(reply)
+    if string.find(message, 'non local key', 1, true)
+      or string.find(message, 'cluster is down', 1, true)
+      or string.find(message, 'CLUSTERDOWN', 1, true) then
+      out[#out + 1] = -1
+    else
+      out[#out + 1] = -2
+    end
+  end
 end
 return out
 "#,
