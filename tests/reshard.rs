@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use support::redis::{ClusterOptions, RedisCluster};
+use support::redis::{ClusterOptions, RedisCluster, cluster_tool};
 use support::tollgate::{Tollgate, descriptor};
 use support::unique_domain;
 
@@ -38,31 +38,6 @@ fn rules(domain: &str) -> String {
     text
 }
 
-/// The node id and port of each primary, by `CLUSTER NODES`.
-fn primaries(cluster: &RedisCluster) -> Vec<(String, u16, usize)> {
-    let port = cluster.ports()[0];
-    cluster
-        .cli(port, &["CLUSTER", "NODES"])
-        .lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if !f.get(2)?.split(',').any(|x| x == "master") {
-                return None;
-            }
-            let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
-            let slots = f[8..]
-                .iter()
-                .filter(|r| !r.starts_with('['))
-                .map(|r| {
-                    let (lo, hi) = r.split_once('-').unwrap_or((r, r));
-                    hi.parse::<usize>().unwrap() - lo.parse::<usize>().unwrap() + 1
-                })
-                .sum();
-            Some((f[0].to_string(), port, slots))
-        })
-        .collect()
-}
-
 /// Load from `CALLERS` callers until `stop`: each call a hot limiter (of
 /// every algorithm in turn) or a fresh cold one. Counts answers, errors,
 /// and admissions per hot limiter.
@@ -71,6 +46,10 @@ struct Load {
     errors: AtomicU64,
     first_error: std::sync::Mutex<Option<String>>,
     admitted: std::sync::Mutex<HashMap<(usize, usize), u64>>,
+    /// Each answer's latency in microseconds, with whether the change was
+    /// under way.
+    latencies: std::sync::Mutex<Vec<(bool, u64)>>,
+    changing: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -92,9 +71,13 @@ async fn caller(t: Arc<Tollgate>, domain: String, load: Arc<Load>, me: usize) {
             descriptors: vec![descriptor(&[(ALGOS[algo], &value)])],
             hits_addend: 0,
         };
+        let sent = std::time::Instant::now();
         match c.should_rate_limit(req).await {
             Ok(r) => {
                 load.answers.fetch_add(1, Ordering::Relaxed);
+                let during = load.changing.load(Ordering::Relaxed);
+                let micros = sent.elapsed().as_micros() as u64;
+                load.latencies.lock().unwrap().push((during, micros));
                 if let Some(i) = hot
                     && r.into_inner().overall_code == Code::Ok as i32
                 {
@@ -113,7 +96,7 @@ async fn caller(t: Arc<Tollgate>, domain: String, load: Arc<Load>, me: usize) {
 }
 
 /// Runs `change` (blocking) while the load runs; checks every answer.
-async fn under_load(cluster: &RedisCluster, change: impl FnOnce() + Send + 'static) {
+async fn under_load(what: &str, cluster: &RedisCluster, change: impl FnOnce() + Send + 'static) {
     support::away_from_an_hour_boundary().await;
     let domain = unique_domain("reshard");
     let t = Arc::new(
@@ -125,6 +108,8 @@ async fn under_load(cluster: &RedisCluster, change: impl FnOnce() + Send + 'stat
         errors: AtomicU64::new(0),
         first_error: std::sync::Mutex::new(None),
         admitted: std::sync::Mutex::new(HashMap::new()),
+        latencies: std::sync::Mutex::new(Vec::new()),
+        changing: AtomicBool::new(false),
         stop: AtomicBool::new(false),
     });
     let callers: Vec<_> = (0..CALLERS)
@@ -140,8 +125,14 @@ async fn under_load(cluster: &RedisCluster, change: impl FnOnce() + Send + 'stat
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before = load.answers.load(Ordering::Relaxed);
+    let redirects_before = redirects(&t).await;
+    load.changing.store(true, Ordering::Relaxed);
+    let started = std::time::Instant::now();
     tokio::task::spawn_blocking(change).await.unwrap();
+    let took = started.elapsed();
+    load.changing.store(false, Ordering::Relaxed);
     let during = load.answers.load(Ordering::Relaxed) - before;
+    let redirected = redirects(&t).await - redirects_before;
     // Every hot limiter past its limit, or 10 s more.
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     while load
@@ -162,7 +153,15 @@ async fn under_load(cluster: &RedisCluster, change: impl FnOnce() + Send + 'stat
     }
     let answers = load.answers.load(Ordering::Relaxed);
     let errors = load.errors.load(Ordering::Relaxed);
-    eprintln!("{answers} answers ({during} during the change), {errors} errors");
+    let latencies = load.latencies.lock().unwrap().clone();
+    let (rate_before, p99_before) = phase(&latencies, false);
+    let (_, p99_during) = phase(&latencies, true);
+    eprintln!(
+        "{what}: {answers} answers, {errors} errors; before: {rate_before:.0}/s-ish, p99 {p99_before} us; \
+         during ({:.1} s): {:.0}/s, p99 {p99_during} us; {redirected} calls redirected",
+        took.as_secs_f64(),
+        during as f64 / took.as_secs_f64()
+    );
     assert!(during > 100, "the load ran during the change: {during}");
     assert_eq!(
         errors,
@@ -194,35 +193,143 @@ async fn under_load(cluster: &RedisCluster, change: impl FnOnce() + Send + 'stat
     Arc::into_inner(t).unwrap().stop().await;
 }
 
-/// Moves `slots` slots from the primary with the most to the one with the
-/// fewest, with `redis-cli --cluster reshard`.
-fn reshard(port: u16, from: &str, to: &str, slots: usize) {
-    let out = std::process::Command::new("redis-cli")
-        .args(["--cluster", "reshard", &format!("127.0.0.1:{port}")])
-        .args(["--cluster-from", from, "--cluster-to", to])
-        .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "reshard failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// Answers per second (over the whole phase's answers, for a rough
+/// comparison) and the p99 latency in microseconds of one phase.
+fn phase(latencies: &[(bool, u64)], during: bool) -> (f64, u64) {
+    let mut l: Vec<u64> = latencies
+        .iter()
+        .filter(|(d, _)| *d == during)
+        .map(|(_, us)| *us)
+        .collect();
+    if l.is_empty() {
+        return (0.0, 0);
+    }
+    l.sort_unstable();
+    let total: u64 = l.iter().sum();
+    let rate = CALLERS as f64 * l.len() as f64 / (total as f64 / 1e6);
+    (rate, l[(l.len() * 99 / 100).min(l.len() - 1)])
 }
 
+/// `tollgate_store_redirects_total` of `t`.
+async fn redirects(t: &Tollgate) -> f64 {
+    let (_, page) = support::http_get(t.http, "/metrics").await;
+    page.lines()
+        .find(|l| l.starts_with("tollgate_store_redirects_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// Moves `slots` slots from node `from` to node `to` (ids).
+fn reshard(port: u16, from: &str, to: &str, slots: usize) {
+    cluster_tool(&[
+        "reshard",
+        &format!("127.0.0.1:{port}"),
+        "--cluster-from",
+        from,
+        "--cluster-to",
+        to,
+        "--cluster-slots",
+        &slots.to_string(),
+        "--cluster-yes",
+    ]);
+}
+
+/// The primaries' ids, ports and slot counts.
+fn primaries(cluster: &RedisCluster) -> Vec<(String, u16, usize)> {
+    cluster
+        .node_ids()
+        .into_iter()
+        .filter_map(|(id, port, slots)| Some((id, port, slots?)))
+        .collect()
+}
+
+/// Three primaries: a reshard of 4,000 slots, a fourth primary added and
+/// the slots rebalanced onto it, then that primary emptied and removed,
+/// each under load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reshard_under_load_answers_every_decision() {
-    let cluster = RedisCluster::start_with(ClusterOptions {
+async fn reshard_scale_out_and_in_under_load() {
+    let mut cluster = RedisCluster::start_with(ClusterOptions {
         replicas: 0,
         require_full_coverage: true,
     });
     let p = primaries(&cluster);
     assert_eq!(p.len(), 3, "{p:?}");
-    let (from, to) = (p[0].0.clone(), p[1].0.clone());
-    let port = p[2].1;
-    under_load(&cluster, move || reshard(port, &from, &to, 4000)).await;
-    let after = primaries(&cluster);
-    assert!(after.iter().any(|(_, _, s)| *s >= 9000), "{after:?}");
+    let (from, to, port) = (p[0].0.clone(), p[1].0.clone(), p[2].1);
+    under_load("reshard 4,000 slots", &cluster, move || {
+        reshard(port, &from, &to, 4000)
+    })
+    .await;
+    assert!(primaries(&cluster).iter().any(|p| p.2 >= 9000));
+
+    let added = cluster.add_primary();
+    let seed = format!("127.0.0.1:{port}");
+    under_load("add a primary and rebalance", &cluster, move || {
+        cluster_tool(&["rebalance", &seed, "--cluster-use-empty-masters"]);
+    })
+    .await;
+    let p = primaries(&cluster);
+    let new = p.iter().find(|n| n.1 == added).unwrap().clone();
+    assert!(new.2 > 2000, "the new primary took slots: {p:?}");
+
+    let (keep, port) = (p.iter().find(|n| n.1 != added).unwrap().0.clone(), p[0].1);
+    let port = if port == added { p[1].1 } else { port };
+    under_load("empty a primary and remove it", &cluster, move || {
+        reshard(port, &new.0, &keep, new.2);
+        cluster_tool(&["del-node", &format!("127.0.0.1:{port}"), &new.0]);
+    })
+    .await;
+    cluster.forget_node(added);
+    assert_eq!(primaries(&cluster).len(), 3);
+}
+
+/// Three primaries with a replica each: a reshard with a primary (not
+/// one of the two moving slots) failing over to its replica midway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_during_a_reshard_under_load() {
+    let cluster = RedisCluster::start();
+    let p = primaries(&cluster);
+    assert_eq!(p.len(), 3, "{p:?}");
+    let (from, to, third) = (p[0].0.clone(), p[1].0.clone(), p[2].clone());
+    let replica = cluster
+        .node_ids()
+        .into_iter()
+        .find(|(_, port, slots)| {
+            slots.is_none()
+                && support::redis::cli(*port, &["INFO", "replication"])
+                    .contains(&format!("master_port:{}", third.1))
+        })
+        .expect("the third primary's replica")
+        .1;
+    let port = third.1;
+    // redis-cli reshards with the roles it read at its start (a demoted
+    // primary refuses its SETSLOT), so the 3,000 slots move in six runs
+    // and the failover comes between the second and the third, while the
+    // load goes on.
+    under_load("reshard 3,000 slots with a failover", &cluster, move || {
+        for chunk in 0..6 {
+            if chunk == 2 {
+                assert_eq!(support::redis::cli(replica, &["CLUSTER", "FAILOVER"]), "OK");
+                support::redis::wait_until(
+                    "the replica took over",
+                    Duration::from_secs(30),
+                    || {
+                        support::redis::cli(replica, &["INFO", "replication"])
+                            .contains("role:master")
+                    },
+                );
+            }
+            let seed = if chunk < 2 { port } else { replica };
+            // The nodes agree on the last run's slots before the next.
+            support::redis::wait_until("the nodes agree", Duration::from_secs(30), || {
+                std::process::Command::new("redis-cli")
+                    .args(["--cluster", "check", &format!("127.0.0.1:{seed}")])
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
+            reshard(seed, &from, &to, 500);
+        }
+    })
+    .await;
+    cluster.wait_state_ok(Duration::from_secs(30));
 }

@@ -450,6 +450,16 @@ fn register_observers(meter: &Meter, s: Sources) {
         .build();
     let store = s.store.clone();
     meter
+        .u64_observable_counter("tollgate.store.redirects")
+        .with_description("Redis Cluster: calls sent again because their slot had moved or was moving (MOVED, ASK, TRYAGAIN, CLUSTERDOWN)")
+        .with_callback(move |o| {
+            if let Some(n) = store.gauges().redirects {
+                o.observe(n, &[KeyValue::new("backend", store.kind())]);
+            }
+        })
+        .build();
+    let store = s.store.clone();
+    meter
         .u64_observable_counter("tollgate.store.batches")
         .with_description("Redis: batches of several script calls sent as one EVALSHA (kind=batches) and the calls they carried (kind=calls)")
         .with_callback(move |o| {

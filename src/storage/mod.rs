@@ -322,6 +322,10 @@ pub struct StoreGauges {
     /// Redis: batches of several script calls sent as one `EVALSHA`, and
     /// the calls they carried (calls sent alone are in neither).
     pub batches: Option<(u64, u64)>,
+    /// Redis Cluster: calls sent again because their slot had moved or was
+    /// moving (`MOVED`, `ASK`, a batched call whose keys were elsewhere,
+    /// `TRYAGAIN`, `CLUSTERDOWN`).
+    pub redirects: Option<u64>,
     /// The local over-limit cache in front of the store, when enabled.
     pub over_limit_cache: Option<CacheCounts>,
     /// The coalescing layer, when enabled.

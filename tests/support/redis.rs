@@ -489,7 +489,50 @@ impl RedisServer {
 /// A Redis Cluster of 3 primaries, each with one replica.
 pub struct RedisCluster {
     nodes: Vec<Node>,
+    coverage: &'static str,
     _dir: TempDir,
+}
+
+/// A cluster node's command line.
+fn cluster_args(dir: &Path, port: u16, coverage: &str) -> Vec<String> {
+    let mut args = base_args(dir, port);
+    args.extend(
+        [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &format!("nodes-{port}.conf"),
+            "--cluster-node-timeout",
+            &CLUSTER_NODE_TIMEOUT_MS.to_string(),
+            // Let a replica take over however stale it is.
+            "--cluster-replica-validity-factor",
+            "0",
+            "--cluster-require-full-coverage",
+            coverage,
+        ]
+        .map(str::to_owned),
+    );
+    args
+}
+
+/// Runs `redis-cli --cluster ARGS` and insists it succeeds.
+pub fn cluster_tool(args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .arg("--cluster")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}; {INSTALL_HINT}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "redis-cli --cluster {args:?} failed:\n{text}"
+    );
+    text
 }
 
 /// The shape of a [`RedisCluster`].
@@ -525,28 +568,7 @@ impl RedisCluster {
             "no"
         };
         let nodes: Vec<Node> = (0..3 * (1 + options.replicas))
-            .map(|_| {
-                Node::start(&path, |port| {
-                    let mut args = base_args(&path, port);
-                    args.extend(
-                        [
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            &format!("nodes-{port}.conf"),
-                            "--cluster-node-timeout",
-                            &CLUSTER_NODE_TIMEOUT_MS.to_string(),
-                            // Let a replica take over however stale it is.
-                            "--cluster-replica-validity-factor",
-                            "0",
-                            "--cluster-require-full-coverage",
-                            coverage,
-                        ]
-                        .map(str::to_owned),
-                    );
-                    args
-                })
-            })
+            .map(|_| Node::start(&path, |port| cluster_args(&path, port, coverage)))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
@@ -567,9 +589,66 @@ impl RedisCluster {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-        let cluster = RedisCluster { nodes, _dir: dir };
+        let cluster = RedisCluster {
+            nodes,
+            coverage,
+            _dir: dir,
+        };
         cluster.wait_healthy(Duration::from_secs(30));
         cluster
+    }
+
+    /// Starts one more node and adds it to the cluster as a primary with
+    /// no slots (`redis-cli --cluster add-node`); returns its port.
+    pub fn add_primary(&mut self) -> u16 {
+        let path = self._dir.path().to_owned();
+        let coverage = self.coverage;
+        let node = Node::start(&path, |port| cluster_args(&path, port, coverage));
+        let port = node.port;
+        let seed = format!("127.0.0.1:{}", self.live_ports()[0]);
+        self.nodes.push(node);
+        cluster_tool(&["add-node", &format!("127.0.0.1:{port}"), &seed]);
+        self.wait_healthy(Duration::from_secs(30));
+        port
+    }
+
+    /// Forgets the node on `port` (removed with `del-node`, which shuts
+    /// it down): health checks no longer wait for it.
+    pub fn forget_node(&mut self, port: u16) {
+        if let Some(i) = self.nodes.iter().position(|n| n.port == port) {
+            let mut node = self.nodes.remove(i);
+            node.kill();
+        }
+    }
+
+    /// Each node's id and port, with its slot count for a primary and
+    /// `None` for a replica, by a live node's `CLUSTER NODES`.
+    pub fn node_ids(&self) -> Vec<(String, u16, Option<usize>)> {
+        let port = self.live_ports()[0];
+        cli(port, &["CLUSTER", "NODES"])
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let port = f
+                    .get(1)?
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let primary = f.get(2)?.split(',').any(|x| x == "master");
+                let slots = f[8..]
+                    .iter()
+                    .filter(|r| !r.starts_with('['))
+                    .map(|r| {
+                        let (lo, hi) = r.split_once('-').unwrap_or((r, r));
+                        hi.parse::<usize>().unwrap() - lo.parse::<usize>().unwrap() + 1
+                    })
+                    .sum();
+                Some((f[0].to_string(), port, primary.then_some(slots)))
+            })
+            .collect()
     }
 
     /// Ports of the nodes started (running or not).

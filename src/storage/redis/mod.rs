@@ -93,6 +93,8 @@ struct Inner {
     redirect_pools: Mutex<HashMap<String, Arc<NodePool>>>,
     /// Script sets loaded into a server, for metrics.
     script_loads: AtomicU64,
+    /// Calls sent again after a redirection, for metrics.
+    redirects: AtomicU64,
     /// The supervisor; aborted on drop so a dropped store stops
     /// reconnecting.
     supervisor: Mutex<Option<AbortHandle>>,
@@ -169,6 +171,7 @@ impl RedisStore {
             stale: AtomicBool::new(true),
             redirect_pools: Mutex::new(HashMap::new()),
             script_loads: AtomicU64::new(0),
+            redirects: AtomicU64::new(0),
             supervisor: Mutex::new(None),
         });
         let task = tokio::spawn(supervise(Arc::downgrade(&inner)));
@@ -349,7 +352,11 @@ impl RedisStore {
                 Ok(reply) => return Ok(reply),
                 Err(e) => e,
             };
-            match Redirect::of(&e) {
+            let redirect = Redirect::of(&e);
+            if redirect.is_some() {
+                self.inner.redirects.fetch_add(1, Ordering::Relaxed);
+            }
+            match redirect {
                 None => return Err(store_error(e, timeout)),
                 Some(Redirect::NotHere) => {
                     self.inner.stale.store(true, Ordering::Release);
@@ -529,6 +536,7 @@ impl Store for RedisStore {
     fn gauges(&self) -> StoreGauges {
         StoreGauges {
             script_loads: Some(self.inner.script_loads.load(Ordering::Relaxed)),
+            redirects: Some(self.inner.redirects.load(Ordering::Relaxed)),
             batches: Some(self.inner.batch_counts()),
             ..StoreGauges::default()
         }

@@ -124,6 +124,7 @@ while ARGV[a] do
     -- call's alone.
     local message = type(reply) == 'table' and reply.err or tostring(reply)
     if string.find(message, 'non local key', 1, true)
+      or string.find(message, 'READONLY', 1, true)
       or string.find(message, 'cluster is down', 1, true)
       or string.find(message, 'CLUSTERDOWN', 1, true) then
       out[#out + 1] = -1

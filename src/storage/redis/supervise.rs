@@ -123,8 +123,28 @@ pub(super) async fn refresh_cluster(
     if Routing::cluster_source(&state) == inner.routing().source {
         return;
     }
-    match Routing::cluster(&state, pools, settings) {
+    // Pools opened to follow a redirection (a new primary that took its
+    // first slots) are used as they are.
+    let mut known = pools.clone();
+    for (name, pool) in inner
+        .redirect_pools
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        known.entry(name.clone()).or_insert(pool.clone());
+    }
+    match Routing::cluster(&state, &known, settings) {
         Ok(routing) => {
+            // A primary new to us gets its connections before calls are
+            // routed to it: until then its slots' calls go to the old
+            // owner, which redirects them.
+            let deadline = tokio::time::Instant::now() + settings.connect_timeout;
+            for node in &routing.nodes {
+                while !node.is_connected() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
             let primaries: Vec<String> = routing.nodes.iter().map(|n| n.id.to_string()).collect();
             tracing::info!(kind = inner.kind, primaries = ?primaries, "redis cluster routing updated");
             *pools = routing
@@ -132,6 +152,11 @@ pub(super) async fn refresh_cluster(
                 .iter()
                 .map(|n| (n.id.to_string(), n.clone()))
                 .collect();
+            inner
+                .redirect_pools
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|name, _| !pools.contains_key(name));
             inner.set_routing(routing);
         }
         Err(e) => tracing::error!(error = %e, "opening a redis cluster node"),
