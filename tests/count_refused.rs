@@ -530,3 +530,52 @@ descriptors:
     );
     t.stop().await;
 }
+
+/// A request whose other descriptor's store call fails (`on_store_error:
+/// error`, the default: the caller gets an error) is no OK, so what its
+/// `count_refused: false` limiter charged is taken back. The failure is
+/// real: the other limiter's Redis key holds a value of the wrong type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_descriptor_takes_the_others_charge_back() {
+    let redis = RedisServer::start();
+    let domain = unique_domain("failed");
+    let text = format!(
+        "domain: {domain}\ndescriptors:\n  - key: site\n    rate_limit: {{unit: hour, requests_per_unit: 1, count_refused: false, algorithm: fixed_window}}\n  - key: broken\n    rate_limit: {{unit: hour, requests_per_unit: 100, algorithm: fixed_window}}\n"
+    );
+    let t = Tollgate::start(&[("r.yaml", &text)], &[("store", &redis.url())]).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    let mut c = t.client().await;
+    let one = |entries: &[(&str, &str)]| RateLimitRequest {
+        domain: domain.clone(),
+        descriptors: vec![descriptor(entries)],
+        hits_addend: 0,
+    };
+    // The broken limiter's key, made a string where a hash belongs.
+    ask(&mut c, one(&[("broken", "b")])).await;
+    let keys = redis.cli(&["--scan", "--pattern", "*"]);
+    let key = keys
+        .lines()
+        .find(|k| k.contains(&domain) && k.contains("broken"))
+        .unwrap_or_else(|| panic!("no key for broken in {keys:?}"))
+        .to_string();
+    redis.cli(&["DEL", &key]);
+    redis.cli(&["SET", &key, "not a hash", "EX", "3600"]);
+
+    let both = RateLimitRequest {
+        domain: domain.clone(),
+        descriptors: vec![descriptor(&[("site", "s")]), descriptor(&[("broken", "b")])],
+        hits_addend: 0,
+    };
+    let err = c.should_rate_limit(both).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    // The site's one hit an hour is still there.
+    let r = ask(&mut c, one(&[("site", "s")])).await;
+    assert_eq!(
+        r.overall_code,
+        Code::Ok as i32,
+        "the failed request's charge was taken back"
+    );
+    let r = ask(&mut c, one(&[("site", "s")])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    t.stop().await;
+}

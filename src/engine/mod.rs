@@ -210,6 +210,7 @@ impl Engine {
         let mut charges = Vec::new();
         let mut metadata = Vec::new();
         let mut any_over = false;
+        let mut failed = None;
         let mut quota_total = 0;
         let mut quota_over = 0;
         let answers = req
@@ -245,7 +246,7 @@ impl Engine {
                         let hits = descriptor.hits.unwrap_or(request_hits);
                         self.count_taken_back(rule, entries, &limited.steps, hits);
                     }
-                    let mut status = self.decided(
+                    let decided = self.decided(
                         index,
                         descriptor,
                         entries,
@@ -253,7 +254,17 @@ impl Engine {
                         limited,
                         outcome,
                         counted,
-                    )?;
+                    );
+                    let mut status = match decided {
+                        Ok(status) => status,
+                        Err(e) => {
+                            // The request fails: what the other
+                            // descriptors charged is taken back below.
+                            failed.get_or_insert(e);
+                            statuses.push(Status::no_limit());
+                            continue;
+                        }
+                    };
                     charges.extend(charge);
                     let shadow = rule.is_some_and(|r| r.shadow_mode);
                     let quota = rule.is_some_and(|r| r.quota_mode);
@@ -276,6 +287,14 @@ impl Engine {
                 }
             };
             statuses.push(status);
+        }
+        if let Some(e) = failed {
+            // As a refusal: the caller gets no OK for this request.
+            if !charges.is_empty() {
+                self.settle(charges, true, req, &identities, &statuses)
+                    .await;
+            }
+            return Err(e);
         }
         let over = any_over || (quota_total > 0 && quota_over == quota_total);
         // By the answer enforcement gives: under global shadow mode too,
