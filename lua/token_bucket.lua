@@ -151,7 +151,11 @@ if dirty and debt == 0 then
 elseif dirty then
   redis.call('HSET', KEYS[1], 't', string.format('%d', stamp),
     'd', string.format('%d', debt), 'k', string.format('%d', k))
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(div_ceil(debt, k) / 1000)))
+  -- Full at stamp + debt: after the server's clock stepped back the stamp
+  -- is ahead of now, and the key must outlive the debt counted from it.
+  local ahead = stamp - now
+  if ahead < 0 then ahead = 0 end
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((ahead + div_ceil(debt, k)) / 1000)))
 end
 
 return out

@@ -333,3 +333,136 @@ async fn a_failover_during_a_reshard_under_load() {
     .await;
     cluster.wait_state_ok(Duration::from_secs(30));
 }
+
+/// One batch to a primary holding calls on a limiter whose slot has just
+/// moved to another primary, on a fresh limiter in a slot being migrated
+/// away, and on many limiters that stay: the staying calls are answered
+/// once, from the batch; the two others, which recorded nothing there, are
+/// sent again alone and follow `MOVED` and `ASK`; every limiter ends with
+/// exactly one more hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_a_moved_and_a_migrating_slot() {
+    use tollgate::limit::{Algorithm, Unit};
+    use tollgate::storage::{Hit, RedisConfig, RedisStore, Shard, Store};
+
+    support::away_from_an_hour_boundary().await;
+    let cluster = RedisCluster::start_with(ClusterOptions {
+        replicas: 0,
+        require_full_coverage: true,
+    });
+    let store = RedisStore::connect(RedisConfig {
+        url: cluster.url(),
+        batch_lanes: 1,
+        command_timeout: Duration::from_secs(5),
+        ..RedisConfig::default()
+    })
+    .await
+    .unwrap();
+    assert!(store.wait_ready(Duration::from_secs(20)).await);
+    let domain = unique_domain("batch-moves");
+    let names: Vec<String> = (0..300).map(|i| format!("limiter-{i}")).collect();
+    let entries: Vec<Vec<(String, String)>> = names
+        .iter()
+        .map(|n| vec![("user".to_string(), n.clone())])
+        .collect();
+    let hit = |e: &'static [(String, String)], domain: &'static str| Hit {
+        domain,
+        entries: e,
+        algorithm: Algorithm::FixedWindow,
+        limit: 100,
+        window: Unit::Hour.into(),
+        hits: 1,
+        negative: false,
+        usage_reports: false,
+        buckets: 2,
+        burst: 0,
+        shard: Shard::NONE,
+        receipt: false,
+    };
+    let domain: &'static str = Box::leak(domain.into_boxed_str());
+    let entries: &'static [Vec<(String, String)>] = Box::leak(entries.into_boxed_slice());
+    for e in entries {
+        assert!(store.hit(hit(e, domain)).await.unwrap().admitted);
+    }
+    // Where each limiter's key lives.
+    let p = primaries(&cluster);
+    let (p1, p2) = (&p[0], &p[1]);
+    let on_p1: Vec<(usize, String, u16)> = cluster
+        .cli(p1.1, &["--scan", "--pattern", "*"])
+        .lines()
+        .filter(|k| k.contains(domain))
+        .map(|k| {
+            let i = names
+                .iter()
+                .position(|n| k.ends_with(&format!("user={n}")))
+                .unwrap_or_else(|| panic!("which limiter is {k:?}"));
+            (i, k.to_string(), cluster.keyslot(k))
+        })
+        .collect();
+    assert!(
+        on_p1.len() >= 20,
+        "{} limiters on the first primary",
+        on_p1.len()
+    );
+    let (moved, migrating) = (&on_p1[0], &on_p1[1]);
+    assert_ne!(moved.2, migrating.2);
+    let staying: Vec<usize> = on_p1
+        .iter()
+        .filter(|(_, _, slot)| *slot != moved.2 && *slot != migrating.2)
+        .map(|(i, _, _)| *i)
+        .collect();
+
+    // The moved limiter's slot, with its key, to the second primary.
+    let slot = moved.2.to_string();
+    cluster.cli(p2.1, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &p1.0]);
+    cluster.cli(p1.1, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &p2.0]);
+    let migrated = cluster.cli(
+        p1.1,
+        &[
+            "MIGRATE",
+            "127.0.0.1",
+            &p2.1.to_string(),
+            &moved.1,
+            "0",
+            "5000",
+        ],
+    );
+    assert_eq!(migrated, "OK");
+    for (_, port, _) in &p {
+        cluster.cli(*port, &["CLUSTER", "SETSLOT", &slot, "NODE", &p2.0]);
+    }
+    // The migrating limiter: fresh (its key gone), its slot on its way.
+    cluster.cli(p1.1, &["DEL", &migrating.1]);
+    let slot = migrating.2.to_string();
+    cluster.cli(p2.1, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &p1.0]);
+    cluster.cli(p1.1, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &p2.0]);
+
+    let batches_before = store.gauges().batches.unwrap();
+    let mut all = vec![moved.0, migrating.0];
+    all.extend(&staying);
+    let store = &store;
+    let answers = futures_util::future::join_all(
+        all.iter()
+            .map(|&i| async move { (i, store.hit(hit(&entries[i], domain)).await) }),
+    )
+    .await;
+    let batches_after = store.gauges().batches.unwrap();
+    assert!(batches_after.0 > batches_before.0, "the calls were batched");
+    for (i, answer) in answers {
+        let d = answer.unwrap_or_else(|e| panic!("limiter-{i}: {e}"));
+        assert!(d.admitted, "limiter-{i}");
+        // Two hits on every limiter, one on the fresh one: exactly once.
+        let want = if i == migrating.0 { 99 } else { 98 };
+        assert_eq!(d.remaining, want, "limiter-{i} recorded once more");
+    }
+    assert!(store.gauges().redirects.unwrap() >= 2);
+    // The fresh limiter was created where the slot is going, not at home.
+    // (A key absent from a migrating slot is answered with ASK.)
+    let home = cluster.cli(p1.1, &["EXISTS", &migrating.1]);
+    assert!(home.starts_with("ASK") || home == "0", "{home}");
+    let p2_keys = cluster.cli(p2.1, &["--scan", "--pattern", "*"]);
+    assert!(p2_keys.lines().any(|k| k == migrating.1), "{p2_keys}");
+    for (_, port, _) in &p {
+        cluster.cli(*port, &["CLUSTER", "SETSLOT", &slot, "NODE", &p2.0]);
+    }
+}

@@ -499,6 +499,19 @@ fn shards_out_of_range() {
     assert_eq!(errors_of("shards_out_of_range.yaml").0.len(), 3);
 }
 
+/// A sharded token bucket's burst is split over its shards, each at least
+/// 1: more shards than the burst would admit more at once than the burst.
+#[test]
+fn shards_above_burst() {
+    assert_error(
+        "shards_above_burst.yaml",
+        12,
+        "descriptors[0].rate_limit.shards: ",
+        "shards (8) must not exceed burst (4)",
+    );
+    assert_eq!(errors_of("shards_above_burst.yaml").0.len(), 1);
+}
+
 /// `buckets` on another algorithm is refused, whether the rule names it or
 /// inherits it from `default_algorithm`.
 #[test]

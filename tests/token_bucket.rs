@@ -551,3 +551,51 @@ async fn an_override_is_a_bucket_with_its_limit_as_burst() {
     assert!((19..=20).contains(&reset.seconds), "{reset:?}");
     t.stop().await;
 }
+
+/// After the Redis server's clock steps back (a failover to a replica
+/// whose clock is behind), the bucket's stored time is ahead of the
+/// server's: its debt is counted from that time, so the key must live
+/// until then plus the debt, or it expires with the debt unpaid and the
+/// bucket is full again too early. The step is made by writing a stored
+/// time a minute ahead, as the earlier clock left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_step_back_keeps_the_debt() {
+    let redis = RedisServer::start();
+    let store = connect(redis.url()).await;
+    let name = unique_domain("step");
+    let entries = vec![("client".to_string(), name.clone())];
+    // 10 a second, burst 1: one token is 100 ms of debt.
+    assert!(
+        store
+            .hit(hit(&entries, 10, Unit::Second, 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let keys = redis.cli(&["--scan", "--pattern", "*"]);
+    let key = keys
+        .lines()
+        .find(|k| k.contains(&name))
+        .unwrap_or_else(|| panic!("no key for {name} in {keys:?}"))
+        .to_string();
+    let time = redis.cli(&["TIME"]);
+    let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+    let now = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
+    let ahead = now + 60_000_000;
+    redis.cli(&["HSET", &key, "t", &ahead.to_string(), "d", "0"]);
+    let d = store.hit(hit(&entries, 10, Unit::Second, 1)).await.unwrap();
+    assert!(d.admitted);
+    let ttl: i64 = redis.cli(&["PTTL", &key]).trim().parse().unwrap();
+    assert!(
+        ttl > 59_000,
+        "the key expires in {ttl} ms, before its debt (counted from a minute ahead) is paid"
+    );
+    // Still refused: the debt stands.
+    assert!(
+        !store
+            .hit(hit(&entries, 10, Unit::Second, 1))
+            .await
+            .unwrap()
+            .admitted
+    );
+}

@@ -347,7 +347,7 @@ impl Walker<'_> {
         );
         let shards = fields
             .get("shards")
-            .and_then(|(_, v)| self.shards(v, limit.as_ref(), path));
+            .and_then(|(_, v)| self.shards(v, limit.as_ref(), burst, path));
         let usage_reports = match fields.get("usage_reports") {
             Some(_) => self.flag(&fields, path, "usage_reports"),
             None => None,
@@ -372,8 +372,16 @@ impl Walker<'_> {
     }
 
     /// `shards`: a whole number in 1..=64, no more than a positive
-    /// `requests_per_unit` (every shard needs a share of at least 1).
-    fn shards(&mut self, node: &Yaml, limit: Option<&LimitSpec>, path: &str) -> Option<u16> {
+    /// `requests_per_unit` (every shard needs a share of at least 1), nor
+    /// than a token bucket's `burst` (each shard's bucket holds a share of
+    /// it, at least 1: more shards would admit more at once than `burst`).
+    fn shards(
+        &mut self,
+        node: &Yaml,
+        limit: Option<&LimitSpec>,
+        burst: Option<u64>,
+        path: &str,
+    ) -> Option<u16> {
         let path = join(path, "shards");
         let n = self.number(node, &path)?;
         let shards = match u16::try_from(n) {
@@ -399,6 +407,19 @@ impl Walker<'_> {
                 format!(
                     "shards ({shards}) must not exceed requests_per_unit ({requests_per_unit}): \
                      every shard needs a share of at least 1"
+                ),
+            );
+            return None;
+        }
+        if let Some(burst) = burst
+            && burst < u64::from(shards)
+        {
+            self.error(
+                line_of(node),
+                &path,
+                format!(
+                    "shards ({shards}) must not exceed burst ({burst}): every shard's bucket \
+                     holds a share of the burst, at least 1"
                 ),
             );
             return None;
