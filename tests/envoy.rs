@@ -176,3 +176,143 @@ async fn the_rlqs_example_assigns_denies_and_allows() {
     drop(envoy);
     tollgate.stop().await;
 }
+
+/// Starts Envoy on `config` (ports 9901, 10000, 8000 and 8081 moved to
+/// free ones, the last two to `upstream` and `grpc`); its listener.
+async fn envoy_on(config: &str, upstream: SocketAddr, grpc: SocketAddr) -> (Envoy, SocketAddr) {
+    let (admin, listener) = (free_port(), free_port());
+    let config = rewrite_ports(
+        config,
+        &[
+            (9901, admin),
+            (10000, listener),
+            (8000, upstream.port()),
+            (8081, grpc.port()),
+        ],
+    );
+    let envoy = tokio::task::spawn_blocking(move || {
+        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
+    })
+    .await
+    .unwrap();
+    (envoy, SocketAddr::from(([127, 0, 0, 1], listener)))
+}
+
+/// `examples/envoy/envoy.yaml` limits what its comments say: two searches a
+/// minute per API key, five calls a minute per API key on other paths,
+/// `internal-batch` unlimited (per IP still 20 a second), with Envoy's
+/// `x-ratelimit-*` headers built from tollgate's statuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_example_limits_what_its_comments_say() {
+    let e = edge(&[]).await;
+    let get = |path: &'static str, key: &'static str| {
+        let addr = e.listener;
+        async move { request(addr, path, &[("x-api-key", key)]).await }
+    };
+    let header = |h: &[(String, String)], name: &str| {
+        h.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    // Searches: 2 a minute per key.
+    let (s1, h1) = get("/search?q=tea", "k-123").await;
+    assert_eq!(s1, 200);
+    assert_eq!(
+        header(&h1, "x-ratelimit-limit"),
+        r#"2, 20;w=1;name="per_ip", 5;w=60;name="per_api_key", 2;w=60;name="search_per_api_key""#
+    );
+    assert_eq!(header(&h1, "x-ratelimit-remaining"), "1");
+    assert_eq!(get("/search?q=tea", "k-123").await.0, 200);
+    let (s3, h3) = get("/search?q=tea", "k-123").await;
+    assert_eq!(s3, 429);
+    assert_eq!(header(&h3, "x-ratelimit-remaining"), "0");
+    let reset: u64 = header(&h3, "x-ratelimit-reset").parse().unwrap();
+    assert!((1..=60).contains(&reset), "{reset}");
+    // Other paths: the key's 5 a minute (the 3 searches took 3 of them).
+    assert_eq!(get("/orders", "k-123").await.0, 200);
+    assert_eq!(get("/orders", "k-123").await.0, 200);
+    assert_eq!(
+        get("/orders", "k-123").await.0,
+        429,
+        "the sixth call of k-123"
+    );
+    for n in 1..=5 {
+        assert_eq!(get("/orders", "k-456").await.0, 200, "call {n} of k-456");
+    }
+    assert_eq!(get("/orders", "k-456").await.0, 429);
+    // The unlimited key (per IP still holds: the calls above were all
+    // from 127.0.0.1, so the per-IP window they used passes first).
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    for n in 1..=10 {
+        assert_eq!(get("/orders", "internal-batch").await.0, 200, "call {n}");
+    }
+    drop(e.envoy);
+    e.tollgate.stop().await;
+}
+
+/// `examples/envoy/usage-reports/`: the filter's own `rate_limits` check
+/// with a cost of 0 before each request and report the upstream's
+/// `x-tokens` when the stream ends; four responses of 300 close a budget of
+/// 1,000 and the fifth request is refused. The same policies on the route
+/// send no cost on Envoy 1.40, and the budget never closes: README says
+/// so, and this checks it again on the version installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_reported_after_the_response_close_a_budget() {
+    let version = std::process::Command::new(support::envoy::envoy_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).to_string();
+    assert!(version.contains("/1.40."), "Envoy 1.40 expected: {version}");
+    let rules = std::fs::read_to_string("examples/envoy/usage-reports/rules/llm.yaml").unwrap();
+    let tollgate = Tollgate::start(&[("llm.yaml", &rules)], &[]).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = support::envoy::upstream_with("x-tokens: 300\r\n").await;
+    let example = std::fs::read_to_string("examples/envoy/usage-reports/envoy.yaml").unwrap();
+    let (envoy, listener) = envoy_on(&example, upstream, tollgate.grpc).await;
+    for n in 1..=4 {
+        let (status, _) = request(listener, "/v1/chat", &[("x-tenant", "acme")]).await;
+        assert_eq!(
+            status,
+            200,
+            "request {n}: {} of 1,000 tokens used",
+            (n - 1) * 300
+        );
+        // The report is sent when the stream ends, without waiting.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (status, _) = request(listener, "/v1/chat", &[("x-tenant", "acme")]).await;
+    assert_eq!(status, 429, "1,200 of 1,000 tokens used");
+    let (status, _) = request(listener, "/v1/chat", &[("x-tenant", "other")]).await;
+    assert_eq!(status, 200, "another tenant's budget");
+    drop(envoy);
+
+    // The same two policies under the route instead.
+    let start = example
+        .find("                      rate_limits:\n")
+        .unwrap();
+    let end = example
+        .find("                      rate_limit_service:")
+        .unwrap();
+    let policies: String = example[start..end]
+        .lines()
+        .map(|l| format!("      {l}\n"))
+        .collect();
+    let route_level = format!("{}{}", &example[..start], &example[end..]).replace(
+        "                          route: {cluster: upstream}\n",
+        &format!("                          route:\n                            cluster: upstream\n{policies}"),
+    );
+    assert!(route_level.contains("      route:\n"), "{route_level}");
+    let (envoy, listener) = envoy_on(&route_level, upstream, tollgate.grpc).await;
+    for n in 1..=8 {
+        let (status, _) = request(listener, "/v1/chat", &[("x-tenant", "route-level")]).await;
+        assert_eq!(
+            status, 200,
+            "request {n}: Envoy {version} sends no hits_addend for a route's policies, so no cost is recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(envoy);
+    tollgate.stop().await;
+}

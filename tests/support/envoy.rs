@@ -168,6 +168,12 @@ pub fn rewrite_ports(config: &str, ports: &[(u16, u16)]) -> String {
 /// An upstream that answers every HTTP/1.1 request `200 ok` (keeping the
 /// connection), on a free loopback port, until the runtime ends.
 pub async fn upstream() -> SocketAddr {
+    upstream_with("").await
+}
+
+/// As [`upstream`], with `headers` (lines ending in `\r\n`) in every
+/// answer.
+pub async fn upstream_with(headers: &'static str) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -186,8 +192,10 @@ pub async fn upstream() -> SocketAddr {
                     // Requests without bodies: each ends at a blank line.
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         buf.drain(..end + 4);
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-type: text/plain\r\n\r\nok\n";
-                        if s.write_all(answer).await.is_err() {
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-type: text/plain\r\n{headers}\r\nok\n"
+                        );
+                        if s.write_all(answer.as_bytes()).await.is_err() {
                             return;
                         }
                     }
