@@ -316,3 +316,36 @@ async fn costs_reported_after_the_response_close_a_budget() {
     drop(envoy);
     tollgate.stop().await;
 }
+
+/// Envoy's `failure_mode_deny`, both ways, when tollgate cannot decide:
+/// its store down (tollgate answers `UNAVAILABLE` at once), and tollgate
+/// itself stopped. `false` (the example's) lets requests through; `true`
+/// answers 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_mode_deny_both_ways() {
+    let mut redis = support::redis::RedisServer::start();
+    let rules = std::fs::read_to_string("examples/envoy/rules/edge.yaml").unwrap();
+    let tollgate = Tollgate::start(&[("edge.yaml", &rules)], &[("store", &redis.url())]).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = upstream().await;
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap();
+    let deny = example.replace("failure_mode_deny: false", "failure_mode_deny: true");
+    assert_ne!(deny, example);
+    let (open_envoy, open) = envoy_on(&example, upstream, tollgate.grpc).await;
+    let (closed_envoy, closed) = envoy_on(&deny, upstream, tollgate.grpc).await;
+    assert_eq!(request(open, "/", &[]).await.0, 200);
+    assert_eq!(request(closed, "/", &[]).await.0, 200, "decided: OK");
+
+    redis.stop();
+    for _ in 0..3 {
+        assert_eq!(request(open, "/", &[]).await.0, 200, "store down: let through");
+        assert_eq!(request(closed, "/", &[]).await.0, 500, "store down: denied");
+    }
+    tollgate.stop().await;
+    for _ in 0..3 {
+        assert_eq!(request(open, "/", &[]).await.0, 200, "tollgate stopped: let through");
+        assert_eq!(request(closed, "/", &[]).await.0, 500, "tollgate stopped: denied");
+    }
+    assert!(open_envoy.counter("cluster.upstream.ratelimit.failure_mode_allowed") >= 6);
+    assert!(closed_envoy.counter("cluster.upstream.ratelimit.error") >= 6);
+}
