@@ -338,14 +338,202 @@ async fn failure_mode_deny_both_ways() {
 
     redis.stop();
     for _ in 0..3 {
-        assert_eq!(request(open, "/", &[]).await.0, 200, "store down: let through");
+        assert_eq!(
+            request(open, "/", &[]).await.0,
+            200,
+            "store down: let through"
+        );
         assert_eq!(request(closed, "/", &[]).await.0, 500, "store down: denied");
     }
     tollgate.stop().await;
     for _ in 0..3 {
-        assert_eq!(request(open, "/", &[]).await.0, 200, "tollgate stopped: let through");
-        assert_eq!(request(closed, "/", &[]).await.0, 500, "tollgate stopped: denied");
+        assert_eq!(
+            request(open, "/", &[]).await.0,
+            200,
+            "tollgate stopped: let through"
+        );
+        assert_eq!(
+            request(closed, "/", &[]).await.0,
+            500,
+            "tollgate stopped: denied"
+        );
     }
     assert!(open_envoy.counter("cluster.upstream.ratelimit.failure_mode_allowed") >= 6);
     assert!(closed_envoy.counter("cluster.upstream.ratelimit.error") >= 6);
+}
+
+/// The bootstrap Istio would generate around a workload, reduced to what
+/// the shipped EnvoyFilters patch: a listener whose connection manager has
+/// a virtual host (named as the sidecar's inbound one) and the router, an
+/// upstream, and the cluster Istio makes for the chart's Service (HTTP/2
+/// to tollgate).
+fn istio_like_bootstrap(admin: u16, listener: u16, upstream: u16, tollgate: u16) -> String {
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+    - name: workload
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {listener}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: workload
+                use_remote_address: true
+                route_config:
+                  name: inbound
+                  virtual_hosts:
+                    - name: "inbound|http|8080"
+                      domains: ["*"]
+                      routes:
+                        - match: {{prefix: "/"}}
+                          route: {{cluster: upstream}}
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: upstream
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: upstream
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
+    - name: "outbound|8081||tollgate.tollgate.svc.cluster.local"
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {{http2_protocol_options: {{}}}}
+      load_assignment:
+        cluster_name: "outbound|8081||tollgate.tollgate.svc.cluster.local"
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {tollgate}}}}}}}}}]}}]
+"#
+    )
+}
+
+/// An Istio example's EnvoyFilter applied to [`istio_like_bootstrap`] (by
+/// `tests/fixtures/python/apply_envoyfilter.py`, as istiod applies its
+/// patches), in front of tollgate with the example's rules; Envoy's
+/// listener.
+async fn istio_envoy(envoyfilter: &str, rules: &[(&str, String)]) -> (Envoy, SocketAddr, Tollgate) {
+    let files: Vec<(&str, &str)> = rules.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let tollgate = Tollgate::start(&files, &[]).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = upstream().await;
+    let (admin, listener) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.yaml");
+    std::fs::write(
+        &base,
+        istio_like_bootstrap(admin, listener, upstream.port(), tollgate.grpc.port()),
+    )
+    .unwrap();
+    let out = std::process::Command::new("python3")
+        .arg("tests/fixtures/python/apply_envoyfilter.py")
+        .arg(envoyfilter)
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config = String::from_utf8(out.stdout).unwrap();
+    let envoy = tokio::task::spawn_blocking(move || {
+        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
+    })
+    .await
+    .unwrap();
+    (
+        envoy,
+        SocketAddr::from(([127, 0, 0, 1], listener)),
+        tollgate,
+    )
+}
+
+fn istio_rules() -> Vec<(&'static str, String)> {
+    ["istio_gateway.yaml", "orders.yaml"]
+        .into_iter()
+        .map(|n| {
+            (
+                n,
+                std::fs::read_to_string(format!("examples/istio/rules/{n}")).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `examples/istio/envoyfilter-gateway.yaml`: five logins a minute in all,
+/// and 50 requests a second per client address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_istio_gateway_envoyfilter_limits_logins_and_addresses() {
+    let (envoy, listener, tollgate) =
+        istio_envoy("examples/istio/envoyfilter-gateway.yaml", &istio_rules()).await;
+    for n in 1..=5 {
+        assert_eq!(request(listener, "/login", &[]).await.0, 200, "login {n}");
+    }
+    assert_eq!(
+        request(listener, "/login", &[]).await.0,
+        429,
+        "the sixth login"
+    );
+    assert_eq!(request(listener, "/home", &[]).await.0, 200);
+    // One address, as fast as one connection goes: 50 a second pass.
+    let mut conn = Conn::open(listener).await;
+    let start = Instant::now();
+    let (mut passed, mut refused) = (0u64, 0u64);
+    for _ in 0..200 {
+        match conn.get("/home", &[]).await {
+            200 => passed += 1,
+            429 => refused += 1,
+            other => panic!("status {other}"),
+        }
+    }
+    let windows = start.elapsed().as_secs() + 2;
+    assert!(refused > 0, "{passed} passed");
+    assert!(
+        passed <= 50 * windows,
+        "{passed} passed in {windows} windows"
+    );
+    drop(envoy);
+    tollgate.stop().await;
+}
+
+/// `examples/istio/envoyfilter-sidecar.yaml`: 100 calls a minute per
+/// tenant, 1,000 for `acme`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_istio_sidecar_envoyfilter_limits_tenants() {
+    let (envoy, listener, tollgate) =
+        istio_envoy("examples/istio/envoyfilter-sidecar.yaml", &istio_rules()).await;
+    let mut conn = Conn::open(listener).await;
+    for n in 1..=100 {
+        assert_eq!(
+            conn.get("/orders", &[("x-tenant", "t1")]).await,
+            200,
+            "call {n} of t1"
+        );
+    }
+    assert_eq!(
+        conn.get("/orders", &[("x-tenant", "t1")]).await,
+        429,
+        "call 101 of t1"
+    );
+    for n in 1..=150 {
+        assert_eq!(
+            conn.get("/orders", &[("x-tenant", "acme")]).await,
+            200,
+            "call {n} of acme"
+        );
+    }
+    assert_eq!(
+        conn.get("/orders", &[]).await,
+        200,
+        "no tenant: no tenant limit"
+    );
+    drop(envoy);
+    tollgate.stop().await;
 }
