@@ -537,3 +537,159 @@ async fn the_istio_sidecar_envoyfilter_limits_tenants() {
     drop(envoy);
     tollgate.stop().await;
 }
+
+/// The value of a metric series of tollgate's `/metrics` (0 when absent).
+async fn metric(t: &Tollgate, name: &str) -> f64 {
+    let (_, page) = support::http_get(t.http, "/metrics").await;
+    page.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Envoy's filter `timeout` (the example's 20 ms) reaches tollgate as the
+/// call's gRPC deadline: with Redis frozen, tollgate cuts the store call
+/// at that deadline (counted as such), not at its own 500 ms command
+/// timeout, and Envoy lets the request through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_timeout_is_tollgates_deadline() {
+    let redis = support::redis::RedisServer::start();
+    let rules = std::fs::read_to_string("examples/envoy/rules/edge.yaml").unwrap();
+    let tollgate = Tollgate::start(
+        &[("edge.yaml", &rules)],
+        &[("store", &redis.url()), ("redis.breaker_failures", "1000")],
+    )
+    .await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = upstream().await;
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap();
+    let (envoy, listener) = envoy_on(&example, upstream, tollgate.grpc).await;
+    assert_eq!(request(listener, "/", &[]).await.0, 200);
+    redis.pause();
+    let started = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(request(listener, "/", &[]).await.0, 200, "let through");
+    }
+    let took = started.elapsed();
+    redis.resume();
+    assert!(
+        took < Duration::from_millis(1000),
+        "three requests took {took:?}"
+    );
+    let cut = metric(&tollgate, "tollgate_deadline_exceeded_total").await;
+    assert!(cut >= 3.0, "{cut} store calls cut at Envoy's deadline");
+    assert!(envoy.counter("cluster.upstream.ratelimit.error") >= 3);
+    drop(envoy);
+    tollgate.stop().await;
+}
+
+/// Envoy keeps deciding through tollgate's connection-age GOAWAYs
+/// (`grpc_max_connection_age_ms`) and through a restart of tollgate on the
+/// same port: after the restart, the limits apply again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_rides_out_goaway_and_a_restart() {
+    let grpc = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        "examples/envoy/rules/edge.yaml",
+        dir.path().join("edge.yaml"),
+    )
+    .unwrap();
+    let rules = dir.path().to_str().unwrap().to_string();
+    let serve = |grpc: u16| {
+        let http = format!("127.0.0.1:{}", free_port());
+        let p = support::process::Proc::spawn(
+            &[
+                "serve",
+                "--rules",
+                &rules,
+                "--grpc-addr",
+                &format!("127.0.0.1:{grpc}"),
+                "--http-addr",
+                &http,
+            ],
+            &[
+                ("TOLLGATE_GRPC_MAX_CONNECTION_AGE_MS", "500"),
+                ("TOLLGATE_GRPC_MAX_CONNECTION_AGE_GRACE_MS", "500"),
+            ],
+        );
+        p.wait_for_line("gRPC listening", Duration::from_secs(30));
+        p
+    };
+    let server = serve(grpc);
+    let upstream = upstream().await;
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap();
+    let (envoy, listener) =
+        envoy_on(&example, upstream, SocketAddr::from(([127, 0, 0, 1], grpc))).await;
+    // Three seconds of searches, 2 a minute per key: over several GOAWAYs, every
+    // call is decided (the third and later searches of a key are 429).
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        n += 1;
+        let key = format!("k-{n}");
+        for want in [200, 200, 429] {
+            let (status, _) = request(listener, "/search", &[("x-api-key", &key)]).await;
+            assert_eq!(status, want, "{key}");
+        }
+        // Under per_ip's 20 a second (every call comes from 127.0.0.1).
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(envoy.counter("cluster.upstream.ratelimit.error"), 0);
+    let connections = envoy.counter("cluster.tollgate.upstream_cx_total");
+    assert!(connections >= 3, "{connections} connections: the GOAWAYs came");
+    drop(server);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, _) = request(listener, "/search", &[("x-api-key", "during")]).await;
+    assert_eq!(status, 200, "tollgate down: let through");
+    let _server = serve(grpc);
+    // Envoy reconnects: the same key's third search is refused again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let key = format!("after-{}", deadline.elapsed().as_nanos());
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(request(listener, "/search", &[("x-api-key", &key)]).await.0);
+        }
+        if got == [200, 200, 429] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no decisions after the restart: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A client sends an API key as long as Envoy lets a header be (its
+/// default 60 KiB for all request headers): Envoy forwards it as a
+/// descriptor value, and tollgate decides it (kept whole for matching,
+/// digested in the limiter's identity), the same as a short one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_as_long_as_envoy_allows_is_decided() {
+    let e = edge(&[]).await;
+    let long = "k".repeat(50 * 1024);
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(
+            request(e.listener, "/orders", &[("x-api-key", &long)])
+                .await
+                .0,
+        );
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429],
+        "per_api_key: 5 a minute"
+    );
+    assert_eq!(e.envoy.counter("cluster.upstream.ratelimit.error"), 0);
+    // Past Envoy's own limit, Envoy answers itself (431) and asks nobody.
+    let longer = "k".repeat(70 * 1024);
+    let status = request(e.listener, "/orders", &[("x-api-key", &longer)])
+        .await
+        .0;
+    assert_eq!(status, 431);
+    drop(e.envoy);
+    e.tollgate.stop().await;
+}

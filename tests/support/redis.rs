@@ -477,6 +477,16 @@ impl RedisServer {
         self.node.restart();
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, nothing
+    /// answers. [`Self::resume`] lets it go on.
+    pub fn pause(&self) {
+        self.node.signal("STOP");
+    }
+
+    pub fn resume(&self) {
+        self.node.signal("CONT");
+    }
+
     pub fn is_running(&self) -> bool {
         self.node.is_running()
     }
