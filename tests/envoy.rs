@@ -41,9 +41,13 @@ async fn edge(settings: &[(&str, &str)]) -> Edge {
     })
     .await
     .unwrap();
+    let listener = SocketAddr::from(([127, 0, 0, 1], listener));
+    // Envoy opens its HTTP/2 connection to tollgate on the first call; on a
+    // busy machine that can take longer than the example's 20 ms.
+    request(listener, "/warm-up", &[]).await;
     Edge {
         envoy,
-        listener: SocketAddr::from(([127, 0, 0, 1], listener)),
+        listener,
         tollgate,
     }
 }
@@ -618,7 +622,10 @@ async fn envoy_rides_out_goaway_and_a_restart() {
     };
     let server = serve(grpc);
     let upstream = upstream().await;
-    let example = std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap();
+    // A timeout that a busy machine never reaches: this is about GOAWAY.
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml")
+        .unwrap()
+        .replace("timeout: 0.02s", "timeout: 2s");
     let (envoy, listener) =
         envoy_on(&example, upstream, SocketAddr::from(([127, 0, 0, 1], grpc))).await;
     // Three seconds of searches, 2 a minute per key: over several GOAWAYs, every
@@ -637,7 +644,10 @@ async fn envoy_rides_out_goaway_and_a_restart() {
     }
     assert_eq!(envoy.counter("cluster.upstream.ratelimit.error"), 0);
     let connections = envoy.counter("cluster.tollgate.upstream_cx_total");
-    assert!(connections >= 3, "{connections} connections: the GOAWAYs came");
+    assert!(
+        connections >= 3,
+        "{connections} connections: the GOAWAYs came"
+    );
     drop(server);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (status, _) = request(listener, "/search", &[("x-api-key", "during")]).await;
@@ -692,4 +702,79 @@ async fn a_header_as_long_as_envoy_allows_is_decided() {
     assert_eq!(status, 431);
     drop(e.envoy);
     e.tollgate.stop().await;
+}
+
+/// gRPC over mutual TLS between Envoy and tollgate: Envoy's cluster
+/// presents a client certificate tollgate's `grpc_tls.client_ca_file`
+/// trusts and checks tollgate's certificate against the CA; decisions go
+/// on as in plaintext. Without the client certificate, the handshake
+/// fails and Envoy lets requests through undecided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_speaks_mutual_tls_to_tollgate() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = support::redis::TlsFiles::generate(dir.path());
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let rules = std::fs::read_to_string("examples/envoy/rules/edge.yaml").unwrap();
+    let tollgate = Tollgate::start(
+        &[("edge.yaml", &rules)],
+        &[
+            ("grpc_tls.cert_file", &path(&tls.server_cert)),
+            ("grpc_tls.key_file", &path(&tls.server_key)),
+            ("grpc_tls.client_ca_file", &path(&tls.ca_cert)),
+        ],
+    )
+    .await;
+    let upstream = upstream().await;
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml")
+        .unwrap()
+        .replace("timeout: 0.02s", "timeout: 2s");
+    let cluster = "      load_assignment:\n        cluster_name: tollgate\n";
+    assert!(example.contains(cluster));
+    let with_tls = |client: bool| {
+        let certificate = if client {
+            format!(
+                "            tls_certificates:\n              - certificate_chain: {{filename: {}}}\n                private_key: {{filename: {}}}\n",
+                path(&tls.client_cert),
+                path(&tls.client_key)
+            )
+        } else {
+            String::new()
+        };
+        example.replace(
+            cluster,
+            &format!(
+                "      transport_socket:\n        name: envoy.transport_sockets.tls\n        typed_config:\n          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n          common_tls_context:\n            alpn_protocols: [h2]\n{certificate}            validation_context:\n              trusted_ca: {{filename: {}}}\n              match_typed_subject_alt_names:\n                - san_type: IP_ADDRESS\n                  matcher: {{exact: 127.0.0.1}}\n{cluster}",
+                path(&tls.ca_cert)
+            ),
+        )
+    };
+    let (envoy, listener) = envoy_on(&with_tls(true), upstream, tollgate.grpc).await;
+    // The first call also makes the connection and its handshake, which
+    // may take longer than the example's 20 ms on a busy machine.
+    request(listener, "/", &[]).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let errors = envoy.counter("cluster.upstream.ratelimit.error");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(
+            request(listener, "/search", &[("x-api-key", "k-tls")])
+                .await
+                .0,
+        );
+    }
+    assert_eq!(got, [200, 200, 429], "decided over mutual TLS");
+    assert_eq!(envoy.counter("cluster.upstream.ratelimit.error"), errors);
+    assert!(envoy.counter("cluster.tollgate.ssl.handshake") >= 1);
+    drop(envoy);
+
+    let (envoy, listener) = envoy_on(&with_tls(false), upstream, tollgate.grpc).await;
+    for _ in 0..3 {
+        let status = request(listener, "/search", &[("x-api-key", "k-anonymous")])
+            .await
+            .0;
+        assert_eq!(status, 200, "undecided: let through");
+    }
+    assert!(envoy.counter("cluster.upstream.ratelimit.error") >= 3);
+    drop(envoy);
+    tollgate.stop().await;
 }
