@@ -778,3 +778,119 @@ async fn envoy_speaks_mutual_tls_to_tollgate() {
     drop(envoy);
     tollgate.stop().await;
 }
+
+/// Three real Envoys sharing one RLQS limit (`examples/envoy/rlqs/`: 100 a
+/// second per tenant), offered twice the limit between them for 22 s:
+/// once the shares have settled (two reports), together they admit at
+/// least 80% of the limit and never more than README's bound, (1 + burst)
+/// x the limit in any second. `DENY_ALL` (`/admin`) and `ALLOW_ALL`
+/// (other paths) reach every Envoy. Then tollgate stops: the Envoys keep
+/// enforcing the shares they hold (not the limit times three), and a
+/// restarted tollgate takes the streams back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_envoys_share_one_rlqs_limit() {
+    const ENVOYS: usize = 3;
+    const OFFERED: u64 = 200; // a second, over all Envoys: twice the limit
+    let grpc = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        "examples/envoy/rlqs/rules/quota.yaml",
+        dir.path().join("quota.yaml"),
+    )
+    .unwrap();
+    let rules = dir.path().to_str().unwrap().to_string();
+    let serve = || {
+        let http = format!("127.0.0.1:{}", free_port());
+        let p = support::process::Proc::spawn(
+            &[
+                "serve",
+                "--rules",
+                &rules,
+                "--grpc-addr",
+                &format!("127.0.0.1:{grpc}"),
+                "--http-addr",
+                &http,
+            ],
+            &[],
+        );
+        p.wait_for_line("gRPC listening", Duration::from_secs(30));
+        p
+    };
+    let server = serve();
+    let upstream = upstream().await;
+    let example = std::fs::read_to_string("examples/envoy/rlqs/envoy.yaml").unwrap();
+    let mut envoys = Vec::new();
+    for _ in 0..ENVOYS {
+        envoys.push(envoy_on(&example, upstream, SocketAddr::from(([127, 0, 0, 1], grpc))).await);
+    }
+    for (_, listener) in &envoys {
+        assert_eq!(request(*listener, "/admin", &[]).await.0, 403, "DENY_ALL");
+        assert_eq!(request(*listener, "/other", &[]).await.0, 200, "ALLOW_ALL");
+    }
+
+    // Each Envoy offered its part of twice the limit, paced, for `secs`;
+    // what passed in each second, over all Envoys.
+    async fn offer(listeners: Vec<SocketAddr>, secs: u64) -> Vec<u64> {
+        let start = Instant::now();
+        let per = OFFERED / listeners.len() as u64;
+        let runs: Vec<_> = listeners
+            .into_iter()
+            .map(|listener| {
+                tokio::spawn(async move {
+                    let mut conn = Conn::open(listener).await;
+                    let mut passed = vec![0u64; secs as usize + 1];
+                    for i in 0..per * secs {
+                        tokio::time::sleep_until(
+                            start + Duration::from_micros(i * 1_000_000 / per),
+                        )
+                        .await;
+                        if conn.get("/api/x", &[("x-tenant", "shared")]).await == 200 {
+                            let s = (start.elapsed().as_secs() as usize).min(secs as usize);
+                            passed[s] += 1;
+                        }
+                    }
+                    passed
+                })
+            })
+            .collect();
+        let mut total = vec![0u64; secs as usize + 1];
+        for r in runs {
+            for (t, p) in total.iter_mut().zip(r.await.unwrap()) {
+                *t += p;
+            }
+        }
+        total
+    }
+    let listeners: Vec<SocketAddr> = envoys.iter().map(|(_, l)| *l).collect();
+    let passed = offer(listeners.clone(), 22).await;
+    eprintln!("passed per second, {ENVOYS} Envoys: {passed:?}");
+    let settled = &passed[12..22];
+    let mean = settled.iter().sum::<u64>() as f64 / settled.len() as f64;
+    assert!(
+        mean >= 80.0,
+        "settled: {mean:.0} a second admitted of 100 ({passed:?})"
+    );
+    for (s, &n) in passed.iter().enumerate().take(22) {
+        assert!(
+            n <= 200,
+            "second {s}: {n} admitted, over (1 + burst) x 100 ({passed:?})"
+        );
+    }
+
+    // tollgate away: the shares in force hold (within their time to live).
+    drop(server);
+    let held = offer(listeners.clone(), 4).await;
+    eprintln!("passed per second, tollgate stopped: {held:?}");
+    for &n in &held[..4] {
+        assert!(n <= 200, "the Envoys hold their shares: {held:?}");
+    }
+    let _server = serve();
+    let after = offer(listeners, 11).await;
+    eprintln!("passed per second, tollgate back: {after:?}");
+    let back = &after[8..11];
+    assert!(back.iter().all(|&n| n <= 200), "{after:?}");
+    assert!(
+        back.iter().sum::<u64>() >= 4 * 60,
+        "shares again after the restart: {after:?}"
+    );
+}
