@@ -137,6 +137,24 @@ async fn the_rlqs_example_assigns_denies_and_allows() {
     // The deny stands once tollgate's assignment has arrived too.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(request(listener, "/admin/users", &[]).await.0, 403);
+    // What quota.yaml says of {route: other}: a whitelist, no rule (so no
+    // per-rule series); Envoy's reports of it are in
+    // tollgate_rlqs_reported_total.
+    let (_, body) = support::http_get(tollgate.debug, "/debug/rlqs").await;
+    let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let other = view["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["bucket"]["route"] == tollgate::server::masked("other"))
+        .unwrap_or_else(|| panic!("no route=other bucket in {body}"));
+    assert_eq!(other["rule"], serde_json::Value::Null, "{body}");
+    let (_, page) = support::http_get(tollgate.http, "/metrics").await;
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("tollgate_rlqs_reported_total{")),
+        "{page}"
+    );
 
     // One request reports the tenant's bucket; tollgate's assignment (a
     // token bucket of 100 + 100/s) arrives within the deadline below.
