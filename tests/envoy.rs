@@ -912,3 +912,55 @@ async fn three_envoys_share_one_rlqs_limit() {
         "shares again after the restart: {after:?}"
     );
 }
+
+/// What tollgate adds to its answers reaches the client through Envoy:
+/// `rate_limit_headers` (the reference's `LIMIT_RESPONSE_HEADERS_ENABLED`)
+/// as response headers, and `response_dynamic_metadata` (its
+/// `RESPONSE_DYNAMIC_METADATA`) as the ratelimit filter's dynamic
+/// metadata, here copied into a response header by the route
+/// (`%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:plan)%`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_and_dynamic_metadata_reach_the_client() {
+    let rules = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 5, name: per_api_key}\n    metadata: {plan: gold}\n";
+    let tollgate = Tollgate::start(
+        &[("edge.yaml", rules)],
+        &[
+            ("rate_limit_headers", "true"),
+            ("response_dynamic_metadata", "true"),
+        ],
+    )
+    .await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = upstream().await;
+    let route = "                          route:\n";
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml")
+        .unwrap()
+        .replace("timeout: 0.02s", "timeout: 2s");
+    assert!(example.contains(route));
+    let config = example.replacen(
+        route,
+        &format!(
+            "                          response_headers_to_add:\n                            - header:\n                                key: x-plan\n                                value: \"%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:plan)%\"\n{route}"
+        ),
+        1,
+    );
+    let (envoy, listener) = envoy_on(&config, upstream, tollgate.grpc).await;
+    let (status, headers) = request(listener, "/orders", &[("x-api-key", "k-1")]).await;
+    assert_eq!(status, 200);
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} in {headers:?}"))
+    };
+    assert_eq!(
+        header("x-plan"),
+        "gold",
+        "the rule's metadata, from dynamic metadata"
+    );
+    assert_eq!(header("ratelimit-limit"), "5, 5;w=60");
+    assert_eq!(header("ratelimit-remaining"), "4");
+    drop(envoy);
+    tollgate.stop().await;
+}
