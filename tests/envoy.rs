@@ -964,3 +964,37 @@ async fn headers_and_dynamic_metadata_reach_the_client() {
     drop(envoy);
     tollgate.stop().await;
 }
+
+/// The cost reported after the response taken from dynamic metadata (as
+/// AI gateways publish token counts) instead of a header: a
+/// `header_to_metadata` filter stands in for whatever sets it, and the
+/// example's stream-done policy reads `%DYNAMIC_METADATA(tokens:count)%`.
+/// Four responses of 300 close the 1,000 budget as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costs_from_dynamic_metadata_close_a_budget() {
+    let rules = std::fs::read_to_string("examples/envoy/usage-reports/rules/llm.yaml").unwrap();
+    let tollgate = Tollgate::start(&[("llm.yaml", &rules)], &[]).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = support::envoy::upstream_with("x-tokens: 300\r\n").await;
+    let example = std::fs::read_to_string("examples/envoy/usage-reports/envoy.yaml").unwrap();
+    let router = "                  - name: envoy.filters.http.router\n";
+    let metadata_filter = "                  - name: envoy.filters.http.header_to_metadata\n                    typed_config:\n                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config\n                      response_rules:\n                        - header: x-tokens\n                          on_header_present: {metadata_namespace: tokens, key: count, type: STRING}\n                          remove: true\n";
+    assert!(example.contains(router) && example.contains("%RESP(x-tokens)%"));
+    let config = example
+        .replace("%RESP(x-tokens)%", "%DYNAMIC_METADATA(tokens:count)%")
+        .replacen(router, &format!("{metadata_filter}{router}"), 1);
+    let (envoy, listener) = envoy_on(&config, upstream, tollgate.grpc).await;
+    for n in 1..=4 {
+        let (status, headers) = request(listener, "/v1/chat", &[("x-tenant", "acme")]).await;
+        assert_eq!(status, 200, "request {n}");
+        assert!(
+            !headers.iter().any(|(k, _)| k == "x-tokens"),
+            "the header went into metadata"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (status, _) = request(listener, "/v1/chat", &[("x-tenant", "acme")]).await;
+    assert_eq!(status, 429, "1,200 of 1,000 tokens, reported from metadata");
+    drop(envoy);
+    tollgate.stop().await;
+}
