@@ -17,6 +17,9 @@
 #              the call alone
 #   memory     tollgate on the embedded store
 #   redis      tollgate on a private redis-server
+#   rlqs       the quota filter (RLQS) instead, one bucket, tollgate on the
+#              embedded store assigning it: the request never waits for
+#              tollgate (its "svc us" is per request too, mostly idle)
 #   limitador  limitador on the same redis-server, when LIMITADOR_BIN names
 #              a limitador-server binary
 # Columns: requests/s, latency p50/p99 (wrk, milliseconds), and CPU
@@ -57,6 +60,9 @@ domain: bench
 descriptors:
   - key: user
     rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: route
+    value: bench
+    rate_limit: {unit: second, requests_per_unit: 10000000}
 EOF
 cat >"$WORK/limitador.yaml" <<EOF
 - namespace: bench
@@ -96,7 +102,25 @@ EOF
 # asking 127.0.0.1:RLS_PORT (none for the floor when RLS_PORT is empty).
 front_config() {
     local name=$1 rls=$2 filter="" cluster=""
-    if [[ -n $rls ]]; then
+    if [[ $name == rlqs ]]; then
+        # The quota filter: one bucket {route: bench}; Envoy enforces the
+        # token bucket tollgate assigns and reports every 5 s, so the
+        # request never waits for tollgate.
+        filter='
+                  - name: envoy.filters.http.rate_limit_quota
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+                      domain: bench
+                      rlqs_server: {envoy_grpc: {cluster_name: rls}}
+                      bucket_matchers:
+                        on_no_match:
+                          action:
+                            name: all
+                            typed_config:
+                              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                              bucket_id_builder: {bucket_id_builder: {route: {string_value: bench}}}
+                              reporting_interval: 5s'
+    elif [[ -n $rls ]]; then
         filter='
                   - name: envoy.filters.http.ratelimit
                     typed_config:
@@ -181,7 +205,8 @@ serve_tollgate() { # NAME STORE
 }
 serve_tollgate memory memory
 serve_tollgate redis "redis://127.0.0.1:$REDIS_PORT"
-SETUPS=(null floor memory redis)
+SETUPS=(null floor memory redis rlqs)
+PORT_rlqs=$PORT_memory PID_rlqs=$PID_memory
 PORT_null=$NULL_PORT PID_null=$NULL_PID
 if [[ -n ${LIMITADOR_BIN:-} ]]; then
     LPORT=$(free_port)
