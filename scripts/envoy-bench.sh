@@ -74,29 +74,7 @@ EOF
 
 BACK_PORT=$(free_port)
 BACK_ADMIN=$(free_port)
-cat >"$WORK/back.yaml" <<EOF
-admin: {address: {socket_address: {address: 127.0.0.1, port_value: $BACK_ADMIN}}}
-static_resources:
-  listeners:
-    - address: {socket_address: {address: 127.0.0.1, port_value: $BACK_PORT}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: back
-                route_config:
-                  virtual_hosts:
-                    - name: all
-                      domains: ["*"]
-                      routes:
-                        - match: {prefix: "/"}
-                          direct_response: {status: 200, body: {inline_string: "ok"}}
-                http_filters:
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-EOF
+direct_response_envoy "$BACK_PORT" "$BACK_ADMIN" >"$WORK/back.yaml"
 
 # front_config NAME RLS_PORT: the front Envoy, with the ratelimit filter
 # asking 127.0.0.1:RLS_PORT (none for the floor when RLS_PORT is empty).

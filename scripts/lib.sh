@@ -103,3 +103,26 @@ compare_servers() {
         if [[ $rest == *@* ]]; then CMP_VARS+=("${rest#*@}"); else CMP_VARS+=(""); fi
     done
 }
+
+# direct_response_envoy PORT ADMIN_PORT: on stdout, the bootstrap of an
+# Envoy answering every request on 127.0.0.1:PORT with 200 `ok` itself
+# (the upstream of the Envoy measured by envoy-bench.sh and soak.sh).
+direct_response_envoy() {
+    cat <<EOF
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: $2}}}
+static_resources:
+  listeners:
+    - address: {socket_address: {address: 127.0.0.1, port_value: $1}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: back
+                route_config:
+                  virtual_hosts:
+                    - {name: all, domains: ["*"], routes: [{match: {prefix: "/"}, direct_response: {status: 200, body: {inline_string: ok}}}]}
+                http_filters:
+                  - {name: envoy.filters.http.router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
+EOF
+}

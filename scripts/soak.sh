@@ -98,23 +98,7 @@ wait_for 30 curl -sf "127.0.0.1:$HTTP/healthcheck" || { cat "$WORK/tollgate.log"
 BACK=$(free_port)
 FRONT=$(free_port)
 FRONT_ADMIN=$(free_port)
-cat >"$WORK/back.yaml" <<EOF
-admin: {address: {socket_address: {address: 127.0.0.1, port_value: $(free_port)}}}
-static_resources:
-  listeners:
-    - address: {socket_address: {address: 127.0.0.1, port_value: $BACK}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: back
-                route_config:
-                  virtual_hosts:
-                    - {name: all, domains: ["*"], routes: [{match: {prefix: "/"}, direct_response: {status: 200, body: {inline_string: ok}}}]}
-                http_filters:
-                  - {name: envoy.filters.http.router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
-EOF
+direct_response_envoy "$BACK" "$(free_port)" >"$WORK/back.yaml"
 cat >"$WORK/front.yaml" <<EOF
 admin: {address: {socket_address: {address: 127.0.0.1, port_value: $FRONT_ADMIN}}}
 static_resources:

@@ -25,23 +25,8 @@ async fn edge(settings: &[(&str, &str)]) -> Edge {
     let rules = std::fs::read_to_string("examples/envoy/rules/edge.yaml").unwrap();
     let tollgate = Tollgate::start(&[("edge.yaml", &rules)], settings).await;
     tollgate.wait_serving(Duration::from_secs(30)).await;
-    let upstream = upstream().await;
-    let (admin, listener) = (free_port(), free_port());
-    let config = rewrite_ports(
-        &std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap(),
-        &[
-            (9901, admin),
-            (10000, listener),
-            (8000, upstream.port()),
-            (8081, tollgate.grpc.port()),
-        ],
-    );
-    let envoy = tokio::task::spawn_blocking(move || {
-        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
-    })
-    .await
-    .unwrap();
-    let listener = SocketAddr::from(([127, 0, 0, 1], listener));
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap();
+    let (envoy, listener) = envoy_on(&example, upstream().await, tollgate.grpc).await;
     // Envoy opens its HTTP/2 connection to tollgate on the first call; on a
     // busy machine that can take longer than the example's 20 ms.
     request(listener, "/warm-up", &[]).await;
@@ -112,23 +97,8 @@ async fn the_rlqs_example_assigns_denies_and_allows() {
     let rules = std::fs::read_to_string("examples/envoy/rlqs/rules/quota.yaml").unwrap();
     let tollgate = Tollgate::start(&[("quota.yaml", &rules)], &[]).await;
     tollgate.wait_serving(Duration::from_secs(30)).await;
-    let upstream = upstream().await;
-    let (admin, listener) = (free_port(), free_port());
-    let config = rewrite_ports(
-        &std::fs::read_to_string("examples/envoy/rlqs/envoy.yaml").unwrap(),
-        &[
-            (9901, admin),
-            (10000, listener),
-            (8000, upstream.port()),
-            (8081, tollgate.grpc.port()),
-        ],
-    );
-    let envoy = tokio::task::spawn_blocking(move || {
-        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
-    })
-    .await
-    .unwrap();
-    let listener = SocketAddr::from(([127, 0, 0, 1], listener));
+    let example = std::fs::read_to_string("examples/envoy/rlqs/envoy.yaml").unwrap();
+    let (envoy, listener) = envoy_on(&example, upstream().await, tollgate.grpc).await;
 
     assert_eq!(request(listener, "/admin/users", &[]).await.0, 403);
     for _ in 0..5 {

@@ -249,24 +249,37 @@ impl Drop for Lane<'_> {
     }
 }
 
-/// `EVALSHA`, loading the script on `NOSCRIPT` and trying again, up to
-/// three times: a `SCRIPT FLUSH` (or a failover to a server that never
-/// loaded it) between the load and the retry leaves it missing again.
-/// Safe, since `NOSCRIPT` means nothing ran.
+/// `EVALSHA`, loading the script on `NOSCRIPT` and trying again (see
+/// [`loading_on_noscript`]).
 pub(super) async fn run_script(
     script: &Script,
     client: &Client,
     keys: Vec<String>,
     args: Vec<fred::types::Value>,
 ) -> Reply {
+    use fred::interfaces::LuaInterface;
+    loading_on_noscript(script, client, || {
+        client.evalsha::<Vec<i64>, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
+    })
+    .await
+}
+
+/// Sends a script call, loading the script and sending it again on
+/// `NOSCRIPT`, up to three times: a `SCRIPT FLUSH` (or a failover to a
+/// server that never loaded it) between the load and the retry leaves it
+/// missing again. Safe, since `NOSCRIPT` means nothing ran.
+async fn loading_on_noscript<F, Fut>(script: &Script, client: &Client, mut send: F) -> Reply
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Reply>,
+{
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let reply = script
-            .evalsha_with_reload::<Vec<i64>, _, _>(client, keys.clone(), args.clone())
-            .await;
-        match reply {
-            Err(e) if attempt < 3 && e.details().starts_with("NOSCRIPT") => continue,
+        match send().await {
+            Err(e) if attempt < 3 && e.details().starts_with("NOSCRIPT") => {
+                script.load(client).await?;
+            }
             other => return other,
         }
     }
@@ -284,31 +297,25 @@ pub(super) async fn run_asking(
 ) -> Reply {
     use fred::interfaces::ClientLike;
     use fred::types::{ClusterHash, CustomCommand};
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    let mut command: Vec<fred::types::Value> = Vec::with_capacity(2 + keys.len() + args.len());
+    command.push(script.sha1().clone().into());
+    command.push((keys.len() as i64).into());
+    command.extend(keys.iter().map(|k| k.as_str().into()));
+    command.extend(args);
+    loading_on_noscript(script, client, || async {
         let pipeline = client.pipeline();
         let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
         let _: () = pipeline
             .custom(asking, Vec::<fred::types::Value>::new())
             .await?;
         let evalsha = CustomCommand::new_static("EVALSHA", ClusterHash::Random, false);
-        let mut command: Vec<fred::types::Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        command.push(script.sha1().clone().into());
-        command.push((keys.len() as i64).into());
-        command.extend(keys.iter().map(|k| k.as_str().into()));
-        command.extend(args.iter().cloned());
-        let _: () = pipeline.custom(evalsha, command).await?;
-        let reply = pipeline
+        let _: () = pipeline.custom(evalsha, command.clone()).await?;
+        pipeline
             .try_all::<fred::types::Value>()
             .await
             .pop()
-            .unwrap_or_else(|| Err(FredError::new(ErrorKind::Protocol, "empty pipeline reply")));
-        match reply {
-            Err(e) if attempt < 3 && e.details().starts_with("NOSCRIPT") => {
-                script.load(client).await?;
-            }
-            other => return other.and_then(|v| v.convert()),
-        }
-    }
+            .unwrap_or_else(|| Err(FredError::new(ErrorKind::Protocol, "empty pipeline reply")))
+            .and_then(|v| v.convert())
+    })
+    .await
 }
