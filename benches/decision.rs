@@ -114,6 +114,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         burst: 0,
         shard: tollgate::storage::Shard::NONE,
         receipt: false,
+        also: &[],
     };
     bencher.bench_local(|| {
         let limiter = builder.limiter(divan::black_box(&hit));

@@ -49,6 +49,7 @@ impl Fixture {
                 burst: 0,
                 shard: tollgate::storage::Shard::NONE,
                 receipt: false,
+                also: &[],
             })
             .await
             .expect("the embedded store always answers")
@@ -275,6 +276,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             burst: 0,
             shard: tollgate::storage::Shard::NONE,
             receipt: false,
+            also: &[],
         })
         .await
         .expect("the embedded store always answers")
@@ -364,6 +366,7 @@ async fn expired_limiters_are_reclaimed() {
                     burst: 0,
                     shard: tollgate::storage::Shard::NONE,
                     receipt: false,
+                    also: &[],
                 })
                 .await
                 .unwrap();
@@ -400,6 +403,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     burst: 0,
                     shard: tollgate::storage::Shard::NONE,
                     receipt: false,
+                    also: &[],
                 })
                 .await
                 .expect("the embedded store always answers")

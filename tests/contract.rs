@@ -76,6 +76,7 @@ impl Limiter {
             burst: self.burst,
             shard: tollgate::storage::Shard::NONE,
             receipt: self.receipt,
+            also: &[],
         }
     }
 
@@ -883,6 +884,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         burst: 0,
         shard: tollgate::storage::Shard::NONE,
         receipt: false,
+        also: &[],
     };
     let limiter = KeyBuilder::default().limiter(&hit);
     let (meta, log) = (limiter.key(Role::LogMeta), limiter.key(Role::LogSet));

@@ -83,6 +83,7 @@ impl Placement<'_> {
                 burst: 0,
                 shard: tollgate::storage::Shard::NONE,
                 receipt: false,
+                also: &[],
             })
             .key(Role::LogSet)
     }

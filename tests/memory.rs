@@ -67,6 +67,7 @@ fn hit(entries: &[(String, String)], algorithm: Algorithm, limit: u64) -> Hit<'_
         burst: 0,
         shard: Shard::NONE,
         receipt: false,
+        also: &[],
     }
 }
 

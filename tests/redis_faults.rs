@@ -55,6 +55,7 @@ impl Limiter {
             burst: 0,
             shard: tollgate::storage::Shard::NONE,
             receipt: false,
+            also: &[],
         }
     }
 

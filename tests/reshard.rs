@@ -378,6 +378,7 @@ async fn a_batch_with_a_moved_and_a_migrating_slot() {
         burst: 0,
         shard: Shard::NONE,
         receipt: false,
+        also: &[],
     };
     let domain: &'static str = Box::leak(domain.into_boxed_str());
     let entries: &'static [Vec<(String, String)>] = Box::leak(entries.into_boxed_slice());

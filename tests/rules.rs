@@ -130,6 +130,7 @@ fn limits_and_flags_are_parsed() {
             source: "matching.yaml:81".into(),
             path: "user".into(),
             stats: Default::default(),
+            more: Vec::new(),
         }
     );
 
@@ -1259,4 +1260,60 @@ fn invalid_directory_reports_every_file() {
             file.display()
         );
     }
+}
+
+/// `rate_limits:` lists: each mistake with its line and path, and a good
+/// list beside them loads.
+#[test]
+fn rate_limits_mistakes() {
+    let name = "rate_limits.yaml";
+    assert_error(
+        name,
+        6,
+        "descriptors[0].rate_limits: ",
+        "rate_limit and rate_limits together",
+    );
+    assert_error(
+        name,
+        9,
+        "descriptors[1].rate_limits: ",
+        "an empty rate_limits list",
+    );
+    assert_error(
+        name,
+        11,
+        "descriptors[2].rate_limits: ",
+        "expected a list of rate limits, found a mapping",
+    );
+    assert_error(
+        name,
+        15,
+        "descriptors[3].rate_limits[1].unlimited: ",
+        "unlimited has no place in a rate_limits list",
+    );
+    assert_error(
+        name,
+        19,
+        "descriptors[4].rate_limits[1].shards: ",
+        "shards must be the same on every limit of a rate_limits list (they are decided together, in one store call): not set here, 4 on the first",
+    );
+    assert_error(
+        name,
+        23,
+        "descriptors[5].rate_limits[1]: ",
+        "this limit counts the same window (60 seconds) with the same algorithm (sliding_window_counter) as limit 0",
+    );
+    assert_error(
+        name,
+        27,
+        "descriptors[6].rate_limits[1].per: ",
+        "unknown key \"per\"",
+    );
+    assert_error(
+        name,
+        31,
+        "descriptors[7].rate_limits[1].count_refused: ",
+        "count_refused must be the same on every limit",
+    );
+    assert_eq!(errors_of(name).0.len(), 8, "{}", errors_of(name));
 }

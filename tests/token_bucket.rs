@@ -57,6 +57,7 @@ impl Model {
                 remaining: remaining(self.tat),
                 reset_micros: micros(self.tat - now),
                 receipt: None,
+                group: None,
             };
         }
         if u128::from(hits) > self.burst {
@@ -65,6 +66,7 @@ impl Model {
                 remaining: remaining(tat),
                 reset_micros: micros(full),
                 receipt: None,
+                group: None,
             };
         }
         let next = tat + cost;
@@ -75,6 +77,7 @@ impl Model {
                 remaining: remaining(next),
                 reset_micros: micros(next - now),
                 receipt: None,
+                group: None,
             }
         } else {
             Decision {
@@ -82,6 +85,7 @@ impl Model {
                 remaining: remaining(tat),
                 reset_micros: micros(next - now - full),
                 receipt: None,
+                group: None,
             }
         }
     }
@@ -106,6 +110,7 @@ fn hit<'a>(
         burst,
         shard: Shard::NONE,
         receipt: false,
+        also: &[],
     }
 }
 
@@ -178,7 +183,7 @@ fn answers_equal_the_model_and_the_bound_holds() {
                 .expect("the embedded store answers at once")
                 .expect("the embedded store always answers");
                 let want = model.decide(now, hits, negative);
-                prop_assert_eq!(got, want, "call {} of {:?}", i, &calls[..=i]);
+                prop_assert_eq!(&got, &want, "call {} of {:?}", i, &calls[..=i]);
                 gave_back |= negative && hits > 0;
                 if got.admitted && !negative && hits > 0 && !gave_back {
                     admitted.push((now, hits));

@@ -53,6 +53,7 @@ impl Engine {
             steps,
             limit,
             policy,
+            also,
         } = limited;
         Ok(match outcome {
             // A zero limit is a ban: no store needed.
@@ -64,6 +65,7 @@ impl Engine {
                         remaining: 0,
                         reset_micros: 0,
                         receipt: None,
+                        group: None,
                     };
                     self.count(rule, entries, &steps, hits, &limit, &refused);
                 }
@@ -75,6 +77,20 @@ impl Engine {
                     limit: Some(limit),
                     remaining: 0,
                 }
+            }
+            Some(Ok(decision)) if !also.is_empty() => {
+                // A `rate_limits:` list: each limit's rule counts its own
+                // answer; the status names the limit the answer describes.
+                if !descriptor.negative && counted {
+                    let hits = descriptor.hits.unwrap_or(request_hits);
+                    self.count_parts(entries, &steps, hits, (rule, &limit), &also, &decision);
+                }
+                let which = decision.which();
+                let limit = match which.checked_sub(1).and_then(|i| also.into_iter().nth(i)) {
+                    Some((_, limit)) => limit,
+                    None => limit,
+                };
+                limited_status(limit, decision, descriptor.negative)
             }
             Some(Ok(decision)) => {
                 if let Some(rule) = rule
@@ -145,6 +161,26 @@ impl Engine {
             rule.stats
                 .detailed(&value, self.options.detailed_metric_max_series)
                 .record(hits, max, threshold, d.admitted, d.remaining, shadow);
+        }
+    }
+
+    /// Adds one decided call on a `rate_limits:` list to each limit's
+    /// rule: what that limit answered on its own.
+    pub(super) fn count_parts(
+        &self,
+        entries: &[(String, String)],
+        steps: &[Step<'_>],
+        hits: u64,
+        first: (Option<&Rule>, &AppliedLimit),
+        also: &[(&Rule, AppliedLimit)],
+        d: &Decision,
+    ) {
+        let parts = std::iter::once(first).chain(also.iter().map(|(r, l)| (Some(*r), l)));
+        for (i, (rule, limit)) in parts.enumerate() {
+            let own = d.group.as_ref().and_then(|g| g.parts.get(i)).unwrap_or(d);
+            if let Some(rule) = rule {
+                self.count(rule, entries, steps, hits, limit, own);
+            }
         }
     }
 

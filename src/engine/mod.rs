@@ -22,7 +22,7 @@ use crate::clock::Clock;
 use crate::limit::Algorithm;
 use crate::rules::{RuleSet, Step};
 use crate::storage::keys::{identity_entries, shared_value};
-use crate::storage::{Hit, Store};
+use crate::storage::{Also, Hit, Store};
 
 use answer::Failure;
 use plan::{Limited, Plan};
@@ -156,10 +156,20 @@ impl Engine {
                 }
             })
             .collect();
+        // The further limits of each descriptor with a `rate_limits:` list
+        // (no allocation for the others).
+        let also: Vec<Vec<Also>> = plans
+            .iter()
+            .map(|plan| match plan {
+                Plan::Limited(l) => l.also.iter().map(|(_, a)| also_of(a)).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
         // One descriptor's store call; `check` asks with a cost of 0 (see
         // `undo::Engine::outcomes`).
         let call = |i: usize, check: bool| {
             let (entries, d, plan) = (&identities[i], &req.descriptors[i], &plans[i]);
+            let also = &also[i];
             async move {
                 let Plan::Limited(Limited { limit, .. }) = plan else {
                     return None;
@@ -168,6 +178,7 @@ impl Engine {
                     return None;
                 }
                 let mut hit = hit_of(&req.domain, entries, d, limit, request_hits);
+                hit.also = also;
                 if check {
                     hit.hits = 0;
                 }
@@ -235,16 +246,20 @@ impl Engine {
                     // the overall answer, and so does its rule's count.
                     let charge = match &outcome {
                         Some(Ok(d)) if !limited.limit.count_refused => {
-                            undo::Charge::of(index, rule, &limited.steps, d)
+                            undo::Charge::of(index, &limited, d)
                         }
                         _ => None,
                     };
                     let only_checked = checked.get(index) == Some(&true);
                     let counted =
                         !only_checked && !charge.as_ref().is_some_and(|c| c.defers_count());
-                    if only_checked && let Some(rule) = rule {
+                    if only_checked {
                         let hits = descriptor.hits.unwrap_or(request_hits);
-                        self.count_taken_back(rule, entries, &limited.steps, hits);
+                        for i in 0..=limited.also.len() {
+                            if let (Some(rule), _) = limited.part(i) {
+                                self.count_taken_back(rule, entries, &limited.steps, hits);
+                            }
+                        }
                     }
                     let decided = self.decided(
                         index,
@@ -343,6 +358,18 @@ fn hit_of<'a>(
         },
         // A give-back is never taken back.
         receipt: !limit.count_refused && !d.negative,
+        also: &[],
+    }
+}
+
+/// A further limit of a `rate_limits:` list as the store sees it.
+fn also_of(limit: &AppliedLimit) -> Also {
+    Also {
+        algorithm: limit.algorithm,
+        limit: u64::from(limit.requests_per_unit),
+        window: limit.window,
+        buckets: limit.buckets,
+        burst: limit.burst,
     }
 }
 

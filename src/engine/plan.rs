@@ -31,6 +31,20 @@ pub(super) struct Limited<'r> {
     pub steps: Vec<Step<'r>>,
     pub limit: AppliedLimit,
     pub policy: FailurePolicy,
+    /// A `rate_limits:` list: its further limits, each with its rule,
+    /// decided with `limit` in one store call ([`crate::storage::Hit::also`]);
+    /// empty for a single limit.
+    pub also: Vec<(&'r Rule, AppliedLimit)>,
+}
+
+impl<'r> Limited<'r> {
+    /// Limit `i` of the descriptor's list (0: `limit`) and its rule.
+    pub fn part(&self, i: usize) -> (Option<&'r Rule>, &AppliedLimit) {
+        match i.checked_sub(1).and_then(|i| self.also.get(i)) {
+            Some((rule, limit)) => (Some(*rule), limit),
+            None => (self.rule, &self.limit),
+        }
+    }
 }
 
 impl Engine {
@@ -51,6 +65,7 @@ impl Engine {
         let replaced: Vec<&str> = found
             .iter()
             .filter_map(|(r, _)| *r)
+            .flat_map(|r| std::iter::once(r).chain(&r.more))
             .flat_map(|r| r.replaces.iter().map(String::as_str))
             .collect();
         found
@@ -77,50 +92,100 @@ impl Engine {
                             count_refused: self.options.count_refused,
                         },
                         policy: self.options.on_store_error,
+                        also: Vec::new(),
                     });
                 }
                 let Some(rule) = rule else {
                     return Plan::NoLimit;
                 };
-                if rule.name.as_deref().is_some_and(|n| replaced.contains(&n)) {
+                let replaced = |r: &Rule| r.name.as_deref().is_some_and(|n| replaced.contains(&n));
+                if rule.more.is_empty() {
+                    if replaced(rule) {
+                        return Plan::NoLimit;
+                    }
+                    return match self.applied(rule, d) {
+                        None => Plan::Unlimited,
+                        Some(limit) => Plan::Limited(self.limited(rules, req, d, rule, limit)),
+                    };
+                }
+                // A `rate_limits:` list: the limits no other descriptor
+                // replaces, decided together; a zero limit among them
+                // refuses the descriptor alone, as a ban.
+                let mut parts = std::iter::once(rule)
+                    .chain(&rule.more)
+                    .filter(|r| !replaced(r))
+                    .filter_map(|r| Some((r, self.applied(r, d)?)));
+                let Some((first, limit)) = parts.next() else {
                     return Plan::NoLimit;
+                };
+                let mut also: Vec<_> = parts.collect();
+                let mut limited = self.limited(rules, req, d, first, limit);
+                if let Some(ban) = also.iter().position(|(_, l)| l.requests_per_unit == 0) {
+                    let (rule, limit) = also.swap_remove(ban);
+                    limited.rule = Some(rule);
+                    limited.limit = limit;
+                    also.clear();
                 }
-                match rule.limit {
-                    LimitSpec::Unlimited => Plan::Unlimited,
-                    LimitSpec::PerUnit {
-                        requests_per_unit,
-                        window,
-                    } => Plan::Limited(Limited {
-                        rule: Some(rule),
-                        steps: if rule.share_threshold || rule.value_to_metric {
-                            rules.steps(&req.domain, &d.entries)
-                        } else {
-                            Vec::new()
-                        },
-                        limit: AppliedLimit {
-                            requests_per_unit,
-                            window,
-                            name: rule.name.clone(),
-                            algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
-                            buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
-                            burst: rule.burst.unwrap_or(0),
-                            shards: rule.shards.unwrap_or(1),
-                            // A rule that does not count refused requests
-                            // takes no usage reports (load refuses a rule
-                            // that says both).
-                            usage_reports: is_report(d)
-                                && rule.count_refused
-                                && rule
-                                    .usage_reports
-                                    .or(self.options.usage_reports)
-                                    .unwrap_or(rule.algorithm.is_none()),
-                            count_refused: rule.count_refused,
-                        },
-                        policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
-                    }),
+                if limited.limit.requests_per_unit > 0 {
+                    limited.also = also;
                 }
+                Plan::Limited(limited)
             })
             .collect()
+    }
+}
+
+impl Engine {
+    /// The limit `rule` applies to descriptor `d`; `None` for
+    /// `unlimited: true`.
+    fn applied(&self, rule: &Rule, d: &Descriptor) -> Option<AppliedLimit> {
+        let LimitSpec::PerUnit {
+            requests_per_unit,
+            window,
+        } = rule.limit
+        else {
+            return None;
+        };
+        Some(AppliedLimit {
+            requests_per_unit,
+            window,
+            name: rule.name.clone(),
+            algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
+            buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
+            burst: rule.burst.unwrap_or(0),
+            shards: rule.shards.unwrap_or(1),
+            // A rule that does not count refused requests takes no usage
+            // reports (load refuses a rule that says both).
+            usage_reports: is_report(d)
+                && rule.count_refused
+                && rule
+                    .usage_reports
+                    .or(self.options.usage_reports)
+                    .unwrap_or(rule.algorithm.is_none()),
+            count_refused: rule.count_refused,
+        })
+    }
+
+    /// A counted descriptor under `rule`'s `limit`.
+    fn limited<'r>(
+        &self,
+        rules: &'r RuleSet,
+        req: &Request,
+        d: &Descriptor,
+        rule: &'r Rule,
+        limit: AppliedLimit,
+    ) -> Limited<'r> {
+        Limited {
+            rule: Some(rule),
+            steps: if rule.share_threshold || rule.value_to_metric {
+                rules.steps(&req.domain, &d.entries)
+            } else {
+                Vec::new()
+            },
+            limit,
+            policy: rule.on_store_error.unwrap_or(self.options.on_store_error),
+            also: Vec::new(),
+        }
     }
 }
 

@@ -31,8 +31,8 @@ use crate::storage::cache::LimiterId;
 use crate::storage::{Cost, Decision, Receipt, Store};
 
 use super::answer::Outcome;
-use super::plan::Plan;
-use super::{Descriptor, Engine, EngineStats, Request, Status};
+use super::plan::{Limited, Plan};
+use super::{AppliedLimit, Descriptor, Engine, EngineStats, Request, Status};
 
 /// A `count_refused: false` limiter's charge, held until the request's
 /// overall answer is known: its receipt, and its decision, which its rule
@@ -43,33 +43,50 @@ use super::{Descriptor, Engine, EngineStats, Request, Status};
 pub(super) struct Charge<'r> {
     /// The descriptor's position in the request.
     pub index: usize,
-    pub receipt: Receipt,
+    /// A single limit's receipt (a list's are in its decision's parts).
+    pub receipt: Option<Receipt>,
     pub decision: Decision,
     pub rule: Option<&'r Rule>,
     pub steps: Vec<Step<'r>>,
+    /// A `rate_limits:` list: each limit with its rule, in the order of
+    /// the decision's parts; empty for a single limit, whose limit is its
+    /// status's.
+    pub parts: Vec<(Option<&'r Rule>, AppliedLimit)>,
 }
 
 impl<'r> Charge<'r> {
     /// The charge of descriptor `index`, when the store recorded something
     /// for it.
-    pub fn of(
-        index: usize,
-        rule: Option<&'r Rule>,
-        steps: &[Step<'r>],
-        d: &Decision,
-    ) -> Option<Charge<'r>> {
+    pub fn of(index: usize, limited: &Limited<'r>, d: &Decision) -> Option<Charge<'r>> {
+        let parts = match &d.group {
+            None => {
+                d.receipt?;
+                Vec::new()
+            }
+            Some(g) => {
+                g.parts.iter().find_map(|p| p.receipt)?;
+                (0..g.parts.len())
+                    .map(|i| {
+                        let (rule, limit) = limited.part(i);
+                        (rule, limit.clone())
+                    })
+                    .collect()
+            }
+        };
         Some(Charge {
             index,
-            receipt: d.receipt?,
-            decision: *d,
-            rule,
-            steps: steps.to_vec(),
+            receipt: d.receipt,
+            decision: d.clone(),
+            rule: limited.rule,
+            steps: limited.steps.clone(),
+            parts,
         })
     }
 
-    /// Whether its rule's count waits for the overall answer.
+    /// Whether its rules' counts wait for the overall answer.
     pub fn defers_count(&self) -> bool {
-        self.decision.admitted && self.rule.is_some()
+        self.decision.admitted
+            && (self.rule.is_some() || self.parts.iter().any(|(r, _)| r.is_some()))
     }
 }
 
@@ -136,10 +153,31 @@ impl Engine {
         let mut undos = Vec::new();
         for c in charges {
             let (entries, d) = (&identities[c.index], &req.descriptors[c.index]);
+            let hits = d.hits.unwrap_or(request_hits);
+            if let Some(group) = &c.decision.group {
+                // A `rate_limits:` list: each limit's own answer and
+                // receipt.
+                for ((rule, limit), own) in c.parts.iter().zip(&group.parts) {
+                    if let Some(rule) = rule.filter(|_| c.decision.admitted) {
+                        if refused {
+                            self.count_taken_back(rule, entries, &c.steps, hits);
+                        } else {
+                            self.count(rule, entries, &c.steps, hits, limit, own);
+                        }
+                    }
+                    if refused && let Some(r) = own.receipt {
+                        let hit = super::hit_of(&req.domain, entries, d, limit, request_hits);
+                        undos.push((LimiterId::of(&hit), r));
+                    }
+                }
+                continue;
+            }
             let Some(limit) = &statuses[c.index].limit else {
                 continue;
             };
-            let hits = d.hits.unwrap_or(request_hits);
+            let Some(receipt) = c.receipt else {
+                continue;
+            };
             if let Some(rule) = c.rule.filter(|_| c.decision.admitted) {
                 if refused {
                     self.count_taken_back(rule, entries, &c.steps, hits);
@@ -149,7 +187,7 @@ impl Engine {
             }
             if refused {
                 let hit = super::hit_of(&req.domain, entries, d, limit, request_hits);
-                undos.push((LimiterId::of(&hit), c.receipt));
+                undos.push((LimiterId::of(&hit), receipt));
             }
         }
         if undos.is_empty() {

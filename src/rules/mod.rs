@@ -89,6 +89,11 @@ pub struct Rule {
     pub path: String,
     /// What the rule met; kept across reloads for the same domain and path.
     pub stats: RuleStats,
+    /// A `rate_limits:` list: its further limits (this rule is the
+    /// first), each a rule of its own (its limit, name, `replaces`,
+    /// algorithm, line, path and counters; the descriptor's flags), all
+    /// decided together. Empty for a `rate_limit` block.
+    pub more: Vec<Rule>,
 }
 
 /// Where a rule was written: its file's name, shared by every rule of the
@@ -349,6 +354,7 @@ impl RuleSet {
             for node in nodes {
                 if let Some(rule) = &node.rule {
                     out.push((domain, rule));
+                    out.extend(rule.more.iter().map(|r| (domain, r)));
                 }
                 walk(domain, &node.children, out);
             }
@@ -378,10 +384,14 @@ impl RuleSet {
                 .chain(level.wildcard.iter_mut())
                 .chain(level.default.values_mut());
             for node in nodes {
-                if let Some(rule) = &mut node.rule
-                    && let Some(stats) = old.get(&(domain, rule.path.as_str()))
-                {
-                    rule.stats = (*stats).clone();
+                if let Some(rule) = &mut node.rule {
+                    let keep = |rule: &mut Rule| {
+                        if let Some(stats) = old.get(&(domain, rule.path.as_str())) {
+                            rule.stats = (*stats).clone();
+                        }
+                    };
+                    keep(rule);
+                    rule.more.iter_mut().for_each(keep);
                 }
                 walk(domain, &mut node.children, old);
             }
@@ -439,9 +449,21 @@ fn name_rules(prefix: &str, level: &mut Level, shared: bool, by_value: bool) {
         let by_value = by_value || node.value_to_metric;
         name_rules(&path, &mut node.children, shared, by_value);
         if let Some(rule) = &mut node.rule {
-            rule.path = path;
-            rule.share_threshold = shared;
-            rule.value_to_metric = by_value;
+            // The limits of a `rate_limits:` list by their place in it.
+            let list = !rule.more.is_empty();
+            let name = |rule: &mut Rule, i: usize| {
+                rule.path = if list {
+                    format!("{path}[{i}]")
+                } else {
+                    path.clone()
+                };
+                rule.share_threshold = shared;
+                rule.value_to_metric = by_value;
+            };
+            name(rule, 0);
+            for (i, r) in rule.more.iter_mut().enumerate() {
+                name(r, i + 1);
+            }
         }
     }
 }

@@ -469,6 +469,7 @@ mod tests {
             remaining: 1,
             reset_micros: 1,
             receipt: None,
+            group: None,
         }
     }
 
@@ -493,6 +494,7 @@ mod tests {
             burst: 0,
             shard: crate::storage::Shard::NONE,
             receipt: false,
+            also: &[],
         }
     }
 

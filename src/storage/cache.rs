@@ -42,6 +42,14 @@
 //!   costs go to the store; a give-back goes to the store and drops the
 //!   entry.
 //!
+//! * Several limits on one descriptor (`rate_limits:`, [`Hit::also`]): a
+//!   refused call records nothing on any of them, so refusals are kept per
+//!   cost, as for the counter. The limit that refused a cost refuses it
+//!   until its reset whatever the others do (other calls only take more,
+//!   except give-backs, which go to the store and drop the entry); the
+//!   answer repeats each limit's answer as the store gave it, its reset
+//!   moved on by the time since. Checks and other costs go to the store.
+//!
 //! A hit costing more than the limit is never cached (the store does not
 //! record it, so its refusal says nothing about the count).
 //!
@@ -76,7 +84,9 @@ use hashlink::LruCache;
 
 use crate::clock::Clock;
 use crate::limit::{Algorithm, Window};
-use crate::storage::{BoxFuture, Cost, Decision, Hit, Shard, Store, StoreError, StoreGauges};
+use crate::storage::{
+    Also, BoxFuture, Cost, Decision, Group, Hit, Shard, Store, StoreError, StoreGauges,
+};
 
 /// Costs remembered per `sliding_window_counter` limiter.
 const COSTS_PER_LIMITER: usize = 4;
@@ -101,6 +111,8 @@ pub struct LimiterId {
     pub usage_reports: bool,
     /// Whether its hits are answered with receipts ([`Hit::receipt`]).
     pub receipt: bool,
+    /// The further limits of its descriptor ([`Hit::also`]).
+    pub also: Box<[Also]>,
 }
 
 /// A limiter's identity as the layers see it: owned ([`LimiterId`]) or
@@ -137,6 +149,7 @@ impl Limiter for Hit<'_> {
             self.shard,
             self.usage_reports,
             self.receipt,
+            self.also,
         ))
     }
 
@@ -151,6 +164,7 @@ impl Limiter for Hit<'_> {
             && id.shard == self.shard
             && id.usage_reports == self.usage_reports
             && id.receipt == self.receipt
+            && *id.also == *self.also
     }
 
     fn to_id(&self) -> LimiterId {
@@ -171,6 +185,7 @@ impl Limiter for LimiterId {
             self.shard,
             self.usage_reports,
             self.receipt,
+            &*self.also,
         ))
     }
 
@@ -196,6 +211,7 @@ impl LimiterId {
             shard: hit.shard,
             usage_reports: hit.usage_reports,
             receipt: hit.receipt,
+            also: hit.also.into(),
         }
     }
 }
@@ -216,6 +232,7 @@ impl LimiterId {
             burst: self.burst,
             shard: self.shard,
             receipt: self.receipt,
+            also: &self.also,
         }
     }
 }
@@ -251,13 +268,16 @@ pub struct CacheCounts {
     pub entries: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Refusal {
     /// The refused cost (`fixed_window`: any cost; stored as 0).
     cost: u64,
     remaining: u64,
     /// Until this instant (this replica's clock, microseconds).
     until: u64,
+    /// A limiter with several limits: each limit's answer when the
+    /// refusal was cached, and when that was.
+    group: Option<(Box<Group>, u64)>,
 }
 
 #[derive(Debug)]
@@ -354,7 +374,26 @@ impl OverLimitCache {
             remaining: r.remaining,
             reset_micros: r.until - now,
             receipt: None,
+            group: r.group.as_ref().map(|(g, at)| {
+                let mut g = g.clone();
+                for d in &mut g.parts {
+                    d.reset_micros = d.reset_micros.saturating_sub(now.saturating_sub(*at));
+                }
+                g
+            }),
         };
+        if !hit.also.is_empty() {
+            // Several limits: a refusal is kept per cost (see the module
+            // docs); give-backs and checks go to the store.
+            if hit.negative {
+                map.remove(&id);
+                return Plan::Forward(hit.hits);
+            }
+            return match entry.refusals.iter().find(|r| r.cost == hit.hits) {
+                Some(r) if hit.hits > 0 => Plan::Answer(refused(r)),
+                _ => Plan::Forward(hit.hits),
+            };
+        }
         if hit.usage_reports {
             // Reports are recorded whatever the answer: only checks are
             // answered here.
@@ -369,7 +408,7 @@ impl OverLimitCache {
         }
         match hit.algorithm {
             Algorithm::FixedWindow => {
-                let r = entry.refusals[0];
+                let r = entry.refusals[0].clone();
                 if hit.negative {
                     if hit.hits <= entry.swallowed {
                         entry.swallowed -= hit.hits;
@@ -411,7 +450,16 @@ impl OverLimitCache {
         if d.admitted || hit.negative || hit.receipt || d.reset_micros == 0 {
             return;
         }
+        let group = d.group.as_ref().map(|g| (g.clone(), sent_at));
         let cost = match hit.algorithm {
+            // Several limits: only refusals of a cost the refusing limit
+            // could take at all, kept per cost.
+            _ if !hit.also.is_empty() => {
+                if hit.usage_reports || hit.hits == 0 || hit.hits > hit.part(d.which()).limit {
+                    return;
+                }
+                hit.hits
+            }
             // Whatever refused it (a check, or a report that took the
             // limiter over), checks are refused until its reset: only
             // time or a give-back lowers the recorded usage.
@@ -426,6 +474,7 @@ impl OverLimitCache {
             cost,
             remaining: d.remaining,
             until: sent_at.saturating_add(d.reset_micros),
+            group,
         };
         let mut map = self.lock();
         if let Some(entry) = map.get_mut(&id).filter(|e| hit.is(&e.id)) {
@@ -585,6 +634,7 @@ mod tests {
             burst: 0,
             shard: crate::storage::Shard::NONE,
             receipt: false,
+            also: &[],
         }
     }
 

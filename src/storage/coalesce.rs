@@ -303,6 +303,7 @@ mod tests {
             burst: 0,
             shard: Shard::NONE,
             receipt: false,
+            also: &[],
         }
     }
 

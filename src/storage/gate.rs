@@ -106,6 +106,7 @@ mod tests {
                     remaining: 1,
                     reset_micros: 1,
                     receipt: None,
+                    group: None,
                 })
             })
         }
@@ -182,6 +183,7 @@ mod tests {
             burst: 0,
             shard: Shard::NONE,
             receipt: false,
+            also: &[],
         }
     }
 

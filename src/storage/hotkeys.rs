@@ -264,6 +264,7 @@ mod tests {
             shard: crate::storage::Shard::NONE,
             usage_reports: false,
             receipt: false,
+            also: Box::default(),
         }
     }
 

@@ -469,6 +469,7 @@ mod tests {
             burst: 0,
             shard: crate::storage::Shard::NONE,
             receipt: false,
+            also: &[],
         })
     }
 
@@ -557,6 +558,7 @@ mod tests {
             burst: 0,
             shard: crate::storage::Shard::NONE,
             receipt: false,
+            also: &[],
         };
         let b = KeyBuilder::default();
         let fixed = b.local(&hit(Algorithm::FixedWindow, Unit::Second));
@@ -641,6 +643,7 @@ mod tests {
             burst: 0,
             shard,
             receipt: false,
+            also: &[],
         };
         let b = KeyBuilder::default();
         let plain = b.limiter(&hit(Shard::NONE));

@@ -25,6 +25,11 @@
 //! - refused: remaining 0, reset the soonest of the shards' resets (when a
 //!   hit may be admitted again).
 //!
+//! A descriptor with several limits (`rate_limits:`) is sharded as a
+//! whole: each shard holds a share of every limit of the list, all in the
+//! shard's slot, and decides the list in one step there; the totals still
+//! add up to each limit.
+//!
 //! A give-back (`negative`) goes to one shard, clamped at zero there. A hit
 //! whose cost exceeds a shard's share can never be admitted; rules are
 //! refused at load when a share would be 0. On a limiter that takes usage
@@ -36,7 +41,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::storage::{BoxFuture, Decision, Hit, Receipt, Shard, Store, StoreError};
+use crate::storage::{Also, BoxFuture, Decision, Hit, Receipt, Shard, Store, StoreError};
 
 /// The share of shard `index` of `count` in `limit`: the first
 /// `limit % count` shards get one more, so the shares add up to `limit`.
@@ -64,7 +69,27 @@ impl Sharded {
     async fn sharded(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
         let count = hit.shard.count;
         let start = (self.next.fetch_add(1, Ordering::Relaxed) % u64::from(count)) as u16;
-        let shard_hit = |index: u16| shard_hit(&hit, index);
+        // Several limits: each shard holds a share of every one of them.
+        let also: Vec<Vec<Also>> = if hit.also.is_empty() {
+            Vec::new()
+        } else {
+            (0..count)
+                .map(|index| {
+                    hit.also
+                        .iter()
+                        .map(|a| Also {
+                            limit: share(a.limit, count, index),
+                            burst: share_of_burst(a.burst, count, index),
+                            ..*a
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        let shard_hit = |index: u16| Hit {
+            also: also.get(usize::from(index)).map_or(&[][..], Vec::as_slice),
+            ..shard_hit(&hit, index)
+        };
         // A give-back goes to one shard. So does a positive cost on a
         // limiter that takes usage reports: the shard records it whatever
         // it answers, so passing it on would record it twice.
@@ -72,6 +97,8 @@ impl Sharded {
             return self.inner.hit(shard_hit(start)).await;
         }
         let mut soonest: Option<u64> = None;
+        // Several limits: the answer of the shard whose reset is soonest.
+        let mut refusal = None;
         let mut failure: Option<StoreError> = None;
         let mut full = 0u64;
         for k in 0..count {
@@ -80,18 +107,19 @@ impl Sharded {
             match self.inner.hit(sub).await {
                 Ok(d) if d.admitted => {
                     let open_shards = u64::from(count) - full;
-                    let spare = hit.limit.saturating_sub(hit.hits);
+                    // The limit the answer describes (one of a list).
+                    let (whole, part) = (hit.part(d.which()).limit, sub.part(d.which()).limit);
+                    let spare = whole.saturating_sub(hit.hits);
                     // The shard's remaining as a part of its share, applied
                     // to the shares of the shards not seen full.
                     let estimate =
-                        u128::from(d.remaining) * u128::from(hit.limit) * u128::from(open_shards)
-                            / (u128::from(sub.limit.max(1)) * u128::from(count));
+                        u128::from(d.remaining) * u128::from(whole) * u128::from(open_shards)
+                            / (u128::from(part.max(1)) * u128::from(count));
                     let remaining = u64::try_from(estimate).unwrap_or(u64::MAX).min(spare);
                     return Ok(Decision {
                         admitted: true,
                         remaining,
-                        reset_micros: d.reset_micros,
-                        receipt: d.receipt,
+                        ..d
                     });
                 }
                 Ok(d) => {
@@ -99,7 +127,10 @@ impl Sharded {
                     // stays: the hit is tried on the next shard, and one
                     // receipt names one shard.
                     full += 1;
-                    soonest = Some(soonest.map_or(d.reset_micros, |s| s.min(d.reset_micros)));
+                    if soonest.is_none_or(|s| d.reset_micros < s) {
+                        soonest = Some(d.reset_micros);
+                        refusal = d.group;
+                    }
                 }
                 // One shard's server failing does not stop the others from
                 // answering; the failure is reported only when no shard
@@ -114,6 +145,7 @@ impl Sharded {
                 remaining: 0,
                 reset_micros: soonest.unwrap_or(0),
                 receipt: None,
+                group: refusal,
             }),
         }
     }
@@ -125,12 +157,17 @@ fn shard_hit<'a>(hit: &Hit<'a>, index: u16) -> Hit<'a> {
     let count = hit.shard.count;
     Hit {
         limit: share(hit.limit, count, index),
-        burst: match hit.burst {
-            0 => 0,
-            burst => share(burst, count, index).max(1),
-        },
+        burst: share_of_burst(hit.burst, count, index),
         shard: Shard { index, count },
         ..*hit
+    }
+}
+
+/// A shard's share of a token bucket's burst (0, the limit, stays 0).
+fn share_of_burst(burst: u64, count: u16, index: u16) -> u64 {
+    match burst {
+        0 => 0,
+        burst => share(burst, count, index).max(1),
     }
 }
 

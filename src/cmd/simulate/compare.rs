@@ -103,6 +103,7 @@ pub async fn run(who: Contender, bursty: bool, args: &SimulateArgs) -> Outcome {
         burst: who.burst,
         shard: Shard::NONE,
         receipt: false,
+        also: &[],
     };
     let (times, bursts) = arrivals(bursty, args);
     let burst_times: std::collections::HashSet<u64> = if bursty {

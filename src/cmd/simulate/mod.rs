@@ -111,6 +111,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         burst: 0,
         shard: Shard::NONE,
         receipt: false,
+        also: &[],
     };
     let mut admitted = Vec::new();
     match load {

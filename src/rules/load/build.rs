@@ -15,6 +15,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
+    "rate_limits",
     "descriptors",
     "shadow_mode",
     "quota_mode",
@@ -179,33 +180,29 @@ impl Walker<'_> {
         let metadata = fields
             .get("metadata")
             .and_then(|(_, v)| self.metadata(v, &join(path, "metadata")));
-        let rule = fields.get("rate_limit").and_then(|(k, v)| {
-            let limit = self.rate_limit(k, v, &join(path, "rate_limit"))?;
-            Some(Rule {
-                limit: limit.limit,
-                name: limit.name,
-                replaces: limit.replaces,
-                algorithm: limit.algorithm,
-                buckets: limit.buckets,
-                burst: limit.burst,
-                shards: limit.shards,
-                on_store_error: limit.on_store_error,
-                usage_reports: limit.usage_reports,
-                count_refused: limit.count_refused,
-                shadow_mode,
-                quota_mode,
-                detailed_metric,
-                value_to_metric: false,
-                share_threshold: false,
-                metadata: metadata.clone(),
-                source: Source {
-                    file: self.short.clone(),
-                    line: u32::try_from(line).unwrap_or(u32::MAX),
-                },
-                path: String::new(),
-                stats: Default::default(),
-            })
-        });
+        let flags = Flags {
+            shadow_mode,
+            quota_mode,
+            detailed_metric,
+            metadata,
+            line,
+        };
+        let rule = match (fields.get("rate_limit"), fields.get("rate_limits")) {
+            (Some(_), Some((k, _))) => {
+                self.error(
+                    key_line(k),
+                    &join(path, "rate_limits"),
+                    "rate_limit and rate_limits together: give one limit as rate_limit, \
+                     or every limit in the rate_limits list",
+                );
+                None
+            }
+            (Some((k, v)), None) => self
+                .rate_limit(key_line(k), v, &join(path, "rate_limit"))
+                .map(|limit| self.rule(limit, &flags, line)),
+            (None, Some((k, v))) => self.rate_limits(k, v, &join(path, "rate_limits"), &flags),
+            (None, None) => None,
+        };
         let children = match fields.get("descriptors") {
             Some((_, list)) => self.level(list, &join(path, "descriptors")),
             None => Level::default(),
@@ -222,6 +219,36 @@ impl Walker<'_> {
             value_to_metric,
             line: u32::try_from(line).unwrap_or(u32::MAX),
         })
+    }
+
+    /// A rule from a checked `rate_limit` block and its descriptor's flags;
+    /// `line` is where it was written.
+    pub(super) fn rule(&self, limit: RateLimit, flags: &Flags, line: usize) -> Rule {
+        Rule {
+            limit: limit.limit,
+            name: limit.name,
+            replaces: limit.replaces,
+            algorithm: limit.algorithm,
+            buckets: limit.buckets,
+            burst: limit.burst,
+            shards: limit.shards,
+            on_store_error: limit.on_store_error,
+            usage_reports: limit.usage_reports,
+            count_refused: limit.count_refused,
+            shadow_mode: flags.shadow_mode,
+            quota_mode: flags.quota_mode,
+            detailed_metric: flags.detailed_metric,
+            value_to_metric: false,
+            share_threshold: false,
+            metadata: flags.metadata.clone(),
+            source: Source {
+                file: self.short.clone(),
+                line: u32::try_from(line).unwrap_or(u32::MAX),
+            },
+            path: String::new(),
+            stats: Default::default(),
+            more: Vec::new(),
+        }
     }
 
     /// A descriptor's `metadata`: any mapping, kept as JSON (plain
@@ -244,7 +271,14 @@ impl Walker<'_> {
         }
     }
 
-    fn rate_limit(&mut self, key: &MarkedScalarNode, node: &Yaml, path: &str) -> Option<RateLimit> {
+    /// A `rate_limit` block (or one limit of a `rate_limits` list);
+    /// `owner_line` is where a missing key is reported.
+    pub(super) fn rate_limit(
+        &mut self,
+        owner_line: Option<usize>,
+        node: &Yaml,
+        path: &str,
+    ) -> Option<RateLimit> {
         let Some(map) = node.as_mapping() else {
             self.error(
                 line_of(node),
@@ -254,7 +288,6 @@ impl Walker<'_> {
             return None;
         };
         let errors_before = self.errors.len();
-        let owner_line = key_line(key);
         let fields = self.fields(map, path, RATE_LIMIT_KEYS);
 
         let unlimited = self.flag(&fields, path, "unlimited").unwrap_or(false);
@@ -575,16 +608,26 @@ fn to_json(node: &Yaml) -> serde_json::Value {
     }
 }
 
+/// What a descriptor gives each of its limits.
+pub(super) struct Flags {
+    shadow_mode: bool,
+    quota_mode: bool,
+    detailed_metric: bool,
+    metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// The descriptor's line.
+    pub(super) line: usize,
+}
+
 /// A `rate_limit` block before the descriptor's flags are added.
-struct RateLimit {
-    limit: LimitSpec,
-    name: Option<String>,
-    replaces: Vec<String>,
-    algorithm: Option<Algorithm>,
-    buckets: Option<u8>,
-    burst: Option<u64>,
-    shards: Option<u16>,
-    on_store_error: Option<FailurePolicy>,
-    usage_reports: Option<bool>,
-    count_refused: bool,
+pub(super) struct RateLimit {
+    pub(super) limit: LimitSpec,
+    pub(super) name: Option<String>,
+    pub(super) replaces: Vec<String>,
+    pub(super) algorithm: Option<Algorithm>,
+    pub(super) buckets: Option<u8>,
+    pub(super) burst: Option<u64>,
+    pub(super) shards: Option<u16>,
+    pub(super) on_store_error: Option<FailurePolicy>,
+    pub(super) usage_reports: Option<bool>,
+    pub(super) count_refused: bool,
 }

@@ -20,6 +20,7 @@ mod build;
 mod burst;
 mod depth;
 mod fast;
+mod list;
 mod refused;
 mod tree;
 mod window;

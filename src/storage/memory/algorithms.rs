@@ -372,10 +372,5 @@ fn with_receipt(mut d: Decision, hit: &Hit<'_>, recorded: u64, at: u64, mark: u6
 }
 
 pub(super) fn decision(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {
-    Decision {
-        admitted,
-        remaining,
-        reset_micros,
-        receipt: None,
-    }
+    Decision::new(admitted, remaining, reset_micros)
 }

@@ -63,6 +63,7 @@ use crate::storage::{
 };
 
 mod algorithms;
+mod group;
 mod lease;
 mod undo;
 
@@ -358,19 +359,37 @@ impl MemoryStore {
     }
 
     fn decide(&self, hit: &Hit<'_>) -> Decision {
+        if !hit.also.is_empty() {
+            return group::decide(self, hit);
+        }
         let key = self.keys.local(hit);
         let now = self.clock.now_micros();
-        let key_bytes = entry_bytes(key.capacity());
-        if key_bytes > self.limiter_bytes() / 2 {
+        if self.too_long(entry_bytes(key.capacity())) {
             // Its key alone would leave its state too little room: decided
             // as new and forgotten at once (see the module docs).
             self.evictions.fetch_add(1, Ordering::Relaxed);
             return apply(&mut new_slot(hit.algorithm), now, hit, 1);
         }
-        let max_members = log_capacity(self.limiter_bytes() - key_bytes);
-        let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
-        let mut guard = lock(&self.shards[index]);
-        let shard = &mut *guard;
+        let mut guard = lock(&self.shards[self.shard_of(&key)]);
+        self.decide_in(&mut guard, key, hit, now)
+    }
+
+    /// Whether a limiter's key (of `key_bytes`) alone would leave its
+    /// state too little room.
+    fn too_long(&self, key_bytes: usize) -> bool {
+        key_bytes > self.limiter_bytes() / 2
+    }
+
+    /// The shard that holds the limiter of `key`.
+    fn shard_of(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) as usize) % self.shards.len()
+    }
+
+    /// Decides `hit` on the limiter of `key`, in its shard (locked by the
+    /// caller), and records it.
+    fn decide_in(&self, shard: &mut Shard, key: String, hit: &Hit<'_>, now: u64) -> Decision {
+        let key_bytes = entry_bytes(key.capacity());
+        let max_members = log_capacity(self.limiter_bytes().saturating_sub(key_bytes));
         shard.ops += 1;
         if shard.ops.is_multiple_of(SWEEP_EVERY) {
             shard.sweep(now);
@@ -402,25 +421,8 @@ impl MemoryStore {
     fn take_back(&self, hit: &Hit<'_>, r: &Receipt) {
         let key = self.keys.local(hit);
         let now = self.clock.now_micros();
-        let w = hit.window.micros();
-        let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
-        let mut guard = lock(&self.shards[index]);
-        let shard = &mut *guard;
-        let Some(slot) = shard.slots.get_mut(&key) else {
-            return;
-        };
-        let before = state_bytes(slot);
-        match &mut slot.state {
-            State::Fixed { window, count } => undo::fixed_window(now, w, r, *window, count),
-            State::Counter { window, counts } => {
-                undo::sliding_counter(now, w, hit, r, *window, counts)
-            }
-            State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
-            State::Bucket { stamp, debt, scale } => {
-                undo::token_bucket(now, w, hit, r, stamp, debt, *scale)
-            }
-        }
-        shard.held = shard.held.saturating_sub(before) + state_bytes(slot);
+        let mut guard = lock(&self.shards[self.shard_of(&key)]);
+        take_back_in(&mut guard, &key, hit, r, now);
     }
 
     /// Forgets least recently used limiters until `shard` is within its
@@ -498,6 +500,25 @@ fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decisi
             d
         }
     }
+}
+
+/// Takes back what `r` recorded on the limiter of `key` in `shard`
+/// (locked by the caller).
+fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Receipt, now: u64) {
+    let w = hit.window.micros();
+    let Some(slot) = shard.slots.get_mut(key) else {
+        return;
+    };
+    let before = state_bytes(slot);
+    match &mut slot.state {
+        State::Fixed { window, count } => undo::fixed_window(now, w, r, *window, count),
+        State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
+        State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
+        State::Bucket { stamp, debt, scale } => {
+            undo::token_bucket(now, w, hit, r, stamp, debt, *scale)
+        }
+    }
+    shard.held = shard.held.saturating_sub(before) + state_bytes(slot);
 }
 
 fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {

@@ -33,6 +33,7 @@ fn hit<'a>(entries: &'a [(String, String)], algorithm: Algorithm, limit: u64) ->
         burst: 0,
         shard: SubLimiter::NONE,
         receipt: false,
+        also: &[],
     }
 }
 

@@ -27,9 +27,68 @@ pub(super) const NOT_HERE_ERROR: &str = "NOTHERE the call's keys are not on this
 
 /// One script call: its algorithm, keys and arguments.
 pub(super) struct Call {
-    pub(super) algorithm: Algorithm,
+    /// `None`: the limits of a `rate_limits:` list, decided together by
+    /// the batch script's group function ([`scripts::GROUP`]).
+    pub(super) algorithm: Option<Algorithm>,
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<i64>,
+}
+
+impl Call {
+    /// The script that runs the call alone: its algorithm's, or the batch
+    /// script for a group (as a batch of one, its keys also declared so
+    /// that a cluster redirects it).
+    pub(super) fn script<'s>(&self, scripts: &'s Scripts) -> &'s Script {
+        match self.algorithm {
+            Some(a) => scripts.of(a),
+            None => &scripts.batch,
+        }
+    }
+
+    /// The call's number in a batch.
+    fn batch_id(&self) -> i64 {
+        self.algorithm.map_or(scripts::GROUP, batch_id)
+    }
+
+    /// The call as one entry of a batch: its number, key and argument
+    /// counts, keys, arguments.
+    fn push_entry(&self, out: &mut Vec<fred::types::Value>) {
+        out.extend([
+            self.batch_id().into(),
+            (self.keys.len() as i64).into(),
+            (self.args.len() as i64).into(),
+        ]);
+        out.extend(self.keys.iter().map(|k| k.as_str().into()));
+        out.extend(self.args.iter().map(|&a| a.into()));
+    }
+
+    /// The `ARGV` of the call sent alone.
+    pub(super) fn values(&self) -> Vec<fred::types::Value> {
+        match self.algorithm {
+            Some(_) => self.args.iter().map(|&a| a.into()).collect(),
+            None => {
+                let mut out = Vec::with_capacity(3 + self.keys.len() + self.args.len());
+                self.push_entry(&mut out);
+                out
+            }
+        }
+    }
+}
+
+/// The reply of a call sent alone, as its own: a group's comes as a batch
+/// of one.
+pub(super) fn own_reply(group: bool, reply: Vec<i64>) -> Reply {
+    if !group {
+        return Ok(reply);
+    }
+    match reply.split_first() {
+        Some((&scripts::NOT_HERE, [])) => Err(FredError::new(ErrorKind::Unknown, NOT_HERE_ERROR)),
+        Some((&n, rest)) if n >= 0 && n as usize == rest.len() => Ok(rest.to_vec()),
+        _ => Err(FredError::new(
+            ErrorKind::Unknown,
+            format!("ERR a script call on several limits failed: {reply:?}"),
+        )),
+    }
 }
 
 type Reply = Result<Vec<i64>, FredError>;
@@ -173,13 +232,7 @@ impl Batcher {
         }
         let mut args: Vec<fred::types::Value> = Vec::new();
         for w in &batch {
-            args.extend([
-                batch_id(w.call.algorithm).into(),
-                (w.call.keys.len() as i64).into(),
-                (w.call.args.len() as i64).into(),
-            ]);
-            args.extend(w.call.keys.iter().map(|k| k.as_str().into()));
-            args.extend(w.call.args.iter().map(|&a| a.into()));
+            w.call.push_entry(&mut args);
         }
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.batched_calls
@@ -223,12 +276,9 @@ impl Batcher {
     }
 
     async fn alone(&self, client: &Client, call: Call) -> Reply {
-        let args = call
-            .args
-            .into_iter()
-            .map(fred::types::Value::from)
-            .collect();
-        run_script(self.scripts.of(call.algorithm), client, call.keys, args).await
+        let args = call.values();
+        let reply = run_script(call.script(&self.scripts), client, call.keys, args).await?;
+        own_reply(call.algorithm.is_none(), reply)
     }
 
     /// (batches sent, calls in them) so far.

@@ -45,6 +45,7 @@ use tokio::task::AbortHandle;
 
 mod batch;
 mod config;
+mod group;
 mod lease;
 mod node;
 mod redirect;
@@ -235,7 +236,7 @@ impl RedisStore {
             args.push(i64::from(cost.negative));
         }
         let call = Call {
-            algorithm: hit.algorithm,
+            algorithm: Some(hit.algorithm),
             keys,
             args,
         };
@@ -283,6 +284,7 @@ impl RedisStore {
                             }),
                             _ => None,
                         },
+                        group: None,
                     })
                 }
                 _ => Err(unexpected()),
@@ -345,8 +347,9 @@ impl RedisStore {
             Deployment::Cluster { .. } => routing.owner_pool(slot)?,
         };
         connected_client(&node)?;
-        let script = self.inner.scripts.of(call.algorithm);
-        let (keys, args) = (call.keys.clone(), call.args.clone());
+        let script = call.script(&self.inner.scripts);
+        let group = call.algorithm.is_none();
+        let (keys, args) = (call.keys.clone(), call.values());
         let mut reply = node.batcher.submit(call).await;
         let (mut target, mut asking) = (node, false);
         for _ in 0..MAX_REDIRECTS {
@@ -377,12 +380,12 @@ impl RedisStore {
                 }
             }
             let client = connected_client(&target)?.clone();
-            let values = || args.iter().map(|&a| fred::types::Value::from(a)).collect();
             reply = if asking {
-                batch::run_asking(script, &client, keys.clone(), values()).await
+                batch::run_asking(script, &client, keys.clone(), args.clone()).await
             } else {
-                batch::run_script(script, &client, keys.clone(), values()).await
-            };
+                batch::run_script(script, &client, keys.clone(), args.clone()).await
+            }
+            .and_then(|r| batch::own_reply(group, r));
         }
         match reply {
             Ok(reply) => Ok(reply),
@@ -394,6 +397,14 @@ impl RedisStore {
 
 impl Store for RedisStore {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        if !hit.also.is_empty() {
+            return Box::pin(async move {
+                let mut decisions = self.run_group(&hit, &[]).await?;
+                decisions
+                    .pop()
+                    .ok_or_else(|| StoreError::Protocol("empty script reply".into()))
+            });
+        }
         let (slot, call) = self.prepare(&hit, &[]);
         let receipt = hit.receipt.then_some(hit.shard.index);
         Box::pin(async move {
@@ -409,6 +420,9 @@ impl Store for RedisStore {
         hit: Hit<'a>,
         more: &'a [Cost],
     ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        if !hit.also.is_empty() {
+            return Box::pin(async move { self.run_group(&hit, more).await });
+        }
         let (slot, call) = self.prepare(&hit, more);
         let receipt = hit.receipt.then_some(hit.shard.index);
         Box::pin(self.run(slot, call, 1 + more.len(), receipt))

@@ -52,6 +52,10 @@ pub(super) const NOT_HERE: i64 = -1;
 /// A batch reply's marker for a call that failed otherwise.
 pub(super) const FAILED: i64 = -2;
 
+/// The batch script's number for the limits of a `rate_limits:` list
+/// decided together (see [`batch_lua`]).
+pub(super) const GROUP: i64 = 5;
+
 /// The batch script's number for an algorithm.
 pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
     match algorithm {
@@ -61,6 +65,71 @@ pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
         Algorithm::TokenBucket => 4,
     }
 }
+
+/// The group function ([`GROUP`]): the limits of one descriptor's
+/// `rate_limits:` list, in one step. Its `ARGV`: the number of limits `m`,
+/// the number of costs `c`, then per limit its algorithm's number, key
+/// count and argument count, then each limit's arguments as its own
+/// script takes them (with `ARGV[6]` 2, receipts, or 1, usage reports),
+/// then `c - 1` further (hits, negative) pairs. Its keys are the limits'
+/// keys in order. Per cost, every limit decides it as its own script
+/// would; unless they record usage reports, when one refuses, what the
+/// others recorded is taken back (each script's undo mode, with the
+/// receipt it just gave, at the same instant). The reply is each limit's
+/// reply, per cost. The keys of every limit but the first are read before
+/// anything runs: a limit whose keys are not (all) on this server stops
+/// the call before the first one writes, as one script's first read does.
+const GROUP_LUA: &str = r#"
+run[5] = function(KEYS, ARGV)
+  local m, c = ARGV[1] + 0, ARGV[2] + 0
+  local spec, keys, args = {}, {}, {}
+  local p = 3
+  for i = 1, m do
+    spec[i] = {ARGV[p] + 0, ARGV[p + 1] + 0, ARGV[p + 2] + 0}
+    p = p + 3
+  end
+  local k = 1
+  for i = 1, m do
+    local ks, as = {}, {}
+    for j = 1, spec[i][2] do ks[j] = KEYS[k]; k = k + 1 end
+    for j = 1, spec[i][3] do as[j] = ARGV[p]; p = p + 1 end
+    keys[i], args[i] = ks, as
+  end
+  if m > 1 then
+    local rest = {}
+    for j = spec[1][2] + 1, #KEYS do rest[#rest + 1] = KEYS[j] end
+    redis.call('EXISTS', unpack(rest))
+  end
+  local rollback = args[1][6] == '2'
+  local out = {}
+  for h = 1, c do
+    if h > 1 then
+      for i = 1, m do args[i][3] = ARGV[p]; args[i][4] = ARGV[p + 1] end
+      p = p + 2
+    end
+    local replies, all = {}, true
+    for i = 1, m do
+      local r = run[spec[i][1]](keys[i], args[i])
+      replies[i] = r
+      if r[1] == 0 then all = false end
+    end
+    if rollback and not all then
+      for i = 1, m do
+        local r, a = replies[i], args[i]
+        if r[4] > 0 then
+          run[spec[i][1]](keys[i], {a[1], a[2], string.format('%d', r[4]), '2', a[5], '0',
+            string.format('%d', r[5]), string.format('%d', r[6])})
+        end
+      end
+    end
+    for i = 1, m do
+      local r = replies[i]
+      for j = 1, #r do out[#out + 1] = r[j] end
+    end
+  end
+  return out
+end
+"#;
 
 /// The batch script. `ARGV` holds, per call in order: the algorithm's
 /// number, its key count, its argument count, its keys, then its
@@ -99,6 +168,7 @@ fn batch_lua() -> String {
         let body = body.replacen(READ_CLOCK, "local now = clock", 1);
         text.push_str(&format!("run[{id}] = function(KEYS, ARGV)\n{body}\nend\n"));
     }
+    text.push_str(GROUP_LUA);
     text.push_str(
         r#"
 local out = {}

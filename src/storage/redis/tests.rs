@@ -55,6 +55,7 @@ async fn connect_succeeds_while_redis_is_down() {
                 burst: 0,
                 shard: crate::storage::Shard::NONE,
                 receipt: false,
+                also: &[],
             })
             .await;
         assert!(result.is_err(), "{url}");

@@ -1,0 +1,245 @@
+//! Several limits on one descriptor (`rate_limits:`), over real gRPC on
+//! the embedded store, Redis and a 3+3 Redis Cluster: a request is
+//! admitted only when every limit admits it and then recorded on all; one
+//! refused by any is charged to none; the answer names the limit that
+//! refused (or the tightest one) with its reset; concurrent callers never
+//! pass any limit.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use support::redis::{RedisCluster, RedisServer};
+use support::tollgate::{Tollgate, descriptor};
+use support::unique_domain;
+
+fn rules(domain: &str) -> String {
+    format!(
+        "domain: {domain}
+descriptors:
+  # 5 per second and 12 per minute, each an exact sliding log.
+  - key: log
+    rate_limits:
+      - {{unit: second, requests_per_unit: 5, algorithm: sliding_window_log, name: per_second}}
+      - {{unit: minute, requests_per_unit: 12, algorithm: sliding_window_log, name: per_minute}}
+  # The same naming no algorithm, as a reference user writes it: the
+  # default_algorithm (the sliding window counter, 2 buckets).
+  - key: plain
+    rate_limits:
+      - {{unit: second, requests_per_unit: 5, name: per_second}}
+      - {{unit: minute, requests_per_unit: 12, name: per_minute}}
+  # Every algorithm in one list.
+  - key: mixed
+    rate_limits:
+      - {{unit: second, requests_per_unit: 5, algorithm: token_bucket, name: bucket}}
+      - {{unit: minute, requests_per_unit: 12, algorithm: sliding_window_counter, name: counter}}
+      - {{unit: hour, requests_per_unit: 100, algorithm: fixed_window, name: hourly}}
+      - {{unit: day, requests_per_unit: 1000, algorithm: sliding_window_log, name: daily}}
+"
+    )
+}
+
+fn request(domain: &str, key: &str, value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors: vec![descriptor(&[(key, value)])],
+        hits_addend: 0,
+    }
+}
+
+fn status(r: &RateLimitResponse) -> &DescriptorStatus {
+    &r.statuses[0]
+}
+
+fn limit_name(r: &RateLimitResponse) -> String {
+    status(r)
+        .current_limit
+        .as_ref()
+        .map(|l| l.name.clone())
+        .unwrap_or_default()
+}
+
+fn reset_secs(r: &RateLimitResponse) -> f64 {
+    let d = status(r).duration_until_reset.unwrap_or_default();
+    d.seconds as f64 + f64::from(d.nanos) / 1e9
+}
+
+/// `n` requests one after the other; how many were admitted.
+async fn burst(t: &Tollgate, domain: &str, key: &str, value: &str, n: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..n {
+        let r = t.ask(request(domain, key, value)).await;
+        if r.overall_code == Code::Ok as i32 {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+/// Fixed windows are aligned on the minute: start the sequence well
+/// inside one, so that it ends before the next (it takes about 3 s).
+async fn away_from_a_minute_boundary() {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let into = now.as_secs_f64() % 60.0;
+    if into > 50.0 {
+        tokio::time::sleep(Duration::from_secs_f64(60.5 - into)).await;
+    }
+}
+
+/// How long until the per-second limit has forgotten a burst: a second
+/// for the log; two buckets of a second for the counter of the rules that
+/// name no algorithm (its previous bucket still weighs for a second).
+fn step(key: &str) -> Duration {
+    Duration::from_millis(if key == "log" { 1_100 } else { 2_050 })
+}
+
+/// One list: a burst of 20 admits 5; a second later 5 more (the 15
+/// refused were charged to nothing); then 2 more, and the next is refused
+/// by the minute limit, with its reset.
+async fn the_sequence(t: &Tollgate, domain: &str, key: &str) {
+    away_from_a_minute_boundary().await;
+    let value = "alice";
+    let first = t.ask(request(domain, key, value)).await;
+    assert_eq!(first.overall_code, Code::Ok as i32, "{key}: {first:?}");
+    // Admitted: the tightest limit, 4 left of 5 per second.
+    assert_eq!(limit_name(&first), "per_second", "{key}: {first:?}");
+    assert_eq!(status(&first).limit_remaining, 4, "{key}: {first:?}");
+    let limit = status(&first).current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (5, Unit::Second as i32)
+    );
+    assert_eq!(
+        burst(t, domain, key, value, 19).await,
+        4,
+        "{key}: a burst of 20 admits 5"
+    );
+    let refused = t.ask(request(domain, key, value)).await;
+    assert_eq!(refused.overall_code, Code::OverLimit as i32);
+    assert_eq!(limit_name(&refused), "per_second", "{key}: {refused:?}");
+    assert!(reset_secs(&refused) <= 1.0, "{key}: {refused:?}");
+
+    tokio::time::sleep(step(key)).await;
+    assert_eq!(
+        burst(t, domain, key, value, 20).await,
+        5,
+        "{key}: a second later 5 more: the refused requests were charged to nothing"
+    );
+    tokio::time::sleep(step(key)).await;
+    assert_eq!(burst(t, domain, key, value, 2).await, 2, "{key}: 2 more");
+    let last = t.ask(request(domain, key, value)).await;
+    assert_eq!(last.overall_code, Code::OverLimit as i32, "{key}: {last:?}");
+    assert_eq!(limit_name(&last), "per_minute", "{key}: {last:?}");
+    let limit = status(&last).current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (12, Unit::Minute as i32)
+    );
+    // The log: until its oldest hit (about 2.2 s old) leaves the minute;
+    // the counter: until enough of its count has aged out.
+    let reset = reset_secs(&last);
+    if key == "log" {
+        assert!((50.0..=58.5).contains(&reset), "{key}: reset {reset}");
+    } else {
+        assert!(reset > 1.0 && reset <= 120.0, "{key}: reset {reset}");
+    }
+    // Envoy's X-RateLimit-* headers come from these statuses: the limit
+    // that refused, not the first of the list.
+}
+
+/// 40 callers at once on a fresh list admit exactly its tightest limit.
+async fn concurrent(t: &Arc<Tollgate>, domain: &str, key: &str) {
+    away_from_a_minute_boundary().await;
+    let value = "concurrent";
+    let calls: Vec<_> = (0..40)
+        .map(|_| {
+            let (t, req) = (t.clone(), request(domain, key, value));
+            tokio::spawn(async move { t.ask(req).await.overall_code == Code::Ok as i32 })
+        })
+        .collect();
+    let mut ok = 0;
+    for c in calls {
+        ok += usize::from(c.await.unwrap());
+    }
+    assert_eq!(ok, 5, "{key}: 40 concurrent callers admit exactly 5");
+    // Nothing refused was charged: the minute limit has 7 left.
+    tokio::time::sleep(step(key)).await;
+    assert_eq!(burst(t, domain, key, value, 10).await, 5, "{key}");
+    assert_eq!(burst(t, domain, key, value, 1).await, 0, "{key}");
+    tokio::time::sleep(step(key)).await;
+    assert_eq!(burst(t, domain, key, value, 5).await, 2, "{key}");
+}
+
+/// Four algorithms in one list: the token bucket (5 a second, burst 5)
+/// refuses first; each limit's own metric series counts its answers.
+async fn every_algorithm(t: &Tollgate, domain: &str) {
+    assert_eq!(burst(t, domain, "mixed", "bob", 8).await, 5);
+    let r = t.ask(request(domain, "mixed", "bob")).await;
+    assert_eq!(limit_name(&r), "bucket", "{r:?}");
+    let (status, page) = support::http_get(t.http, "/metrics").await;
+    assert_eq!(status, 200);
+    for (path, over) in [
+        ("mixed[0]", 4.0),
+        ("mixed[1]", 0.0),
+        ("mixed[2]", 0.0),
+        ("mixed[3]", 0.0),
+    ] {
+        let series = |name: &str| {
+            page.lines()
+                .filter(|l| l.starts_with(name))
+                .filter(|l| l.contains(&format!("domain=\"{domain}\"")))
+                .filter(|l| l.contains(&format!("rule=\"{path}\"")))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum::<f64>()
+        };
+        assert_eq!(
+            series("tollgate_rule_hits_total{"),
+            9.0,
+            "{path} counts every call:\n{page}"
+        );
+        assert_eq!(
+            series("tollgate_rule_over_limit_total{"),
+            over,
+            "{path} counts its own refusals"
+        );
+    }
+}
+
+async fn run(settings: &[(&str, &str)]) {
+    let domain = unique_domain("lists");
+    let t = Arc::new(Tollgate::start(&[("r.yaml", &rules(&domain))], settings).await);
+    t.wait_serving(Duration::from_secs(30)).await;
+    let (a, b) = tokio::join!(
+        the_sequence(&t, &domain, "log"),
+        the_sequence(&t, &domain, "plain")
+    );
+    let _ = (a, b);
+    let (a, b) = tokio::join!(
+        concurrent(&t, &domain, "log"),
+        concurrent(&t, &domain, "plain")
+    );
+    let _ = (a, b);
+    every_algorithm(&t, &domain).await;
+    Arc::into_inner(t).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_on_the_embedded_store() {
+    run(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_on_redis() {
+    let redis = RedisServer::start();
+    run(&[("store", &redis.url())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    run(&[("store", &cluster.url())]).await;
+}
