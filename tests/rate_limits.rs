@@ -10,6 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -242,4 +243,164 @@ async fn several_limits_on_redis() {
 async fn several_limits_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     run(&[("store", &cluster.url())]).await;
+}
+
+fn feature_rules(domain: &str) -> String {
+    format!(
+        "domain: {domain}
+descriptors:
+  # Charged only by requests answered OK: the gate refusing takes back
+  # what the list charged, on every limit.
+  - key: user
+    rate_limits:
+      - {{unit: minute, requests_per_unit: 10, algorithm: sliding_window_log, count_refused: false}}
+      - {{unit: hour, requests_per_unit: 3, algorithm: fixed_window, name: hourly, count_refused: false}}
+  - key: gate
+    rate_limit: {{unit: hour, requests_per_unit: 1, algorithm: fixed_window}}
+  # Counted, never enforced.
+  - key: shadow
+    shadow_mode: true
+    rate_limits:
+      - {{unit: minute, requests_per_unit: 2, algorithm: sliding_window_log}}
+      - {{unit: hour, requests_per_unit: 3, algorithm: sliding_window_log}}
+  # One limit of a list replaced by another descriptor's rule.
+  - key: app
+    rate_limits:
+      - {{unit: minute, requests_per_unit: 100, algorithm: sliding_window_log, name: app_minute}}
+      - {{unit: hour, requests_per_unit: 2, algorithm: sliding_window_log, name: app_hour}}
+  - key: premium
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1000
+      algorithm: sliding_window_log
+      replaces: [{{name: app_hour}}]
+  # Split over 4 shards, each holding a share of both limits.
+  - key: sharded
+    rate_limits:
+      - {{unit: second, requests_per_unit: 8, algorithm: sliding_window_log, shards: 4}}
+      - {{unit: minute, requests_per_unit: 12, algorithm: sliding_window_log, shards: 4, name: sharded_minute}}
+  # A zero limit in a list refuses the descriptor, without a store call.
+  - key: banned
+    rate_limits:
+      - {{unit: minute, requests_per_unit: 100}}
+      - {{unit: hour, requests_per_unit: 0, name: ban}}
+"
+    )
+}
+
+async fn ask_many(t: &Tollgate, req: &RateLimitRequest, n: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..n {
+        ok += usize::from(t.ask(req.clone()).await.overall_code == Code::Ok as i32);
+    }
+    ok
+}
+
+async fn metric_sum(t: &Tollgate, name: &str) -> f64 {
+    let (status, page) = support::http_get(t.http, "/metrics").await;
+    assert_eq!(status, 200);
+    page.lines()
+        .filter(|l| l.starts_with(name))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+async fn features(settings: &[(&str, &str)]) {
+    let domain = unique_domain("list-features");
+    let t = Tollgate::start(&[("r.yaml", &feature_rules(&domain))], settings).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    let one = |entries: &[(&str, &str)]| RateLimitRequest {
+        domain: domain.clone(),
+        descriptors: entries.iter().map(|e| descriptor(&[*e])).collect(),
+        hits_addend: 0,
+    };
+
+    // count_refused: false. The first request passes the gate; the next
+    // four are refused by it, and what they charged on both limits of the
+    // list is taken back: the user still has 2 of the hour's 3.
+    let both = one(&[("user", "u1"), ("gate", "g1")]);
+    assert_eq!(ask_many(&t, &both, 5).await, 1);
+    let alone = one(&[("user", "u1")]);
+    assert_eq!(
+        ask_many(&t, &alone, 5).await,
+        2,
+        "the refused requests' charges stay taken back"
+    );
+    let r = t.ask(alone.clone()).await;
+    assert_eq!(limit_name(&r), "hourly", "{r:?}");
+
+    // shadow_mode: never refused.
+    let shadow = one(&[("shadow", "s1")]);
+    assert_eq!(ask_many(&t, &shadow, 6).await, 6);
+
+    // replaces: with `premium`, the list's hour limit is dropped and its
+    // minute limit stays; without, the hour limit holds.
+    let with_premium = one(&[("app", "a1"), ("premium", "p1")]);
+    assert_eq!(ask_many(&t, &with_premium, 5).await, 5);
+    let app = one(&[("app", "a1")]);
+    assert_eq!(
+        ask_many(&t, &app, 5).await,
+        2,
+        "the hour limit counted none of the replaced calls"
+    );
+
+    // A request's limit override replaces the whole list.
+    let mut over = one(&[("app", "a2")]);
+    over.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 4,
+        unit: Unit::Hour as i32,
+    });
+    assert_eq!(ask_many(&t, &over, 6).await, 4);
+    let r = t.ask(over.clone()).await;
+    let limit = status(&r).current_limit.clone().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.name.as_str()), (4, ""));
+
+    // Shards: 8 a second and 12 a minute over 4 shards admit exactly 8,
+    // then 4 more a second later, then none: every limit's shares add up
+    // to it.
+    let sharded = one(&[("sharded", "x")]);
+    assert_eq!(ask_many(&t, &sharded, 20).await, 8);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(ask_many(&t, &sharded, 20).await, 4);
+    let r = t.ask(sharded.clone()).await;
+    assert_eq!(limit_name(&r), "sharded_minute", "{r:?}");
+
+    // A zero limit in the list: refused, naming it.
+    let r = t.ask(one(&[("banned", "b")])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(limit_name(&r), "ban", "{r:?}");
+
+    // The over-limit cache answers a list's repeated refusals, naming
+    // the limit that refused (not on `count_refused: false` lists, whose
+    // charges can be taken back before the reset).
+    let hits_before = metric_sum(&t, "tollgate_over_limit_cache_hits_total").await;
+    for _ in 0..5 {
+        let r = t.ask(app.clone()).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        assert_eq!(limit_name(&r), "app_hour", "{r:?}");
+    }
+    let hits = metric_sum(&t, "tollgate_over_limit_cache_hits_total").await - hits_before;
+    assert!(hits >= 4.0, "the cache answered {hits} of 5 refusals");
+
+    // /rlconfig lists every limit of a list by its place.
+    let (status, text) = support::http_get(t.debug, "/rlconfig").await;
+    assert_eq!(status, 200);
+    for line in [
+        format!("{domain}.user[0]: 10/minute sliding_window_log"),
+        format!("{domain}.user[1]: 3/hour fixed_window"),
+    ] {
+        assert!(text.contains(&line), "{line} in:\n{text}");
+    }
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_with_other_features_on_the_embedded_store() {
+    features(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_with_other_features_on_redis() {
+    let redis = RedisServer::start();
+    features(&[("store", &redis.url())]).await;
 }

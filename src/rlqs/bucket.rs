@@ -98,9 +98,20 @@ pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {
     let Some(rule) = rule else {
         return Plan::Free;
     };
+    let banned = |r: &Rule| {
+        matches!(
+            r.limit,
+            LimitSpec::PerUnit {
+                requests_per_unit: 0,
+                ..
+            }
+        )
+    };
     match rule.limit {
         LimitSpec::Unlimited => Plan::Free,
         _ if rule.shadow_mode || global_shadow => Plan::Shadow,
+        // A zero limit anywhere in a `rate_limits:` list.
+        _ if rule.more.iter().any(banned) => Plan::Banned,
         LimitSpec::PerUnit {
             requests_per_unit: 0,
             ..
@@ -129,6 +140,39 @@ pub fn token_bucket(tokens: u64, window: Window, burst: f64) -> Assignment {
         max_tokens,
         tokens_per_fill: tokens.min(u64::from(u32::MAX)) as u32,
         fill_secs,
+    }
+}
+
+/// A bucket under several limits (`rate_limits:`), granted a share of
+/// each: the token bucket of the share with the fewest tokens per second,
+/// its size held within every share's tokens per window, so that neither
+/// the rate nor a burst passes any of them.
+pub fn token_bucket_within(grants: &[(u64, Window)], burst: f64) -> Assignment {
+    let rate = |&(tokens, window): &(u64, Window)| tokens as f64 / quota::fill_secs(window) as f64;
+    let Some(&(tokens, window)) = grants.iter().min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
+        return Assignment::DenyAll;
+    };
+    match token_bucket(tokens, window, burst) {
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_secs,
+        } => {
+            let within = grants
+                .iter()
+                .map(|&(t, w)| {
+                    let per_window = t as f64 * w.seconds() as f64 / quota::fill_secs(w) as f64;
+                    per_window.floor().clamp(1.0, f64::from(u32::MAX)) as u32
+                })
+                .min()
+                .unwrap_or(max_tokens);
+            Assignment::TokenBucket {
+                max_tokens: max_tokens.min(within),
+                tokens_per_fill,
+                fill_secs,
+            }
+        }
+        other => other,
     }
 }
 
@@ -224,5 +268,39 @@ mod tests {
                 fill_secs: 3_600
             }
         );
+    }
+
+    #[test]
+    fn a_bucket_under_several_limits_stays_within_each() {
+        // 60 a minute and 2 a second, the whole of each granted: the
+        // minute's rate (1/s) is the slower, and a burst never passes the
+        // second's 2.
+        let shares = [
+            (60, Window::of(Unit::Minute)),
+            (120, Window::of(Unit::Second)),
+        ];
+        assert_eq!(
+            token_bucket_within(&shares, 1.0),
+            Assignment::TokenBucket {
+                max_tokens: 2,
+                tokens_per_fill: 60,
+                fill_secs: 60
+            }
+        );
+        // Alone, the minute's share would allow 60 at once.
+        assert_eq!(
+            token_bucket(60, Window::of(Unit::Minute), 1.0),
+            Assignment::TokenBucket {
+                max_tokens: 60,
+                tokens_per_fill: 60,
+                fill_secs: 60
+            }
+        );
+        // A share of nothing denies.
+        let none = [
+            (0, Window::of(Unit::Minute)),
+            (120, Window::of(Unit::Second)),
+        ];
+        assert_eq!(token_bucket_within(&none, 1.0), Assignment::DenyAll);
     }
 }

@@ -12,12 +12,14 @@ use tonic::{Status, Streaming};
 
 use super::bucket::{self, Assignment, Plan, Skip};
 use super::{DEFAULT_REPORT_SECS, HOLD_MARGIN, Inner, ShareView};
+use crate::limit::Window;
 use crate::proto::rlqs::{
     BlanketRule, BucketAction, BucketActionKind, BucketId, QuotaAssignmentAction,
     RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitStrategy, Strategy, TokenBucket,
     UsageReport,
 };
 use crate::quota::{self, Grant, Report, Terms};
+use crate::rules::LimitSpec;
 use crate::rules::{Counts, Rule};
 use crate::storage::{LeaseCall, StoreError};
 
@@ -207,7 +209,8 @@ async fn answer(
     let hold_micros =
         (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
     let store = inner.engine.store();
-    type Lease<'a> = crate::storage::BoxFuture<'a, Option<Result<Grant, StoreError>>>;
+    type Lease<'a> =
+        crate::storage::BoxFuture<'a, Option<Result<Vec<(Grant, Window)>, StoreError>>>;
     let leases: Vec<Lease<'_>> = items
         .iter()
         .map(|item| {
@@ -233,20 +236,39 @@ async fn answer(
                         elapsed
                     },
                 };
-                let terms = Terms {
-                    capacity: quota::capacity(limit, window),
-                    fill_secs: quota::fill_secs(window),
-                    hold_micros,
-                };
-                let call = LeaseCall {
-                    domain,
-                    entries: &item.identity,
-                    window,
-                    holder,
-                    report,
-                    terms,
-                };
-                Some(store.lease(call).await)
+                // A `rate_limits:` list: a share of every limit's ledger.
+                let more = item.rule.map_or(&[][..], |r| r.more.as_slice());
+                let limits =
+                    std::iter::once((limit, window)).chain(more.iter().filter_map(
+                        |r| match r.limit {
+                            LimitSpec::PerUnit {
+                                requests_per_unit,
+                                window,
+                            } => Some((u64::from(requests_per_unit), window)),
+                            LimitSpec::Unlimited => None,
+                        },
+                    ));
+                let mut grants = Vec::with_capacity(1 + more.len());
+                for (limit, window) in limits {
+                    let terms = Terms {
+                        capacity: quota::capacity(limit, window),
+                        fill_secs: quota::fill_secs(window),
+                        hold_micros,
+                    };
+                    let call = LeaseCall {
+                        domain,
+                        entries: &item.identity,
+                        window,
+                        holder,
+                        report,
+                        terms,
+                    };
+                    match store.lease(call).await {
+                        Ok(grant) => grants.push((grant, window)),
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
+                Some(Ok(grants))
             }) as Lease<'_>
         })
         .collect();
@@ -262,12 +284,18 @@ async fn answer(
         let assignment = match (item.plan, grant) {
             (Plan::Free | Plan::Shadow, _) => Some((Assignment::AllowAll, ttl)),
             (Plan::Banned, _) => Some((Assignment::DenyAll, ttl)),
-            (Plan::Leased { window, .. }, Some(Ok(grant))) => {
+            (Plan::Leased { window, .. }, Some(Ok(grants))) if grants.len() == 1 => {
+                let grant = grants[0].0;
                 ledger = Some(grant);
                 Some((
                     bucket::token_bucket(grant.tokens, window, options.burst),
                     ttl,
                 ))
+            }
+            (Plan::Leased { .. }, Some(Ok(grants))) => {
+                ledger = grants.first().map(|g| g.0);
+                let shares: Vec<_> = grants.iter().map(|(g, w)| (g.tokens, *w)).collect();
+                Some((bucket::token_bucket_within(&shares, options.burst), ttl))
             }
             (Plan::Leased { .. }, _) => {
                 inner.stats.store_error();

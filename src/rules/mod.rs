@@ -279,8 +279,15 @@ impl RuleSet {
                     format!("{prefix}.{}_{}", node.key, node.value)
                 };
                 match &node.rule {
-                    Some(rule) => {
+                    Some(rule) if rule.more.is_empty() => {
                         out.push(format!("{path}: {}", describe_rule(rule, default)));
+                    }
+                    // A `rate_limits:` list: every limit, by its place.
+                    Some(rule) => {
+                        let list = std::iter::once(rule).chain(&rule.more);
+                        for (i, rule) in list.enumerate() {
+                            out.push(format!("{path}[{i}]: {}", describe_rule(rule, default)));
+                        }
                     }
                     None if node.is_leaf() => out.push(format!(
                         "{path}: no limit (whitelist) ({file}:{})",
