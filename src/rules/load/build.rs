@@ -37,6 +37,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "on_store_error",
     "usage_reports",
     "count_refused",
+    "timezone",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -266,6 +267,7 @@ impl Walker<'_> {
                 ("unit", unit),
                 ("requests_per_unit", rpu),
                 ("unit_multiplier", multiplier),
+                ("timezone", fields.get("timezone")),
             ] {
                 if let Some((k, _)) = field {
                     self.error(
@@ -322,6 +324,13 @@ impl Walker<'_> {
         let algorithm = fields
             .get("algorithm")
             .and_then(|(_, v)| self.parsed::<Algorithm>(v, &join(path, "algorithm")));
+        let (limit, algorithm) = self.timezone(
+            fields.get("timezone"),
+            limit,
+            algorithm,
+            multiplier.is_some(),
+            path,
+        );
         let on_store_error = fields
             .get("on_store_error")
             .and_then(|(_, v)| self.parsed::<FailurePolicy>(v, &join(path, "on_store_error")));
