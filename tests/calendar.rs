@@ -59,6 +59,14 @@ fn rules(domain: &str) -> String {
          timezone: Asia/Kolkata, count_refused: false}\n  - key: user\n    \
          rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}\n",
     );
+    // A monthly budget split over three shards (three slots on a
+    // cluster), and one taking costs reported after the response.
+    text.push_str(
+        "  - key: sharded\n    rate_limit: {unit: month, requests_per_unit: 6, \
+         timezone: Pacific/Auckland, shards: 3}\n  - key: reported\n    \
+         rate_limit: {unit: week, requests_per_unit: 10, timezone: America/New_York, \
+         usage_reports: true}\n",
+    );
     // An epoch-aligned day next to the calendar ones: its own counter.
     text.push_str(&format!(
         "  - key: plain\n    rate_limit: {{unit: day, requests_per_unit: {LIMIT}, \
@@ -194,6 +202,55 @@ async fn calendar_windows(settings: &[(&str, &str)]) {
     assert_eq!(
         r.statuses[0].limit_remaining, 8,
         "the refused request's hit taken back"
+    );
+
+    // Sharded: exactly the limit over the shards, each answer's reset the
+    // month's end.
+    let month_end = oracle(
+        now_secs(),
+        &[("Pacific/Auckland", "month"), ("America/New_York", "week")],
+    );
+    let mut admitted = 0;
+    for _ in 0..9 {
+        let sent = now_secs();
+        let r = t
+            .ask(RateLimitRequest {
+                domain: domain.clone(),
+                descriptors: vec![descriptor(&[("sharded", "s")])],
+                hits_addend: 0,
+            })
+            .await;
+        let reset = r.statuses[0].duration_until_reset.as_ref().unwrap().seconds as f64;
+        assert!(
+            (reset - (month_end[0] - sent)).abs() <= 2.0,
+            "sharded reset {reset}"
+        );
+        admitted += u64::from(r.overall_code == Code::Ok as i32);
+    }
+    assert_eq!(
+        admitted, 6,
+        "a sharded calendar limit admits exactly its limit"
+    );
+    // A report of 15 takes the week over; checks are refused until the
+    // week ends in New York.
+    let mut report = descriptor(&[("reported", "r")]);
+    report.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 15 });
+    let reported = |d| RateLimitRequest {
+        domain: domain.clone(),
+        descriptors: vec![d],
+        hits_addend: 0,
+    };
+    assert_eq!(
+        t.ask(reported(report)).await.overall_code,
+        Code::OverLimit as i32
+    );
+    let sent = now_secs();
+    let r = t.ask(reported(descriptor(&[("reported", "r")]))).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let reset = r.statuses[0].duration_until_reset.as_ref().unwrap().seconds as f64;
+    assert!(
+        (reset - (month_end[1] - sent)).abs() <= 2.0,
+        "reported reset {reset}"
     );
 
     // `/rlconfig` shows the zone.
