@@ -67,6 +67,14 @@ fn rules(domain: &str) -> String {
          rate_limit: {unit: week, requests_per_unit: 10, timezone: America/New_York, \
          usage_reports: true}\n",
     );
+    // A ban answers the time to the local boundary too; a limit many
+    // callers hit at once (queued behind each other on Redis) admits
+    // exactly its limit.
+    text.push_str(
+        "  - key: banned\n    rate_limit: {unit: year, requests_per_unit: 0, \
+         timezone: Australia/Adelaide}\n  - key: busy\n    rate_limit: {unit: day, \
+         requests_per_unit: 10, timezone: Asia/Kolkata}\n",
+    );
     // An epoch-aligned day next to the calendar ones: its own counter.
     text.push_str(&format!(
         "  - key: plain\n    rate_limit: {{unit: day, requests_per_unit: {LIMIT}, \
@@ -252,6 +260,44 @@ async fn calendar_windows(settings: &[(&str, &str)]) {
         (reset - (month_end[1] - sent)).abs() <= 2.0,
         "reported reset {reset}"
     );
+
+    let ends = oracle(
+        now_secs(),
+        &[("Australia/Adelaide", "year"), ("Asia/Kolkata", "day")],
+    );
+    let sent = now_secs();
+    let r = t
+        .ask(RateLimitRequest {
+            domain: domain.clone(),
+            descriptors: vec![descriptor(&[("banned", "x")])],
+            hits_addend: 0,
+        })
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let reset = r.statuses[0].duration_until_reset.as_ref().unwrap().seconds as f64;
+    assert!((reset - (ends[0] - sent)).abs() <= 2.0, "ban reset {reset}");
+    let callers: Vec<_> = (0..24)
+        .map(|_| {
+            let t = t.clone();
+            let req = RateLimitRequest {
+                domain: domain.clone(),
+                descriptors: vec![descriptor(&[("busy", "x")])],
+                hits_addend: 0,
+            };
+            tokio::spawn(async move { t.ask(req).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for c in callers {
+        let r = c.await.unwrap();
+        let reset = r.statuses[0].duration_until_reset.as_ref().unwrap().seconds as f64;
+        assert!(
+            (reset - (ends[1] - now_secs())).abs() <= 5.0,
+            "busy reset {reset}"
+        );
+        admitted += u64::from(r.overall_code == Code::Ok as i32);
+    }
+    assert_eq!(admitted, 10, "24 callers at once on a limit of 10");
 
     // `/rlconfig` shows the zone.
     let (status, page) = support::http_get(t.debug, "/rlconfig").await;
