@@ -3,19 +3,28 @@
 --
 -- KEYS[1]  limiter state (hash): w = window index, c = count in that window
 -- ARGV[1]  limit (requests per window, > 0)
--- ARGV[2]  window length in microseconds
+-- ARGV[2]  window length in microseconds; 0 for a calendar window, whose
+--          boundaries ARGV[7..10] hold
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
 --          take back what a receipt says a call recorded (undo): ARGV[3]
---          hits in the window ARGV[7], only while that window is current
+--          hits in the window ARGV[7] (calendar: ARGV[11]), only while
+--          that window is current
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
 --          response); 2 to answer each hit with a receipt; 0 or absent:
 --          see below
--- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
---          queued behind this one, decided after it in order, in this
---          same atomic step (undo: ARGV[7] is the receipt's window)
+-- ARGV[7..10]  a calendar window's boundaries around the caller's clock,
+--          in microseconds, ascending: the start of the previous window,
+--          the start and end of the current one, the end of the next. The
+--          window holding the server's `now` counts, its index its first
+--          second; before the first boundary, the first window; past the
+--          last, the last (clocks a whole window apart). Absent otherwise.
+-- ARGV[7], ARGV[8], ...  (calendar: ARGV[11], ...) optional further
+--          (hits, negative) pairs: hits queued behind this one, decided
+--          after it in order, in this same atomic step (undo: the first is
+--          the receipt's window)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order; with receipts, each followed by {hits recorded, window
@@ -34,11 +43,25 @@ local w = ARGV[2] + 0
 local reports = ARGV[6] == '1'
 local receipts = ARGV[6] == '2'
 
--- Integer division on doubles (exact below 2^53), corrected for rounding.
-local idx = math.floor(now / w)
-if idx * w > now then idx = idx - 1 end
-if (idx + 1) * w <= now then idx = idx + 1 end
-local reset = (idx + 1) * w - now
+local idx, reset
+local tail = 7
+if w > 0 then
+  -- Integer division on doubles (exact below 2^53), corrected for rounding.
+  idx = math.floor(now / w)
+  if idx * w > now then idx = idx - 1 end
+  if (idx + 1) * w <= now then idx = idx + 1 end
+  reset = (idx + 1) * w - now
+else
+  local j = 7
+  if now >= ARGV[8] + 0 then j = 8 end
+  if now >= ARGV[9] + 0 then j = 9 end
+  local start = ARGV[j] + 0
+  idx = math.floor(start / 1000000)
+  reset = ARGV[j + 1] - now
+  -- Only past the last boundary: a millisecond at a time.
+  if reset < 1000 then reset = 1000 end
+  tail = 11
+end
 
 local st = redis.call('HMGET', KEYS[1], 'w', 'c')
 local current = tonumber(st[1]) == idx
@@ -52,7 +75,7 @@ local out = {}
 local n = 0
 local i = 3
 if ARGV[4] == '2' then
-  if tonumber(ARGV[7]) == idx then
+  if tonumber(ARGV[tail]) == idx then
     count = count - tonumber(ARGV[3])
     if count < 0 then count = 0 end
   end
@@ -88,7 +111,7 @@ while i and ARGV[i] do
     out[n + 3] = 0
     n = n + 3
   end
-  if i == 3 then i = 7 else i = i + 2 end
+  if i == 3 then i = tail else i = i + 2 end
 end
 
 if count ~= before then

@@ -4,6 +4,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+mod calendar;
+
+pub use calendar::{Zone, tzdb_version};
+
 /// A rate-limit time unit. Week, month and year are fixed lengths (7, 30 and
 /// 365 days), as the reference service counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,11 +92,24 @@ pub const MAX_WINDOW_SECS: u64 = MAX_EXACT / 1_000_000;
 /// A limit's window: `multiplier` whole units (`unit_multiplier` in a rule,
 /// 1 when it names none), as the reference service's `unit_multiplier`
 /// reads (10 per 5 minutes is `unit: minute, unit_multiplier: 5`). Fixed
-/// windows are aligned on multiples of its length since the epoch.
+/// windows are aligned on multiples of its length since the epoch, unless
+/// the window is a calendar one ([`Window::calendar`]): one day, week,
+/// month or year of a time zone, aligned on its local boundaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Window {
     unit: Unit,
     multiplier: u32,
+    zone: Option<Zone>,
+}
+
+/// Where a fixed window stands at one instant: its index (for an
+/// epoch-aligned window, the number of windows since the epoch; for a
+/// calendar one, its first second since the epoch) and its end, in
+/// microseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub index: u64,
+    pub end: u64,
 }
 
 impl Window {
@@ -101,6 +118,47 @@ impl Window {
         Window {
             unit,
             multiplier: 1,
+            zone: None,
+        }
+    }
+
+    /// One calendar `unit` (a day or longer) of `zone`.
+    pub fn calendar(unit: Unit, zone: Zone) -> Result<Window, String> {
+        if unit.seconds() < Unit::Day.seconds() {
+            return Err(format!(
+                "timezone applies to calendar units (day, week, month or year), not {unit}"
+            ));
+        }
+        Ok(Window {
+            unit,
+            multiplier: 1,
+            zone: Some(zone),
+        })
+    }
+
+    /// The time zone of a calendar window.
+    pub fn zone(self) -> Option<Zone> {
+        self.zone
+    }
+
+    /// The window holding `now` (microseconds since the epoch): exact
+    /// local boundaries for a calendar window.
+    pub fn span(self, now: u64) -> Span {
+        if let Some(zone) = self.zone
+            && let Some((start, end)) = zone.span(self.unit, now)
+        {
+            return Span {
+                index: start / 1_000_000,
+                end,
+            };
+        }
+        // Epoch-aligned (and, for a calendar window, the fallback far
+        // outside any clock's years, where the calendar overflows).
+        let w = self.micros().max(1);
+        let index = now / w;
+        Span {
+            index,
+            end: (index + 1) * w,
         }
     }
 
@@ -123,7 +181,11 @@ impl Window {
                 MAX_WINDOW_SECS / unit.seconds()
             ));
         }
-        Ok(Window { unit, multiplier })
+        Ok(Window {
+            unit,
+            multiplier,
+            zone: None,
+        })
     }
 
     pub fn unit(self) -> Unit {
@@ -134,6 +196,8 @@ impl Window {
         self.multiplier
     }
 
+    /// The length in seconds; for a calendar window, its unit's nominal
+    /// length (a month 30 days): a size, never a boundary ([`Window::span`]).
     pub fn seconds(self) -> u64 {
         self.unit.seconds() * u64::from(self.multiplier)
     }
@@ -149,10 +213,13 @@ impl From<Unit> for Window {
     }
 }
 
-/// `minute` for one unit, `5 minutes` for several.
+/// `minute` for one unit, `5 minutes` for several, `month in
+/// Europe/Berlin` for a calendar window.
 impl fmt::Display for Window {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.multiplier == 1 {
+        if let Some(zone) = self.zone {
+            write!(f, "{} in {zone}", self.unit)
+        } else if self.multiplier == 1 {
             write!(f, "{}", self.unit)
         } else {
             write!(f, "{} {}s", self.multiplier, self.unit)

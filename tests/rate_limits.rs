@@ -279,6 +279,12 @@ descriptors:
     rate_limits:
       - {{unit: second, requests_per_unit: 8, algorithm: sliding_window_log, shards: 4}}
       - {{unit: minute, requests_per_unit: 12, algorithm: sliding_window_log, shards: 4, name: sharded_minute}}
+  # A calendar quota beside a rate: 3 a day in Auckland, renewed at
+  # local midnight.
+  - key: calendar
+    rate_limits:
+      - {{unit: second, requests_per_unit: 10, algorithm: sliding_window_log}}
+      - {{unit: day, requests_per_unit: 3, timezone: Pacific/Auckland, name: daily}}
   # A zero limit in a list refuses the descriptor, without a store call.
   - key: banned
     rate_limits:
@@ -286,6 +292,26 @@ descriptors:
       - {{unit: hour, requests_per_unit: 0, name: ban}}
 "
     )
+}
+
+/// Seconds since the epoch of the first midnight in Auckland after `at`,
+/// by Python's `zoneinfo` on the host's time-zone database.
+fn auckland_midnight_after(at: f64) -> f64 {
+    const SCRIPT: &str = "import sys\nfrom datetime import datetime, timedelta\nfrom zoneinfo import ZoneInfo\nz = ZoneInfo('Pacific/Auckland')\nd = datetime.fromtimestamp(float(sys.argv[1]), z).date() + timedelta(days=1)\nprint(datetime(d.year, d.month, d.day, tzinfo=z).timestamp())";
+    let out = std::process::Command::new("python3")
+        .args(["-c", SCRIPT, &at.to_string()])
+        .output()
+        .expect("python3 with zoneinfo");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 async fn ask_many(t: &Tollgate, req: &RateLimitRequest, n: usize) -> usize {
@@ -364,6 +390,24 @@ async fn features(settings: &[(&str, &str)]) {
     assert_eq!(ask_many(&t, &sharded, 20).await, 4);
     let r = t.ask(sharded.clone()).await;
     assert_eq!(limit_name(&r), "sharded_minute", "{r:?}");
+
+    // A calendar limit in a list: refused once the day's 3 are spent,
+    // until local midnight in Auckland (Python's zoneinfo says when).
+    let calendar = one(&[("calendar", "c")]);
+    assert_eq!(ask_many(&t, &calendar, 5).await, 3);
+    let at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let r = t.ask(calendar.clone()).await;
+    assert_eq!(limit_name(&r), "daily", "{r:?}");
+    let midnight = auckland_midnight_after(at);
+    assert!(
+        (reset_secs(&r) - (midnight - at)).abs() < 1.5,
+        "reset {} against {} to Auckland's midnight",
+        reset_secs(&r),
+        midnight - at
+    );
 
     // A zero limit in the list: refused, naming it.
     let r = t.ask(one(&[("banned", "b")])).await;

@@ -925,3 +925,33 @@ async fn a_hung_store_opens_the_circuit_for_leases_too() {
     );
     t.stop().await;
 }
+
+/// A calendar limit (`timezone`) is not leased: a budget renewed at a
+/// local boundary is no rate for Envoy's token buckets. Its bucket is
+/// skipped and counted under its own reason; the report's other buckets
+/// are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calendar_limit_is_skipped_with_its_reason() {
+    let domain = unique_domain("rlqs-calendar");
+    let text = format!(
+        "domain: {domain}\ndescriptors:\n  - key: plan\n    value: monthly\n    rate_limit: \
+         {{unit: month, requests_per_unit: 1000, timezone: Europe/Berlin}}\n  - key: plan\n    \
+         value: open\n    rate_limit: {{unit: minute, requests_per_unit: 100}}\n"
+    );
+    let t = Tollgate::start(&[("rules.yaml", &text)], &[]).await;
+    t.wait_serving(WAIT).await;
+    let mut q = Quota::open(&t, &domain).await;
+    let (monthly, open) = ([("plan", "monthly")], [("plan", "open")]);
+    let response = q
+        .report(vec![usage(&monthly, 5, 0, 5), usage(&open, 5, 0, 5)])
+        .await;
+    assert_eq!(response.bucket_action.len(), 1, "{response:?}");
+    assert!(matches!(outcome(&response, &open), Outcome::Bucket { .. }));
+    let (_, metrics) = support::http_get(t.http, "/metrics").await;
+    let skipped = metrics
+        .lines()
+        .find(|l| l.starts_with("tollgate_rlqs_skipped_total{") && l.contains("calendar_window"))
+        .unwrap_or_else(|| panic!("no calendar_window series in\n{metrics}"));
+    assert!(skipped.ends_with(" 1"), "{skipped}");
+    t.stop().await;
+}

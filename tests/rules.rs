@@ -301,7 +301,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused, timezone)",
     );
 }
 
@@ -1236,6 +1236,80 @@ fn too_many_entries_are_an_error() {
         errors.to_string().contains("more than 10000 entries"),
         "{errors}"
     );
+}
+
+#[test]
+fn timezone_with_hour() {
+    assert_error(
+        "timezone_with_hour.yaml",
+        9,
+        "descriptors[0].rate_limit.timezone: ",
+        "timezone applies to calendar units (day, week, month or year), not hour",
+    );
+}
+
+#[test]
+fn timezone_with_unit_multiplier() {
+    assert_error(
+        "timezone_with_unit_multiplier.yaml",
+        9,
+        "descriptors[0].rate_limit.timezone: ",
+        "unit_multiplier must not be set with it",
+    );
+}
+
+#[test]
+fn timezone_with_algorithm() {
+    assert_error(
+        "timezone_with_algorithm.yaml",
+        9,
+        "descriptors[0].rate_limit.timezone: ",
+        "timezone applies only to algorithm: fixed_window (calendar windows), not token_bucket",
+    );
+}
+
+#[test]
+fn unknown_timezone() {
+    assert_error(
+        "unknown_timezone.yaml",
+        8,
+        "descriptors[0].rate_limit.timezone: ",
+        "unknown time zone \"Europe/Berln\"",
+    );
+}
+
+/// A rule with `timezone` and no algorithm counts in calendar windows
+/// whatever the default algorithm; the zone's name is its canonical one.
+#[test]
+fn timezone_counts_in_calendar_windows_whatever_the_default() {
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: month, \
+                requests_per_unit: 10, timezone: europe/berlin}\n  - key: plain\n    \
+                rate_limit: {unit: month, requests_per_unit: 10}\n";
+    for default in Algorithm::ALL {
+        let options = LoadOptions {
+            default_algorithm: default,
+            ..LoadOptions::default()
+        };
+        let set = load_texts(vec![(PathBuf::from("d.yaml"), text.to_string())], &options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let rule = set.find("d", &entries(&[("k", "1")])).unwrap();
+        assert_eq!(rule.algorithm, Some(Algorithm::FixedWindow));
+        let LimitSpec::PerUnit { window, .. } = rule.limit else {
+            panic!("{:?}", rule.limit)
+        };
+        assert_eq!(window.unit(), Unit::Month);
+        assert_eq!(window.zone().map(|z| z.name()), Some("Europe/Berlin"));
+        assert_eq!(window.to_string(), "month in Europe/Berlin");
+        let plain = set.find("d", &entries(&[("plain", "1")])).unwrap();
+        assert_eq!(plain.algorithm, None);
+        assert_eq!(
+            plain.limit,
+            LimitSpec::PerUnit {
+                requests_per_unit: 10,
+                window: Window::of(Unit::Month)
+            }
+        );
+    }
 }
 
 /// Every fixture has a test above, and a directory load reports the errors

@@ -69,11 +69,11 @@ impl Engine {
                     };
                     self.count(rule, entries, &steps, hits, &limit, &refused);
                 }
-                let w = limit.window.micros();
                 let now = self.clock.now_micros();
+                let end = limit.window.span(now).end;
                 Status {
                     code: Code::OverLimit,
-                    reset: Some(Duration::from_micros(w - now % w)),
+                    reset: Some(Duration::from_micros(end.saturating_sub(now))),
                     limit: Some(limit),
                     remaining: 0,
                 }

@@ -24,16 +24,27 @@ pub enum Skip {
     TooLarge,
     /// The stream already tracks `rlqs.max_buckets` buckets.
     TooManyBuckets,
+    /// The bucket's rule counts in calendar windows (`timezone`): a
+    /// budget renewed at a local boundary is not a rate a token bucket in
+    /// Envoy can enforce, so RLQS leaves it alone (Envoy's
+    /// `no_assignment_behavior` applies); RLS enforces it.
+    Calendar,
 }
 
 impl Skip {
-    pub const ALL: [Skip; 3] = [Skip::Empty, Skip::TooLarge, Skip::TooManyBuckets];
+    pub const ALL: [Skip; 4] = [
+        Skip::Empty,
+        Skip::TooLarge,
+        Skip::TooManyBuckets,
+        Skip::Calendar,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Skip::Empty => "empty_id",
             Skip::TooLarge => "id_too_large",
             Skip::TooManyBuckets => "too_many_buckets",
+            Skip::Calendar => "calendar_window",
         }
     }
 }

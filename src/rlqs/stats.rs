@@ -15,7 +15,7 @@ pub struct QuotaStats {
     deny_all: AtomicU64,
     token_buckets: AtomicU64,
     abandoned: AtomicU64,
-    skipped: [AtomicU64; 3],
+    skipped: [AtomicU64; Skip::ALL.len()],
     store_errors: AtomicU64,
     reported_allowed: AtomicU64,
     reported_denied: AtomicU64,
@@ -35,7 +35,7 @@ pub struct QuotaStatsSnapshot {
     pub token_buckets: u64,
     pub abandoned: u64,
     /// Buckets skipped, by [`Skip`] in [`Skip::ALL`]'s order.
-    pub skipped: [u64; 3],
+    pub skipped: [u64; Skip::ALL.len()],
     /// Lease calls the store failed.
     pub store_errors: u64,
     /// Requests Envoy reported, allowed and denied.
@@ -110,11 +110,7 @@ impl QuotaStats {
             deny_all: get(&self.deny_all),
             token_buckets: get(&self.token_buckets),
             abandoned: get(&self.abandoned),
-            skipped: [
-                get(&self.skipped[0]),
-                get(&self.skipped[1]),
-                get(&self.skipped[2]),
-            ],
+            skipped: self.skipped.each_ref().map(get),
             store_errors: get(&self.store_errors),
             reported_allowed: get(&self.reported_allowed),
             reported_denied: get(&self.reported_denied),

@@ -41,7 +41,7 @@ struct State {
     domain: Option<String>,
     buckets: HashMap<Vec<(String, String)>, Tracked>,
     /// Skips already logged on this stream (once per reason).
-    logged: [bool; 3],
+    logged: [bool; Skip::ALL.len()],
 }
 
 pub(super) async fn run(
@@ -55,7 +55,7 @@ pub(super) async fn run(
         holder: format!("{}.{number}", inner.replica),
         domain: None,
         buckets: HashMap::new(),
-        logged: [false; 3],
+        logged: [false; Skip::ALL.len()],
     };
     let mut draining = inner.draining.clone();
     let drained = async move {
@@ -191,6 +191,18 @@ async fn answer(
         }
         let rule = rules.find(&domain, &entries);
         let plan = bucket::plan(rule, inner.engine.options().shadow_mode);
+        if let Plan::Leased { window, .. } = plan
+            && window.zone().is_some()
+        {
+            skip(
+                inner,
+                &mut state.logged,
+                state.number,
+                &domain,
+                Skip::Calendar,
+            );
+            continue;
+        }
         if let Some(rule) = rule {
             account(rule.stats.counts(), plan, allowed, denied);
         }
@@ -368,7 +380,7 @@ fn account(counts: &Counts, plan: Plan, allowed: u64, denied: u64) {
     }
 }
 
-fn skip(inner: &Inner, logged: &mut [bool; 3], stream: u64, domain: &str, why: Skip) {
+fn skip(inner: &Inner, logged: &mut [bool; Skip::ALL.len()], stream: u64, domain: &str, why: Skip) {
     inner.stats.skipped(why);
     let i = Skip::ALL.iter().position(|s| *s == why).unwrap_or(0);
     if !logged[i] {

@@ -318,6 +318,9 @@ fn rules_json(
                     v["unit"] = window.unit().as_str().into();
                     v["unitMultiplier"] = window.multiplier().into();
                     v["windowSeconds"] = window.seconds().into();
+                    if let Some(zone) = window.zone() {
+                        v["timezone"] = zone.name().into();
+                    }
                     v["algorithm"] = r.algorithm.unwrap_or(default).as_str().into();
                     v["algorithmSetBy"] = if r.algorithm.is_some() {
                         "rule"

@@ -24,7 +24,12 @@
 //!   window length, so changing a rule's algorithm or unit starts a fresh
 //!   counter instead of misreading an old one. A counter with other than
 //!   the default 2 buckets adds `b` and its bucket count (`c60b10`), so a
-//!   changed bucket count never reads another layout's state.
+//!   changed bucket count never reads another layout's state. A calendar
+//!   window (`timezone:`) adds `@` and its zone's IANA name after its
+//!   unit's nominal length (`f2592000@Europe/Berlin` for a month), so it
+//!   never shares state with an epoch-aligned window of that length nor
+//!   with the same unit in another zone (zone names hold no `:`, `{` or
+//!   `}`).
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
 //!   log metadata, `q` the lease ledger of a quota-shared limit, whose
 //!   algorithm part is always `f`: a lease does not depend on the rule's
@@ -298,6 +303,10 @@ fn hash_long_identity(text: &mut String, identity_at: usize) -> bool {
 fn push_algo(text: &mut String, hit: &Hit<'_>) {
     text.push(algo_code(hit.algorithm));
     let _ = write!(text, "{}", hit.window.seconds());
+    if let Some(zone) = hit.window.zone() {
+        text.push('@');
+        text.push_str(zone.name());
+    }
     if hit.algorithm == Algorithm::SlidingWindowCounter && hit.buckets != DEFAULT_BUCKETS {
         let _ = write!(text, "b{}", hit.buckets);
     }

@@ -38,8 +38,8 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "on_store_error",
     "usage_reports",
     "count_refused",
+    "timezone",
 ];
-const REPLACES_KEYS: &[&str] = &["name"];
 
 impl Walker<'_> {
     /// The domain name, the line of its value, and the root level.
@@ -251,26 +251,6 @@ impl Walker<'_> {
         }
     }
 
-    /// A descriptor's `metadata`: any mapping, kept as JSON (plain
-    /// scalars typed as YAML reads them, quoted ones as strings).
-    fn metadata(
-        &mut self,
-        node: &Yaml,
-        path: &str,
-    ) -> Option<std::sync::Arc<serde_json::Map<String, serde_json::Value>>> {
-        match to_json(node) {
-            serde_json::Value::Object(map) => Some(std::sync::Arc::new(map)),
-            _ => {
-                self.error(
-                    line_of(node),
-                    path,
-                    format!("expected a metadata mapping, found {}", kind(node)),
-                );
-                None
-            }
-        }
-    }
-
     /// A `rate_limit` block (or one limit of a `rate_limits` list);
     /// `owner_line` is where a missing key is reported.
     pub(super) fn rate_limit(
@@ -299,6 +279,7 @@ impl Walker<'_> {
                 ("unit", unit),
                 ("requests_per_unit", rpu),
                 ("unit_multiplier", multiplier),
+                ("timezone", fields.get("timezone")),
             ] {
                 if let Some((k, _)) = field {
                     self.error(
@@ -355,6 +336,13 @@ impl Walker<'_> {
         let algorithm = fields
             .get("algorithm")
             .and_then(|(_, v)| self.parsed::<Algorithm>(v, &join(path, "algorithm")));
+        let (limit, algorithm) = self.timezone(
+            fields.get("timezone"),
+            limit,
+            algorithm,
+            multiplier.is_some(),
+            path,
+        );
         let on_store_error = fields
             .get("on_store_error")
             .and_then(|(_, v)| self.parsed::<FailurePolicy>(v, &join(path, "on_store_error")));
@@ -522,89 +510,6 @@ impl Walker<'_> {
                  or raise max_log_limit"
             ),
         );
-    }
-
-    fn replaces(&mut self, node: &Yaml, path: &str, own: Option<&str>) -> Vec<String> {
-        let Some(items) = node.as_sequence() else {
-            self.error(
-                line_of(node),
-                path,
-                format!("expected a list of {{name: ...}}, found {}", kind(node)),
-            );
-            return Vec::new();
-        };
-        let mut names = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            let item_path = format!("{path}[{i}]");
-            let Some(map) = item.as_mapping() else {
-                self.error(
-                    line_of(item),
-                    &item_path,
-                    format!("expected a mapping {{name: ...}}, found {}", kind(item)),
-                );
-                continue;
-            };
-            let fields = self.fields(map, &item_path, REPLACES_KEYS);
-            let name_path = join(&item_path, "name");
-            let name = match fields.get("name") {
-                Some((_, v)) => self.string(v, &name_path).map(|n| (n, line_of(v))),
-                None => Some((String::new(), line_of(item))),
-            };
-            match name {
-                Some((n, line)) if n.is_empty() => {
-                    self.error(line, &name_path, "empty replaces name");
-                }
-                Some((n, line)) if Some(n.as_str()) == own => {
-                    self.error(
-                        line,
-                        &name_path,
-                        format!("a rate limit cannot replace itself ({n:?} is its own name)"),
-                    );
-                }
-                Some((n, _)) => names.push(n),
-                None => {}
-            }
-        }
-        names
-    }
-}
-
-/// A YAML node as JSON: plain `null`/`~`/empty as null, `true`/`false` as
-/// booleans, numbers as numbers; anything quoted stays a string.
-fn to_json(node: &Yaml) -> serde_json::Value {
-    use serde_json::Value;
-    match node {
-        Yaml::Scalar(s) => {
-            let text = s.as_str();
-            if !s.may_coerce() {
-                return Value::String(text.to_string());
-            }
-            match text {
-                "" | "~" | "null" | "Null" | "NULL" => Value::Null,
-                "true" | "True" | "TRUE" => Value::Bool(true),
-                "false" | "False" | "FALSE" => Value::Bool(false),
-                _ => {
-                    if let Ok(i) = text.parse::<i64>() {
-                        Value::from(i)
-                    } else if let Some(n) = text
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|f| f.is_finite())
-                        .and_then(serde_json::Number::from_f64)
-                    {
-                        Value::Number(n)
-                    } else {
-                        Value::String(text.to_string())
-                    }
-                }
-            }
-        }
-        Yaml::Sequence(items) => Value::Array(items.iter().map(to_json).collect()),
-        Yaml::Mapping(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (k.as_str().to_string(), to_json(v)))
-                .collect(),
-        ),
     }
 }
 

@@ -135,7 +135,7 @@ impl Walker<'_> {
             };
             let algorithm = limit.algorithm.unwrap_or(default);
             let earlier = limits[..i].iter().position(|(other, ..)| {
-                matches!(other.limit, LimitSpec::PerUnit { window: w, .. } if w.seconds() == window.seconds())
+                matches!(other.limit, LimitSpec::PerUnit { window: w, .. } if w.seconds() == window.seconds() && w.zone() == window.zone())
                     && other.algorithm.unwrap_or(default) == algorithm
             });
             if let Some(j) = earlier {

@@ -5,26 +5,25 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::limit::{bucket_scale, effective_burst};
+use crate::limit::{Span, bucket_scale, effective_burst};
 
 /// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
 /// doubles, exact below 2^53): a usage report may carry any cost, and a
 /// limiter that far over its limit is refused for its whole window anyway.
 pub(super) const MAX_COUNT: u64 = 1 << 53;
 
-/// Epoch-aligned fixed window. Every counted hit stays counted, admitted or
-/// not (as the reference service does), except a cost above the limit, which
-/// can never pass and is not recorded unless the limiter takes usage
-/// reports.
+/// Epoch-aligned fixed window, or a calendar one (its index the first
+/// second of the local day, week, month or year). Every counted hit stays
+/// counted, admitted or not (as the reference service does), except a
+/// cost above the limit, which can never pass and is not recorded unless
+/// the limiter takes usage reports.
 pub(super) fn fixed_window(
     now: u64,
-    w: u64,
     hit: &Hit<'_>,
     window: &mut u64,
     count: &mut u64,
 ) -> (Decision, u64) {
-    let idx = now / w;
-    let end = (idx + 1) * w;
+    let Span { index: idx, end } = hit.window.span(now);
     if *window != idx {
         *window = idx;
         *count = 0;

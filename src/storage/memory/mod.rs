@@ -480,7 +480,7 @@ fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decisi
     let w = hit.window.micros();
     match &mut slot.state {
         State::Fixed { window, count } => {
-            let (d, exp) = fixed_window(now, w, hit, window, count);
+            let (d, exp) = fixed_window(now, hit, window, count);
             slot.expires_at = slot.expires_at.max(exp);
             d
         }
@@ -511,7 +511,7 @@ fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Receipt, now: u
     };
     let before = state_bytes(slot);
     match &mut slot.state {
-        State::Fixed { window, count } => undo::fixed_window(now, w, r, *window, count),
+        State::Fixed { window, count } => undo::fixed_window(now, hit, r, *window, count),
         State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
         State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
         State::Bucket { stamp, debt, scale } => {

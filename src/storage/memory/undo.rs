@@ -11,8 +11,8 @@ use crate::limit::bucket_scale;
 
 /// Fixed window: the count of the receipt's window, only while that
 /// window is the current one (a later window never counted the hit).
-pub(super) fn fixed_window(now: u64, w: u64, r: &Receipt, window: u64, count: &mut u64) {
-    if window == r.at && now / w == r.at {
+pub(super) fn fixed_window(now: u64, hit: &Hit<'_>, r: &Receipt, window: u64, count: &mut u64) {
+    if window == r.at && hit.window.span(now).index == r.at {
         *count = count.saturating_sub(r.hits);
     }
 }

@@ -53,6 +53,7 @@ mod routing;
 mod scripts;
 mod supervise;
 
+use crate::clock::{Clock, SystemClock};
 use batch::{Batcher, Call};
 pub use config::RedisConfig;
 pub(crate) use config::redact;
@@ -211,10 +212,19 @@ impl RedisStore {
         };
         // Integers go out as their decimal text, as the scripts read ARGV;
         // all are below 2^53, so they fit an i64.
-        let mut args = Vec::with_capacity(6 + 2 * more.len());
+        let mut args = Vec::with_capacity(10 + 2 * more.len());
+        // A calendar window: its boundaries around this replica's clock,
+        // among which the script picks by the server's.
+        let calendar = hit
+            .window
+            .zone()
+            .and_then(|zone| zone.around(hit.window.unit(), SystemClock.now_micros()));
         args.extend([
             hit.limit.min(MAX_EXACT) as i64,
-            hit.window.micros().min(MAX_EXACT) as i64,
+            match calendar {
+                Some(_) => 0,
+                None => hit.window.micros().min(MAX_EXACT) as i64,
+            },
             hit.hits.min(MAX_EXACT) as i64,
             i64::from(hit.negative),
             match hit.algorithm {
@@ -231,6 +241,9 @@ impl RedisStore {
                 i64::from(hit.usage_reports)
             },
         ]);
+        if let Some(bounds) = calendar {
+            args.extend(bounds.map(|b| b.min(MAX_EXACT) as i64));
+        }
         for cost in more {
             args.push(cost.hits.min(MAX_EXACT) as i64);
             args.push(i64::from(cost.negative));
@@ -303,7 +316,8 @@ impl RedisStore {
             ..*hit
         };
         let (slot, mut call) = self.prepare(&undo, &[]);
-        // ARGV[4] = 2: undo; ARGV[7], ARGV[8]: where it was recorded.
+        // ARGV[4] = 2: undo; the two after the fixed arguments (and a
+        // calendar window's boundaries): where it was recorded.
         call.args[3] = 2;
         call.args
             .extend([r.at.min(MAX_EXACT) as i64, r.mark.min(MAX_EXACT) as i64]);

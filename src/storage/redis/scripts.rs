@@ -75,7 +75,8 @@ pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
 /// keys in order. Per cost, every limit decides it as its own script
 /// would; unless they record usage reports, when one refuses, what the
 /// others recorded is taken back (each script's undo mode, with the
-/// receipt it just gave, at the same instant). The reply is each limit's
+/// receipt it just gave, after the call's own arguments, at the same
+/// instant). The reply is each limit's
 /// reply, per cost. The keys of every limit but the first are read before
 /// anything runs: a limit whose keys are not (all) on this server stops
 /// the call before the first one writes, as one script's first read does.
@@ -117,8 +118,13 @@ run[5] = function(KEYS, ARGV)
       for i = 1, m do
         local r, a = replies[i], args[i]
         if r[4] > 0 then
-          run[spec[i][1]](keys[i], {a[1], a[2], string.format('%d', r[4]), '2', a[5], '0',
-            string.format('%d', r[5]), string.format('%d', r[6])})
+          -- The undo: the call's own arguments (a calendar window's
+          -- boundaries included), then where the receipt says it recorded.
+          local u = {}
+          for j = 1, #a do u[j] = a[j] end
+          u[3], u[4], u[6] = string.format('%d', r[4]), '2', '0'
+          u[#a + 1], u[#a + 2] = string.format('%d', r[5]), string.format('%d', r[6])
+          run[spec[i][1]](keys[i], u)
         end
       end
     end
