@@ -45,6 +45,11 @@
 #                A server given TOLLGATE_STORE=memory runs on the embedded
 #                store: the same binary as "embedded@TOLLGATE_STORE=memory"
 #                shows what the Redis round trip costs, side by side.
+#   LISTS=1      after each algorithm's row, a row "<algorithm> x2": the same
+#                algorithm on a descriptor with two limits (`rate_limits:`,
+#                a second and an hour, both never reached), decided in
+#                one script call: what the second limit costs (its rb
+#                columns stay 0: redis-benchmark has no such script)
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -89,6 +94,18 @@ start_redis
 # KEYS (tollgate bench suffixes the last entry of the template).
 mkdir "$WORK/rules"
 algorithm_rules bench "$LIMIT" >"$WORK/rules/bench.yaml"
+# Two limits on one descriptor per algorithm (LISTS=1): `algo=<a>_x2`.
+for a in "${ALGORITHMS[@]}"; do
+    cat >>"$WORK/rules/bench.yaml" <<EOF
+  - key: algo
+    value: ${a}_x2
+    descriptors:
+      - key: user
+        rate_limits:
+          - {unit: second, requests_per_unit: $LIMIT, algorithm: $a}
+          - {unit: hour, requests_per_unit: $LIMIT, algorithm: $a}
+EOF
+done
 
 STORE=${BENCH_STORE:-redis://127.0.0.1:$REDIS_PORT}
 # Starts one `tollgate serve` from binary $1, with the environment
@@ -253,6 +270,14 @@ for a in "${MEASURED[@]}"; do
     for i in "${!LABELS[@]}"; do
         measure_tollgate "$i" "$a" "algo=$a,user=u"
     done
+    if [[ ${LISTS:-0} == 1 ]]; then
+        saved=("$rb_rate" "$rb_p50" "$rb_p99" "$rb_cpu")
+        rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
+        for i in "${!LABELS[@]}"; do
+            measure_tollgate "$i" "$a x2" "algo=${a}_x2,user=u"
+        done
+        rb_rate=${saved[0]} rb_p50=${saved[1]} rb_p99=${saved[2]} rb_cpu=${saved[3]}
+    fi
 done
 
 # The gRPC floor: a descriptor that matches no rule is decided without a

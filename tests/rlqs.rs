@@ -44,6 +44,11 @@ descriptors:
       - key: name
         value: strict
         rate_limit: {{unit: second, requests_per_unit: 100, on_store_error: deny}}
+      - key: name
+        value: listed
+        rate_limits:
+          - {{unit: second, requests_per_unit: 100}}
+          - {{unit: minute, requests_per_unit: 600}}
   - key: name
     value: free
   - key: name
@@ -242,6 +247,7 @@ async fn streams(t: &Tollgate, domain: &str, n: usize) -> Vec<Quota> {
 /// second one on the same store with a one-second time to live (`short`).
 async fn suite(t: &Tollgate, short: &Tollgate, domain: &str) {
     first_report_gets_a_bucket_within_the_limit(t, domain).await;
+    a_bucket_under_several_limits_stays_within_each(t, domain).await;
     busy_streams_share_the_limit(t, domain, 2).await;
     busy_streams_share_the_limit(t, domain, 5).await;
     shares_follow_a_rising_demand(t, domain).await;
@@ -275,6 +281,26 @@ async fn first_report_gets_a_bucket_within_the_limit(t: &Tollgate, domain: &str)
         "a lone stream gets all of it"
     );
     assert_eq!(max_tokens, 100, "a burst of one window's share");
+}
+
+/// A bucket under `rate_limits: [100/second, 600/minute]`: a share of
+/// both ledgers, and a token bucket within each: the minute's rate (600
+/// a minute is the slower), at most the second's 100 at once.
+async fn a_bucket_under_several_limits_stays_within_each(t: &Tollgate, domain: &str) {
+    let bucket = [("case", "listed"), ("name", "listed")];
+    let mut q = Quota::open(t, domain).await;
+    let response = q.report(vec![usage(&bucket, 1, 0, 0)]).await;
+    let Outcome::Bucket {
+        max_tokens,
+        per_fill,
+        fill_secs,
+        ..
+    } = outcome(&response, &bucket)
+    else {
+        panic!("{response:?}");
+    };
+    assert_eq!((per_fill, fill_secs), (600, 60), "the minute's rate");
+    assert_eq!(max_tokens, 100, "never more than the second's 100 at once");
 }
 
 async fn busy_streams_share_the_limit(t: &Tollgate, domain: &str, n: usize) {

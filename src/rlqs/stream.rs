@@ -191,8 +191,10 @@ async fn answer(
         }
         let rule = rules.find(&domain, &entries);
         let plan = bucket::plan(rule, inner.engine.options().shadow_mode);
-        if let Plan::Leased { window, .. } = plan
-            && window.zone().is_some()
+        // A calendar limit, alone or in a `rate_limits:` list.
+        let calendar = |r: &crate::rules::Rule| matches!(r.limit, LimitSpec::PerUnit { window, .. } if window.zone().is_some());
+        if let Plan::Leased { .. } = plan
+            && rule.is_some_and(|r| calendar(r) || r.more.iter().any(calendar))
         {
             skip(
                 inner,
