@@ -258,6 +258,14 @@ impl KeyBuilder {
         LimiterKeys { text, role_at, tag }
     }
 
+    /// The counter every reset of a limiter under this prefix increments,
+    /// which replicas read to forget their cached refusals (see
+    /// `Store::reset_generation`): one per prefix, outside every
+    /// limiter's layout (no tag, no role).
+    pub fn resets(&self) -> String {
+        format!("{}:resets", self.prefix)
+    }
+
     /// The key of a limiter held in this process (the embedded store): the
     /// algorithm, window and identity, without prefix or tag, which only
     /// matter to a shared server. A long identity is hashed as in Redis
