@@ -57,6 +57,9 @@
 //!   limiter; a value sent starting with that mark is digested, so no
 //!   client value equals a shared one.
 //!
+//! * Outside every limiter's layout, one key per prefix: `<prefix>:resets`,
+//!   the counter a reset moves ([`KeyBuilder::resets`]).
+//!
 //! A key is built in one buffer, its tag written in place once the identity
 //! after it is known: one allocation per key, since every decision builds
 //! one.

@@ -1,10 +1,12 @@
 //! Resetting a limiter on Redis: its keys deleted on the primary of their
 //! slot (following a cluster's redirections as script calls do), then the
-//! prefix's reset counter incremented. Every replica reads that counter
+//! prefix's reset counter moved. Every replica reads that counter
 //! every [`RESET_POLL`] and publishes it as [`Store::reset_generation`], so
 //! their over-limit caches forget their refusals. The counter is state,
 //! not a message: a replica that cannot reach Redis for a while misses
-//! nothing, it sees the counter moved on its first read after.
+//! nothing, it sees the counter moved on its first read after (a reset
+//! made meanwhile is answered by its cache until then, at most until the
+//! refusal's own reset).
 
 use fred::types::{ClusterHash, CustomCommand, Value};
 
@@ -36,7 +38,8 @@ impl RedisStore {
         }
         self.command(slot, "DEL", keys).await?;
         let counter = self.inner.keys.resets();
-        self.command(keys::slot_of(&counter), "INCR", vec![counter])
+        let step = counter_step().to_string();
+        self.command(keys::slot_of(&counter), "INCRBY", vec![counter, step])
             .await?;
         Ok(())
     }
@@ -91,6 +94,15 @@ impl RedisStore {
             Err(_) => Err(StoreError::Timeout(timeout.as_millis() as u64)),
         }
     }
+}
+
+/// How far a reset moves the counter: at random between 1 and 2^20, so
+/// that a counter lost with a restarted Redis and moved again does not
+/// come back to a value a replica last read (it would miss that reset).
+fn counter_step() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::hash::RandomState::new().build_hasher().finish();
+    random % (1 << 20) + 1
 }
 
 /// `name` with `args`, after `ASKING` when a migration's target was named.
