@@ -12,9 +12,11 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use support::process::{Proc, tollgate_bin};
 use support::redis::{RedisCluster, RedisServer};
 use support::tollgate::{Tollgate, descriptor};
@@ -236,6 +238,109 @@ async fn every_limiter_gets_its_whole_limit_back_on_a_redis_cluster() {
     every_limiter_gets_its_whole_limit_back(&[("store", &cluster.url())]).await;
 }
 
+/// A reset finds the limiter a decision counts on: a value a shared
+/// wildcard matched resets the one limiter every such value shares, a
+/// value longer than `max_value_bytes` its digest's limiter, a request's
+/// override the override's limiter; a rule another descriptor of the
+/// request replaces is not reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_resolves_descriptors_as_a_decision_does() {
+    let domain = unique_domain("resolve");
+    let rules = format!(
+        "domain: {domain}
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {{unit: hour, requests_per_unit: 2}}
+  - key: user
+    rate_limit: {{unit: hour, requests_per_unit: 2, algorithm: fixed_window}}
+  - key: plan
+    rate_limit: {{unit: hour, requests_per_unit: 2, name: plan}}
+  - key: vip
+    rate_limit: {{unit: hour, requests_per_unit: 5, replaces: [{{name: plan}}]}}
+"
+    );
+    let t = Tollgate::start(&[("r.yaml", &rules)], &[]).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    away_from_an_hour_boundary().await;
+    let decide = async |entries: &[(&str, &str)], limit: Option<u32>| {
+        let mut d = descriptor(entries);
+        if let Some(n) = limit {
+            d.limit = Some(RateLimitOverride {
+                requests_per_unit: n,
+                unit: RateLimitUnit::Hour as i32,
+            });
+        }
+        let r = t
+            .ask(RateLimitRequest {
+                domain: domain.clone(),
+                descriptors: vec![d],
+                hits_addend: 0,
+            })
+            .await;
+        r.overall_code == Code::Ok as i32
+    };
+    let long = "x".repeat(4096);
+    // Spent: the shared files/* limiter (through two values), a long
+    // user, an override of 2 on plan=gold, and plan=silver.
+    assert!(decide(&[("files", "files/a")], None).await);
+    assert!(decide(&[("files", "files/b")], None).await);
+    assert!(!decide(&[("files", "files/c")], None).await);
+    for _ in 0..2 {
+        assert!(decide(&[("user", &long)], None).await);
+        assert!(decide(&[("plan", "gold")], Some(2)).await);
+        assert!(decide(&[("plan", "silver")], None).await);
+    }
+    assert!(!decide(&[("user", &long)], None).await);
+    assert!(!decide(&[("plan", "gold")], Some(2)).await);
+    assert!(!decide(&[("plan", "silver")], None).await);
+
+    // A third value resets the shared limiter; the long value and the
+    // override are found as they were counted.
+    let body = serde_json::json!({"domain": domain, "descriptors": [
+        {"entries": [{"key": "files", "value": "files/z"}]},
+        {"entries": [{"key": "user", "value": long}]},
+        {"entries": [{"key": "plan", "value": "gold"}], "limit": {"requestsPerUnit": 2, "unit": "HOUR"}},
+    ]});
+    let (status, body) = post(t.debug, "/reset", &body.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["reset"][0]["rule"], "files_files/*", "{body}");
+    assert_eq!(answer["reset"][2]["override"], true, "{body}");
+    assert_eq!(
+        answer["reset"][2]["rule"],
+        serde_json::Value::Null,
+        "{body}"
+    );
+    assert!(decide(&[("files", "files/a")], None).await);
+    assert!(decide(&[("files", "files/q")], None).await);
+    assert!(!decide(&[("files", "files/a")], None).await);
+    for _ in 0..2 {
+        assert!(decide(&[("user", &long)], None).await);
+        assert!(decide(&[("plan", "gold")], Some(2)).await);
+    }
+    assert!(!decide(&[("user", &long)], None).await);
+    assert!(!decide(&[("plan", "gold")], Some(2)).await);
+    assert!(!decide(&[("plan", "silver")], None).await, "not asked for");
+
+    // With vip in the same request, plan's rule is replaced: no limiter.
+    let body = serde_json::json!({"domain": domain, "descriptors": [
+        {"entries": [{"key": "vip", "value": "v"}]},
+        {"entries": [{"key": "plan", "value": "silver"}]},
+    ]});
+    let (status, body) = post(t.debug, "/reset", &body.to_string()).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("descriptor 1 (plan=sha256:"), "{body}");
+    assert!(!decide(&[("plan", "silver")], None).await, "nothing reset");
+    assert_eq!(
+        resets_metric(&t, &domain, "").await,
+        Some(1.0),
+        "the override"
+    );
+    t.stop().await;
+}
+
 /// Two replicas on one Redis, each with its over-limit cache: the second
 /// answers alice's refusals locally until the window ends; a reset through
 /// the first lets the second admit her within a second.
@@ -299,6 +404,45 @@ async fn a_reset_reaches_the_other_replicas_cache_within_a_second() {
         "after the reset",
     )
     .await;
+    // The same after Redis went away and came back (its data lost with
+    // it): the replicas read the counter again.
+    let mut redis = redis;
+    redis.restart();
+    for t in &replicas {
+        t.wait_serving(Duration::from_secs(30)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ask(b, &domain, "fixed_window", "erin").await {
+        assert!(
+            Instant::now() < deadline,
+            "the second replica never decided again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admits_exactly(
+        b,
+        &domain,
+        "fixed_window",
+        "erin",
+        LIMIT - 1,
+        "after the restart",
+    )
+    .await;
+    let erin = [("algo", "fixed_window"), ("user", "erin")];
+    let (status, body) = post(a.debug, "/reset", &reset_body(&domain, &[&erin])).await;
+    assert_eq!(status, 200, "{body}");
+    let reset_at = Instant::now();
+    while !ask(b, &domain, "fixed_window", "erin").await {
+        assert!(
+            reset_at.elapsed() < Duration::from_secs(1),
+            "after the restart, the second replica refused erin for a second after the reset"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "after the restart, the second replica admitted erin {:?} after the reset",
+        reset_at.elapsed()
+    );
     for t in replicas {
         t.stop().await;
     }
