@@ -471,7 +471,11 @@ impl OverLimitCache {
     /// replica reset a limiter); returns the generation now in force.
     fn follow_resets(&self) -> u64 {
         let generation = self.inner.reset_generation();
-        if self.generation.swap(generation, Ordering::SeqCst) != generation {
+        // Read first: every hit passes here, and a write would make every
+        // core contend for the line.
+        if self.generation.load(Ordering::Acquire) != generation
+            && self.generation.swap(generation, Ordering::AcqRel) != generation
+        {
             self.lock().clear();
         }
         generation
