@@ -467,6 +467,20 @@ impl OverLimitCache {
         );
     }
 
+    /// Drops `hit`'s limiter's refusals, of every cost, and keeps none
+    /// decided before now.
+    fn forget(&self, hit: &Hit<'_>) {
+        self.give_backs.fetch_add(1, Ordering::SeqCst);
+        self.lock().retain(|_, e| {
+            let id = &e.id;
+            !(*id.domain == *hit.domain
+                && *id.entries == *hit.entries
+                && id.algorithm == hit.algorithm
+                && id.window == hit.window
+                && id.shard == hit.shard)
+        });
+    }
+
     /// Drops every entry when the store's reset generation moved (another
     /// replica reset a limiter); returns the generation now in force.
     fn follow_resets(&self) -> u64 {
@@ -520,19 +534,17 @@ impl Store for OverLimitCache {
         })
     }
 
-    /// Drops the limiter's refusals (of every cost; of this shard), then
-    /// passes the reset on.
+    /// Drops the limiter's refusals (of every cost; of this shard), passes
+    /// the reset on, then drops them again: a refusal the store decided
+    /// before the reset may have been kept meanwhile, and one still in
+    /// flight is not kept (the reset counts as a give-back).
     fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.give_backs.fetch_add(1, Ordering::SeqCst);
-        self.lock().retain(|_, e| {
-            let id = &e.id;
-            !(*id.domain == *hit.domain
-                && *id.entries == *hit.entries
-                && id.algorithm == hit.algorithm
-                && id.window == hit.window
-                && id.shard == hit.shard)
-        });
-        self.inner.reset(hit)
+        Box::pin(async move {
+            self.forget(&hit);
+            let result = self.inner.reset(hit).await;
+            self.forget(&hit);
+            result
+        })
     }
 
     fn maintain(&self) {
