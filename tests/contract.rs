@@ -1253,6 +1253,56 @@ async fn two_second_window(store: &dyn Store, algorithm: Algorithm) {
     );
 }
 
+/// A reset gives the limiter its whole limit back, no more, and forgets
+/// its lease ledger; another limiter keeps its state.
+async fn a_reset_gives_the_whole_limit_back(store: &dyn Store, algorithm: Algorithm) {
+    let c = ctx(store, algorithm);
+    let a = Limiter::new("reset", algorithm, 3, Unit::Day);
+    let b = a.with_entries(&[("user", "bob")]);
+    for _ in 0..3 {
+        assert!(a.hit(store, 1).await.admitted, "{c}");
+    }
+    assert!(
+        !a.hit(store, 1).await.admitted,
+        "{c}: over before the reset"
+    );
+    assert!(b.hit(store, 1).await.admitted, "{c}");
+    let lease = |holder: &'static str| tollgate::storage::LeaseCall {
+        domain: &a.domain,
+        entries: &a.entries,
+        window: a.window,
+        holder,
+        report: tollgate::quota::Report {
+            requests: 10,
+            elapsed_secs: 1,
+        },
+        terms: tollgate::quota::Terms {
+            capacity: 100,
+            fill_secs: 60,
+            hold_micros: 60_000_000,
+        },
+    };
+    store.lease(lease("one")).await.unwrap();
+    let grant = store.lease(lease("two")).await.unwrap();
+    assert_eq!(grant.holders, 2, "{c}: two holders before the reset");
+    store.reset(a.as_hit(0, false)).await.unwrap();
+    for i in 0..3 {
+        let d = a.hit(store, 1).await;
+        assert!(d.admitted, "{c}: hit {i} after the reset");
+        assert_eq!(d.remaining, 2 - i, "{c}: hit {i} after the reset");
+    }
+    assert!(!a.hit(store, 1).await.admitted, "{c}: over after the reset");
+    let d = b.hit(store, 1).await;
+    assert!(
+        d.admitted && d.remaining == 1,
+        "{c}: bob kept his count: {d:?}"
+    );
+    assert!(b.hit(store, 1).await.admitted, "{c}");
+    assert!(!b.hit(store, 1).await.admitted, "{c}: bob over");
+    let grant = store.lease(lease("two")).await.unwrap();
+    assert_eq!(grant.holders, 1, "{c}: the ledger was forgotten");
+}
+
 // ------------------------------------------------------------ the runners
 
 async fn run_suite(store: DynStore) {
@@ -1275,6 +1325,7 @@ async fn run_suite(store: DynStore) {
         undo_takes_nothing_it_did_not_record(s, algorithm).await;
         a_batch_gives_a_receipt_per_hit(s, algorithm).await;
         concurrent_undos_never_over_admit(store.clone(), algorithm).await;
+        a_reset_gives_the_whole_limit_back(s, algorithm).await;
     }
     bucketed_counter_answers_the_expected_table(&*store).await;
     bucket_burst_is_not_the_rate(&*store).await;

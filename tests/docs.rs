@@ -201,6 +201,33 @@ fn readme_runs_as_written() {
         serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
     let want: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(got, want, "README's POST /json answer");
+
+    // Resetting a limiter: the quick start's is spent by the checks above;
+    // the README's curl resets it (the answer shown), and so does its
+    // command line.
+    let spent = sh(&check, &ports);
+    assert_eq!(spent.status.code(), Some(2), "{}", show(&spent));
+    let (_, reset, shown) = block(&blocks, 0, "curl -s localhost:6070/reset");
+    let o = sh(&reset, &ports);
+    let got: serde_json::Value =
+        serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
+    let want: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(got, want, "README's POST /reset answer");
+    for _ in 0..3 {
+        let o = sh(&check, &ports);
+        assert_eq!(o.status.code(), Some(0), "after the reset: {}", show(&o));
+    }
+    let (_, cli, shown) = block(&blocks, 0, "cargo run -- reset --addr");
+    let o = sh(&cli, &ports);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(stdout(&o), shown, "README's tollgate reset output");
+    let o = sh(&check, &ports);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "after the CLI's reset: {}",
+        show(&o)
+    );
     drop(server);
 }
 
@@ -509,6 +536,8 @@ fn usage_errors_exit_64() {
         &["serve", "--grpc-port", "9000"],
         &["bench", "--bogus"],
         &["simulate", "--bogus"],
+        &["reset", "--domain", "demo"],
+        &["reset", "--domain", "demo", "--descriptor", "novalue"],
         &["nosuchcommand"],
     ] {
         let o = tollgate(args);

@@ -1,5 +1,5 @@
-//! The command line: `serve`, `validate`, `check`, `bench`, `simulate`
-//! and `simulate-rlqs`.
+//! The command line: `serve`, `validate`, `check`, `reset`, `bench`,
+//! `simulate` and `simulate-rlqs`.
 //! `main` only calls [`main`] here.
 
 use std::path::PathBuf;
@@ -32,6 +32,11 @@ pub enum Command {
     /// 0 OK, 1 the call failed, 2 OVER_LIMIT, 3 OK but the domain has no
     /// rules on that server, 64 bad flags.
     Check(CheckArgs),
+    /// Reset the limiters of descriptors through a replica's debug
+    /// listener (POST /reset) and print what was reset. Exit codes: 0
+    /// reset, 1 nothing reset (no such domain or limiter, a store error,
+    /// no answer), 64 bad flags.
+    Reset(super::reset::ResetArgs),
     /// Load-test an RLS address (tollgate or any Envoy rate-limit service).
     Bench(super::bench::BenchArgs),
     /// Measure how far sliding_window_counter admits over its limit, per
@@ -172,6 +177,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Validate(args) => validate(&args),
         Command::Check(args) => check(args),
+        Command::Reset(args) => reset(args),
         Command::Bench(args) => super::bench::main(args),
         Command::Simulate(args) => super::simulate::main(args),
         Command::SimulateRlqs(args) => super::simulate::rlqs::main(args),
@@ -331,6 +337,41 @@ fn validate(args: &ValidateArgs) -> ExitCode {
             }
             eprintln!("{} error(s)", errors.0.len());
             ExitCode::from(1)
+        }
+    }
+}
+
+fn reset(args: super::reset::ResetArgs) -> ExitCode {
+    let descriptors = match args
+        .descriptors
+        .iter()
+        .map(|d| super::check::parse_descriptor(d).map_err(|e| format!("--descriptor {e}")))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EXIT_BAD_SETTINGS);
+        }
+    };
+    let body = super::reset::body(&args.domain, &descriptors);
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let result = runtime()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(super::reset::call(&args.addr, body, timeout)));
+    match result {
+        Ok(answer) if answer.status == 200 => {
+            print!("{}", super::reset::render(&answer.body));
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            let message = answer.body["error"].as_str().unwrap_or("no message");
+            eprintln!("tollgate reset: HTTP {}: {message}", answer.status);
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("tollgate reset: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -11,6 +11,7 @@ mod answer;
 mod options;
 mod plan;
 mod request;
+mod reset;
 mod undo;
 
 use std::sync::{Arc, RwLock};
@@ -31,6 +32,7 @@ pub use options::{EngineOptions, EngineStats};
 pub use request::{
     AppliedLimit, Code, Descriptor, EngineError, LimitOverride, Request, Response, Status,
 };
+pub use reset::{ResetError, ResetLimiter, ResetRule};
 
 /// The current rules, swapped whole on reload. Readers clone the inner
 /// `Arc` and release the lock at once, so a std lock never waits on I/O.

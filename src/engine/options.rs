@@ -1,5 +1,7 @@
 //! The engine's settings and the counts of what requests met.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::limit::{Algorithm, FailurePolicy};
@@ -79,9 +81,26 @@ pub struct EngineStats {
     /// When a lost undo was last logged (seconds of the engine's clock):
     /// at most one line a minute.
     pub(super) undo_logged: AtomicU64,
+    /// Limiters reset, by domain and rule path (empty for a caller's
+    /// override): labels from the rule files only. A std mutex: resets are
+    /// rare, and it is never held across an `.await`.
+    resets: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 impl EngineStats {
+    pub(super) fn record_reset(&self, domain: &str, rule: &str) {
+        let mut resets = self.resets.lock().unwrap_or_else(|e| e.into_inner());
+        *resets
+            .entry((domain.to_string(), rule.to_string()))
+            .or_default() += 1;
+    }
+
+    /// Limiters reset so far, by domain and rule path.
+    pub fn resets(&self) -> Vec<((String, String), u64)> {
+        let resets = self.resets.lock().unwrap_or_else(|e| e.into_inner());
+        resets.iter().map(|(k, n)| (k.clone(), *n)).collect()
+    }
+
     /// Every store failure answered so far, whatever the policy.
     pub fn store_errors(&self) -> u64 {
         self.store_errors_failed.load(Ordering::Relaxed)

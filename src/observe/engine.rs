@@ -58,6 +58,21 @@ pub(super) fn register(meter: &Meter, stats: Arc<EngineStats>) {
         )
         .with_callback(move |o| o.observe(engine.undos.load(Relaxed), &[]))
         .build();
+    let engine = stats.clone();
+    meter
+        .u64_observable_counter("tollgate.resets")
+        .with_description(
+            "Limiters reset through the debug listener (POST /reset), by rule (empty for a caller's override)",
+        )
+        .with_callback(move |o| {
+            for ((domain, rule), n) in engine.resets() {
+                o.observe(
+                    n,
+                    &[KeyValue::new("domain", domain), KeyValue::new("rule", rule)],
+                );
+            }
+        })
+        .build();
     meter
         .u64_observable_counter("tollgate.undos_lost")
         .with_description(

@@ -69,7 +69,8 @@ pub fn public(
     };
     let router = router
         .route("/rlconfig", axum::routing::get(moved))
-        .route("/debug/hotkeys", axum::routing::get(moved));
+        .route("/debug/hotkeys", axum::routing::get(moved))
+        .route("/reset", axum::routing::any(moved));
     match telemetry {
         Some(t) => router.route(
             "/metrics",
@@ -224,7 +225,7 @@ fn wants_json(uri: &Uri, headers: &HeaderMap) -> bool {
     by_query || by_accept
 }
 
-fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+pub(super) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
     let mut text = body.to_string();
     text.push('\n');
     (status, [(CONTENT_TYPE, "application/json")], text).into_response()

@@ -117,7 +117,7 @@ pub async fn serve(
         let stream = tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 // Out of descriptors or a connection reset before accept:
                 // wait a little instead of spinning on the error.
                 Err(_) => {
@@ -128,6 +128,7 @@ pub async fn serve(
             // Reap finished connections as they end.
             Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
         };
+        let (stream, peer) = stream;
         let Ok(permit) = open.clone().try_acquire_owned() else {
             counts.refused.fetch_add(1, Ordering::Relaxed);
             drop(stream);
@@ -144,8 +145,12 @@ pub async fn serve(
                 in_flight: AtomicUsize::new(0),
             });
             let seen = activity.clone();
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
                 seen.in_flight.fetch_add(1, Ordering::AcqRel);
+                // Who asked, for handlers that log it (`POST /reset`).
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
                 let busy = Busy(seen.clone());
                 let router = router.clone();
                 async move {

@@ -10,6 +10,7 @@ mod grpc;
 mod grpc_limits;
 mod lifecycle;
 pub mod listen;
+mod reset;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -358,6 +359,7 @@ pub async fn run_with(
         );
     }
     tracing::info!(addr = %listeners.http.local_addr()?, "HTTP listening");
+    let reset_limiter = limiter.clone();
     let public = admin::public(
         &engine,
         limiter,
@@ -375,13 +377,14 @@ pub async fn run_with(
     );
     let debug_server = match listeners.debug {
         Some(listener) => {
-            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys, /debug/rlqs)");
+            tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys, /debug/rlqs, POST /reset)");
             let router = admin::debug(
                 &engine,
                 reloads.clone(),
                 quota.clone(),
                 settings.debug_show_values,
-            );
+            )
+            .merge(reset::router(reset_limiter, settings.debug_show_values));
             listen::serve(listener, router, limits, http_counts, stopped()).boxed()
         }
         None => futures_util::future::ready(()).boxed(),

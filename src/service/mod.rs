@@ -66,6 +66,16 @@ impl RateLimiter {
         &self.stats
     }
 
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// `message` as the engine reads it, under the same input limits as a
+    /// `ShouldRateLimit` call (`POST /reset` reads its body so).
+    pub fn request_of(&self, message: RateLimitRequest) -> Result<engine::Request, Status> {
+        from_proto(message, &self.options.limits, None)
+    }
+
     /// The same service (stats, in-flight count) deciding with `engine`.
     pub fn with_engine(mut self, engine: Engine) -> Self {
         self.engine = engine;

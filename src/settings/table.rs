@@ -68,7 +68,7 @@ pub const SETTINGS: &[Setting] = &[
         "debug_addr",
         Some("127.0.0.1:6070"),
         Kind::Text,
-        "debug HTTP listen address: `/rlconfig`, `/debug/hotkeys`, `/debug/rlqs`; loopback by default (reach it with `kubectl port-forward`); empty or `off`: not served",
+        "debug HTTP listen address: `/rlconfig`, `/debug/hotkeys`, `/debug/rlqs`, `POST /reset`; loopback by default (reach it with `kubectl port-forward`); empty or `off`: not served",
     ),
     s(
         "debug_show_values",

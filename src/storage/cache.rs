@@ -73,6 +73,13 @@
 //! that arrives after a give-back was sent is not cached, since the store
 //! may have decided it before the give-back.
 //!
+//! A reset ([`Store::reset`]) through this replica drops the limiter's
+//! entries at once; one through another replica moves the store's
+//! [`Store::reset_generation`], and the first hit that sees it moved drops
+//! every entry (a reset is rare: each limiter still refused costs one more
+//! store call). A refusal that arrives after a reset was sent, or after the
+//! generation moved, is not cached either.
+//!
 //! Memory is bounded by `max_entries` limiters, least recently used evicted
 //! first. An evicted `fixed_window` entry forgets the costs it refused, so a
 //! later give-back in that window finds a lower count than without the cache.
@@ -307,16 +314,17 @@ pub struct OverLimitCache {
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
-    /// Give-backs sent so far: a refusal decided while one was in flight may
-    /// predate it, and is not cached.
+    /// Give-backs and resets sent so far: a refusal decided while one was
+    /// in flight may predate it, and is not cached.
     give_backs: AtomicU64,
+    /// The store's [`Store::reset_generation`] the entries were kept under.
+    generation: AtomicU64,
 }
 
 impl OverLimitCache {
     pub fn new(inner: Arc<dyn Store>, clock: Arc<dyn Clock>, max_entries: usize) -> Self {
         let max_entries = max_entries.max(1);
         Self {
-            inner,
             clock,
             entries: Mutex::new(LruCache::new(max_entries)),
             max_entries,
@@ -324,6 +332,8 @@ impl OverLimitCache {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             give_backs: AtomicU64::new(0),
+            generation: AtomicU64::new(inner.reset_generation()),
+            inner,
         }
     }
 
@@ -506,6 +516,34 @@ impl OverLimitCache {
         );
     }
 
+    /// Drops `hit`'s limiter's refusals, of every cost, and keeps none
+    /// decided before now.
+    fn forget(&self, hit: &Hit<'_>) {
+        self.give_backs.fetch_add(1, Ordering::SeqCst);
+        self.lock().retain(|_, e| {
+            let id = &e.id;
+            !(*id.domain == *hit.domain
+                && *id.entries == *hit.entries
+                && id.algorithm == hit.algorithm
+                && id.window == hit.window
+                && id.shard == hit.shard)
+        });
+    }
+
+    /// Drops every entry when the store's reset generation moved (another
+    /// replica reset a limiter); returns the generation now in force.
+    fn follow_resets(&self) -> u64 {
+        let generation = self.inner.reset_generation();
+        // Read first: every hit passes here, and a write would make every
+        // core contend for the line.
+        if self.generation.load(Ordering::Acquire) != generation
+            && self.generation.swap(generation, Ordering::AcqRel) != generation
+        {
+            self.lock().clear();
+        }
+        generation
+    }
+
     /// Drops the entries whose refusals have all expired.
     pub fn sweep(&self) {
         let now = self.clock.now_micros();
@@ -521,6 +559,7 @@ impl Store for OverLimitCache {
         Box::pin(async move {
             let id = hit.fingerprint();
             let now = self.clock.now_micros();
+            let generation = self.follow_resets();
             let give_backs = self.give_backs.load(Ordering::SeqCst);
             let cost = match self.plan(id, &hit, now) {
                 Plan::Answer(d) => {
@@ -535,10 +574,25 @@ impl Store for OverLimitCache {
             }
             let sent = Hit { hits: cost, ..hit };
             let d = self.inner.hit(sent).await?;
-            if self.give_backs.load(Ordering::SeqCst) == give_backs {
+            if self.give_backs.load(Ordering::SeqCst) == give_backs
+                && self.inner.reset_generation() == generation
+            {
                 self.fill(id, &sent, &d, now);
             }
             Ok(d)
+        })
+    }
+
+    /// Drops the limiter's refusals (of every cost; of this shard), passes
+    /// the reset on, then drops them again: a refusal the store decided
+    /// before the reset may have been kept meanwhile, and one still in
+    /// flight is not kept (the reset counts as a give-back).
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.forget(&hit);
+            let result = self.inner.reset(hit).await;
+            self.forget(&hit);
+            result
         })
     }
 

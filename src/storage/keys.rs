@@ -62,6 +62,9 @@
 //!   limiter; a value sent starting with that mark is digested, so no
 //!   client value equals a shared one.
 //!
+//! * Outside every limiter's layout, one key per prefix: `<prefix>:resets`,
+//!   the counter a reset moves ([`KeyBuilder::resets`]).
+//!
 //! A key is built in one buffer, its tag written in place once the identity
 //! after it is known: one allocation per key, since every decision builds
 //! one.
@@ -261,6 +264,14 @@ impl KeyBuilder {
         }
         hash_long_identity(&mut text, identity_at);
         LimiterKeys { text, role_at, tag }
+    }
+
+    /// The counter every reset of a limiter under this prefix increments,
+    /// which replicas read to forget their cached refusals (see
+    /// `Store::reset_generation`): one per prefix, outside every
+    /// limiter's layout (no tag, no role).
+    pub fn resets(&self) -> String {
+        format!("{}:resets", self.prefix)
     }
 
     /// The key of a limiter held in this process (the embedded store): the

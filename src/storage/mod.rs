@@ -196,6 +196,25 @@ impl<'a> LeaseCall<'a> {
     }
 }
 
+impl<'a> Hit<'a> {
+    /// The lease ledger of this limiter's identity, as a hit (for its
+    /// keys): the shape [`LeaseCall::limiter`] gives a lease of the same
+    /// descriptor and window, whatever the algorithm or shard.
+    pub fn ledger(&self) -> Hit<'a> {
+        Hit {
+            algorithm: Algorithm::FixedWindow,
+            hits: 0,
+            negative: false,
+            usage_reports: false,
+            buckets: DEFAULT_BUCKETS,
+            burst: 0,
+            shard: Shard::NONE,
+            receipt: false,
+            ..*self
+        }
+    }
+}
+
 /// What a store decided for one [`Hit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -496,6 +515,33 @@ pub trait Store: Send + Sync + 'static {
                 ))
             }),
         }
+    }
+
+    /// Forgets everything `hit`'s limiter recorded, so that it has its
+    /// whole limit back: every key of its state and the lease ledger of
+    /// its identity ([`Hit::ledger`]). `hit` is the limiter as the engine
+    /// sends it (its cost is ignored): the sharding layer resets every
+    /// shard, the over-limit cache forgets the limiter's refusals, the
+    /// other layers pass it on. A store that other replicas share also
+    /// moves its [`Store::reset_generation`].
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        match self.wrapped() {
+            Some(w) => w.reset(hit),
+            None => Box::pin(async {
+                Err(StoreError::Protocol(
+                    "this store cannot reset limiters".into(),
+                ))
+            }),
+        }
+    }
+
+    /// A number that changes when a limiter of a store shared with other
+    /// replicas was reset (by any replica), as this replica last read it:
+    /// the over-limit cache forgets every refusal it holds when it moves.
+    /// 0 for a store no other replica shares. Read on every hit: must be
+    /// cheap and never wait.
+    fn reset_generation(&self) -> u64 {
+        self.wrapped().map_or(0, |w| w.reset_generation())
     }
 
     /// The store a layer wraps. What a layer does not change (readiness,

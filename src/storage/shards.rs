@@ -189,6 +189,23 @@ impl Store for Sharded {
         }
     }
 
+    /// Every shard: each keeps a part of the limit. A shard that fails
+    /// does not stop the others; the first failure is returned.
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        if !hit.shard.is_sharded() {
+            return self.inner.reset(hit);
+        }
+        Box::pin(async move {
+            let mut failure = None;
+            for index in 0..hit.shard.count {
+                if let Err(e) = self.inner.reset(shard_hit(&hit, index)).await {
+                    failure.get_or_insert(e);
+                }
+            }
+            failure.map_or(Ok(()), Err)
+        })
+    }
+
     fn wrapped(&self) -> Option<&dyn Store> {
         Some(&*self.inner)
     }

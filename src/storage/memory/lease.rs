@@ -45,6 +45,16 @@ impl Leases {
         Ok(ledger.report(call.holder, call.report, call.terms, now_micros))
     }
 
+    /// Drops the ledger of `limiter` ([`crate::storage::Hit::ledger`]):
+    /// every share and demand in it.
+    pub(super) fn forget(&self, keys: &KeyBuilder, limiter: &crate::storage::Hit<'_>) {
+        let key = keys.local(limiter);
+        self.ledgers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    }
+
     /// Drops shares no longer in force, and ledgers left empty.
     pub(super) fn sweep(&self, now_micros: u64) {
         sweep(

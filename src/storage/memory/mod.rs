@@ -425,6 +425,20 @@ impl MemoryStore {
         take_back_in(&mut guard, &key, hit, r, now);
     }
 
+    /// Forgets `hit`'s limiter, under its shard's lock: the next hit finds
+    /// it new.
+    fn forget(&self, hit: &Hit<'_>) {
+        let key = self.keys.local(hit);
+        let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
+        let mut shard = lock(&self.shards[index]);
+        if let Some((held, slot)) = shard.slots.remove_entry(&key) {
+            shard.held = shard
+                .held
+                .saturating_sub(entry_bytes(held.capacity()) + state_bytes(&slot));
+            shard.spare_nodes += 1;
+        }
+    }
+
     /// Forgets least recently used limiters until `shard` is within its
     /// bytes. The limiter just used is the most recent, so it goes last,
     /// and only if it alone is too big.
@@ -546,6 +560,12 @@ impl Store for MemoryStore {
             .leases
             .lease(&self.keys, &call, self.clock.now_micros());
         Box::pin(async move { grant })
+    }
+
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.forget(&hit);
+        self.leases.forget(&self.keys, &hit.ledger());
+        Box::pin(async { Ok(()) })
     }
 
     fn maintain(&self) {

@@ -49,6 +49,7 @@ mod group;
 mod lease;
 mod node;
 mod redirect;
+mod reset;
 mod routing;
 mod scripts;
 mod supervise;
@@ -99,6 +100,8 @@ struct Inner {
     script_loads: AtomicU64,
     /// Calls sent again after a redirection, for metrics.
     redirects: AtomicU64,
+    /// The reset counter as last read ([`Store::reset_generation`]).
+    reset_generation: AtomicU64,
     /// The supervisor; aborted on drop so a dropped store stops
     /// reconnecting.
     supervisor: Mutex<Option<AbortHandle>>,
@@ -176,8 +179,10 @@ impl RedisStore {
             redirect_pools: Mutex::new(HashMap::new()),
             script_loads: AtomicU64::new(0),
             redirects: AtomicU64::new(0),
+            reset_generation: AtomicU64::new(0),
             supervisor: Mutex::new(None),
         });
+        tokio::spawn(reset::follow_resets(Arc::downgrade(&inner)));
         let task = tokio::spawn(supervise(Arc::downgrade(&inner)));
         *inner.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
         Ok(RedisStore { inner })
@@ -451,6 +456,14 @@ impl Store for RedisStore {
         call: LeaseCall<'a>,
     ) -> BoxFuture<'a, Result<crate::quota::Grant, StoreError>> {
         Box::pin(self.lease_call(call))
+    }
+
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.reset_call(&hit).await })
+    }
+
+    fn reset_generation(&self) -> u64 {
+        self.inner.reset_generation.load(Ordering::Acquire)
     }
 
     fn is_ready(&self) -> bool {

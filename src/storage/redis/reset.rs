@@ -1,0 +1,149 @@
+//! Resetting a limiter on Redis: its keys deleted on the primary of their
+//! slot (following a cluster's redirections as script calls do), then the
+//! prefix's reset counter moved. Every replica reads that counter
+//! every [`RESET_POLL`] and publishes it as [`Store::reset_generation`], so
+//! their over-limit caches forget their refusals. The counter is state,
+//! not a message: a replica that cannot reach Redis for a while misses
+//! nothing, it sees the counter moved on its first read after (a reset
+//! made meanwhile is answered by its cache until then, at most until the
+//! refusal's own reset).
+
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use super::*;
+
+/// How often a replica reads the reset counter: a reset through one
+/// replica reaches the others' caches within about this long.
+pub(super) const RESET_POLL: Duration = Duration::from_millis(200);
+
+impl RedisStore {
+    /// Deletes every key `hit`'s limiter may have (`h`, `z`, `m`: whichever
+    /// its algorithm writes) and its lease ledger (`q`, in the slot of the
+    /// unsharded identity), then moves the reset counter.
+    pub(super) async fn reset_call(&self, hit: &Hit<'_>) -> Result<(), StoreError> {
+        let limiter = self.inner.keys.limiter(hit);
+        let ledger = self.inner.keys.limiter(&hit.ledger());
+        let slot = limiter.slot();
+        let mut keys = vec![
+            limiter.key(Role::State),
+            limiter.key(Role::LogSet),
+            limiter.into_key(Role::LogMeta),
+        ];
+        if ledger.slot() == slot {
+            keys.push(ledger.into_key(Role::Lease));
+        } else {
+            let lease_slot = ledger.slot();
+            self.command(lease_slot, "DEL", vec![ledger.into_key(Role::Lease)])
+                .await?;
+        }
+        self.command(slot, "DEL", keys).await?;
+        let counter = self.inner.keys.resets();
+        let step = counter_step().to_string();
+        self.command(keys::slot_of(&counter), "INCRBY", vec![counter, step])
+            .await?;
+        Ok(())
+    }
+
+    /// One command on the keys of `slot`, sent to its primary and after it
+    /// wherever the cluster redirects it, within the command timeout.
+    async fn command(
+        &self,
+        slot: u16,
+        name: &'static str,
+        args: Vec<String>,
+    ) -> Result<Value, StoreError> {
+        let timeout = self.inner.command_timeout;
+        let run = async {
+            let mut target = match &self.inner.deployment {
+                Deployment::Single(node) => {
+                    let client = connected_client(node)?.clone();
+                    return send(&client, name, args, false)
+                        .await
+                        .map_err(|e| store_error(e, timeout));
+                }
+                Deployment::Cluster { .. } => self.inner.routing().owner_pool(slot)?,
+            };
+            let mut asking = false;
+            for _ in 0..=MAX_REDIRECTS {
+                let client = connected_client(&target)?.clone();
+                let e = match send(&client, name, args.clone(), asking).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) => e,
+                };
+                match Redirect::of(&e) {
+                    None | Some(Redirect::NotHere) => return Err(store_error(e, timeout)),
+                    Some(Redirect::Moved(to)) => {
+                        self.inner.stale.store(true, Ordering::Release);
+                        (target, asking) = (self.pool_for(&to).await?, false);
+                    }
+                    Some(Redirect::Ask(to)) => (target, asking) = (self.pool_for(&to).await?, true),
+                    Some(Redirect::TryAgain) => tokio::time::sleep(RETRY_PAUSE).await,
+                    Some(Redirect::ClusterDown) => {
+                        self.inner.stale.store(true, Ordering::Release);
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                        (target, asking) = (self.inner.routing().owner_pool(slot)?, false);
+                    }
+                }
+            }
+            Err(StoreError::Moved(format!(
+                "{name} redirected more than {MAX_REDIRECTS} times"
+            )))
+        };
+        match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(timeout.as_millis() as u64)),
+        }
+    }
+}
+
+/// How far a reset moves the counter: at random between 1 and 2^20, so
+/// that a counter lost with a restarted Redis and moved again does not
+/// come back to a value a replica last read (it would miss that reset).
+fn counter_step() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::hash::RandomState::new().build_hasher().finish();
+    random % (1 << 20) + 1
+}
+
+/// `name` with `args`, after `ASKING` when a migration's target was named.
+async fn send(
+    client: &Client,
+    name: &'static str,
+    args: Vec<String>,
+    asking: bool,
+) -> Result<Value, FredError> {
+    let command = CustomCommand::new_static(name, ClusterHash::FirstKey, false);
+    if !asking {
+        return client.custom(command, args).await;
+    }
+    let pipeline = client.pipeline();
+    let asking = CustomCommand::new_static("ASKING", ClusterHash::Random, false);
+    let _: () = pipeline.custom(asking, Vec::<Value>::new()).await?;
+    let _: () = pipeline.custom(command, args).await?;
+    pipeline
+        .try_all::<Value>()
+        .await
+        .pop()
+        .unwrap_or_else(|| Err(FredError::new(ErrorKind::Protocol, "empty pipeline reply")))
+}
+
+/// Reads the reset counter every [`RESET_POLL`] into the store's
+/// generation. A failed read keeps the last value. Holds only a weak
+/// reference: ends with the store.
+pub(super) async fn follow_resets(store: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(RESET_POLL).await;
+        let Some(inner) = store.upgrade() else { return };
+        let store = RedisStore { inner };
+        let counter = store.inner.keys.resets();
+        let read = store.command(keys::slot_of(&counter), "GET", vec![counter]);
+        if let Ok(value) = read.await
+            && let Ok(generation) = value.convert::<Option<u64>>()
+        {
+            store
+                .inner
+                .reset_generation
+                .store(generation.unwrap_or(0), Ordering::Release);
+        }
+    }
+}

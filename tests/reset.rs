@@ -1,0 +1,616 @@
+//! Resetting limiters: `POST /reset` on the debug listener and `tollgate
+//! reset`, over real gRPC on the embedded store, Redis and a 3+3 Redis
+//! Cluster. Every algorithm and a sharded limit get their whole limit back
+//! after a reset, no more, while another limiter keeps its state; a reset
+//! through one replica reaches the other's over-limit cache within a
+//! second; the public port has no `/reset`; the binary's subcommand, log
+//! line and metric.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use support::process::{Proc, tollgate_bin};
+use support::redis::{RedisCluster, RedisServer};
+use support::tollgate::{Tollgate, descriptor};
+use support::{away_from_an_hour_boundary, free_port, unique_domain};
+
+/// Requests per hour of every unsharded rule.
+const LIMIT: usize = 3;
+/// Requests per hour of the sharded rule, over its three shards.
+const SHARDED_LIMIT: usize = 6;
+
+const ALGORITHMS: [&str; 4] = [
+    "fixed_window",
+    "sliding_window_log",
+    "sliding_window_counter",
+    "token_bucket",
+];
+
+/// One rule per algorithm under `algo=<name>`, then `user`; and a sharded
+/// log under `algo=sharded`. Hour-long windows: nothing comes back with
+/// time while a case runs.
+fn rules(domain: &str) -> String {
+    let mut text = format!("domain: {domain}\ndescriptors:\n");
+    for algo in ALGORITHMS {
+        text.push_str(&format!(
+            "  - key: algo\n    value: {algo}\n    descriptors:\n      - key: user\n        rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: {algo}}}\n"
+        ));
+    }
+    // A `rate_limits:` list whose second limit binds first.
+    text.push_str(
+        "  - key: algo\n    value: listed\n    descriptors:\n      - key: user\n        rate_limits:\n          - {unit: hour, requests_per_unit: 4, algorithm: sliding_window_log, name: hourly}\n          - {unit: day, requests_per_unit: 3, algorithm: fixed_window, name: daily}\n",
+    );
+    text.push_str(&format!(
+        "  - key: algo\n    value: sharded\n    descriptors:\n      - key: user\n        rate_limit: {{unit: hour, requests_per_unit: {SHARDED_LIMIT}, algorithm: sliding_window_log, shards: 3}}\n"
+    ));
+    text
+}
+
+/// Every rule of [`rules`] with its limit.
+fn limiters() -> Vec<(&'static str, usize)> {
+    let mut all: Vec<_> = ALGORITHMS.iter().map(|a| (*a, LIMIT)).collect();
+    all.push(("sharded", SHARDED_LIMIT));
+    all
+}
+
+async fn ask(t: &Tollgate, domain: &str, algo: &str, user: &str) -> bool {
+    let r = t
+        .ask(RateLimitRequest {
+            domain: domain.to_string(),
+            descriptors: vec![descriptor(&[("algo", algo), ("user", user)])],
+            hits_addend: 0,
+        })
+        .await;
+    r.overall_code == Code::Ok as i32
+}
+
+/// Exactly `n` requests admitted, then the next refused.
+async fn admits_exactly(t: &Tollgate, domain: &str, algo: &str, user: &str, n: usize, when: &str) {
+    for i in 0..n {
+        assert!(
+            ask(t, domain, algo, user).await,
+            "{algo} {user} {when}: request {i} of {n} refused"
+        );
+    }
+    assert!(
+        !ask(t, domain, algo, user).await,
+        "{algo} {user} {when}: request {n} admitted, over the limit"
+    );
+}
+
+/// `POST path` with a JSON body over HTTP/1.1 on a fresh connection: the
+/// status and body.
+async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
+}
+
+/// The JSON body of a reset of `descriptors` in `domain`.
+fn reset_body(domain: &str, descriptors: &[&[(&str, &str)]]) -> String {
+    let descriptors: Vec<serde_json::Value> = descriptors
+        .iter()
+        .map(|entries| {
+            let entries: Vec<_> = entries
+                .iter()
+                .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+                .collect();
+            serde_json::json!({ "entries": entries })
+        })
+        .collect();
+    serde_json::json!({"domain": domain, "descriptors": descriptors}).to_string()
+}
+
+/// The value of `tollgate_resets_total` for `domain` and `rule`, if any.
+async fn resets_metric(t: &Tollgate, domain: &str, rule: &str) -> Option<f64> {
+    let (status, page) = support::http_get(t.http, "/metrics").await;
+    assert_eq!(status, 200);
+    page.lines()
+        .filter(|l| l.starts_with("tollgate_resets_total{"))
+        .filter(|l| l.contains(&format!("domain=\"{domain}\"")))
+        .find(|l| l.contains(&format!("rule=\"{rule}\"")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+}
+
+/// Every limiter driven to refusal over gRPC, reset in one call, then
+/// exactly its limit admitted again; bob, on the same rules, keeps what
+/// he spent. Then the answers for what cannot be reset.
+async fn every_limiter_gets_its_whole_limit_back(settings: &[(&str, &str)]) {
+    let domain = unique_domain("reset");
+    let t = Tollgate::start(&[("r.yaml", &rules(&domain))], settings).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    away_from_an_hour_boundary().await;
+    for (algo, limit) in limiters() {
+        admits_exactly(&t, &domain, algo, "alice", limit, "before the reset").await;
+        assert!(ask(&t, &domain, algo, "bob").await, "{algo} bob");
+    }
+
+    let alice: Vec<[(&str, &str); 2]> = limiters()
+        .iter()
+        .map(|(algo, _)| [("algo", *algo), ("user", "alice")])
+        .collect();
+    let alice: Vec<&[(&str, &str)]> = alice.iter().map(|d| &d[..]).collect();
+    let (status, body) = post(t.debug, "/reset", &reset_body(&domain, &alice)).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let reset = answer["reset"].as_array().unwrap();
+    assert_eq!(reset.len(), limiters().len(), "{body}");
+    for (i, (algo, _)) in limiters().iter().enumerate() {
+        let l = &reset[i];
+        assert_eq!(l["descriptor"], i, "{body}");
+        assert_eq!(l["rule"], format!("algo_{algo}.user"), "{body}");
+        assert!(
+            l["source"].as_str().unwrap().starts_with("r.yaml:"),
+            "{body}"
+        );
+        let value = l["entries"][1]["value"].as_str().unwrap();
+        assert!(
+            value.starts_with("sha256:"),
+            "values shown as digests: {body}"
+        );
+    }
+    assert_eq!(reset[4]["shards"], 3, "{body}");
+    assert!(!body.contains("alice"), "no value read back: {body}");
+
+    for (algo, limit) in limiters() {
+        admits_exactly(&t, &domain, algo, "alice", limit, "after the reset").await;
+        admits_exactly(&t, &domain, algo, "bob", limit - 1, "untouched").await;
+    }
+    assert_eq!(
+        resets_metric(&t, &domain, "algo_fixed_window.user").await,
+        Some(1.0)
+    );
+    assert_eq!(
+        resets_metric(&t, &domain, "algo_sharded.user").await,
+        Some(1.0)
+    );
+
+    // A `rate_limits:` list: every limit of it is reset. The day (3)
+    // binds before the hour (4): 3 more after the reset only when both
+    // were reset.
+    admits_exactly(&t, &domain, "listed", "alice", 3, "before the reset").await;
+    let listed = [("algo", "listed"), ("user", "alice")];
+    let (status, body) = post(t.debug, "/reset", &reset_body(&domain, &[&listed[..]])).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rules: Vec<&str> = answer["reset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rules,
+        ["algo_listed.user[0]", "algo_listed.user[1]"],
+        "{body}"
+    );
+    admits_exactly(&t, &domain, "listed", "alice", 3, "after the reset").await;
+
+    // What cannot be reset says why, and resets nothing.
+    let one = |algo: &'static str, user: &'static str| [("algo", algo), ("user", user)];
+    let carol = one("fixed_window", "carol");
+    let nothing = [("algo", "none"), ("user", "carol")];
+    assert!(ask(&t, &domain, "fixed_window", "carol").await);
+    let (status, body) = post(
+        t.debug,
+        "/reset",
+        &reset_body(&domain, &[&carol[..], &nothing[..]]),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("descriptor 1 (algo=sha256:"), "{body}");
+    assert!(body.contains("matches no rule with a limit"), "{body}");
+    admits_exactly(
+        &t,
+        &domain,
+        "fixed_window",
+        "carol",
+        LIMIT - 1,
+        "after a 404",
+    )
+    .await;
+    let (status, body) = post(t.debug, "/reset", &reset_body("no-such-domain", &[&carol])).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no-such-domain"), "{body}");
+    let (status, body) = post(t.debug, "/reset", "{\"domain\": ").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("error"), "{body}");
+    let (status, body) = post(t.debug, "/reset", &reset_body(&domain, &[])).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("descriptors must not be empty"), "{body}");
+
+    // Never on the public port.
+    let (status, body) = post(t.http, "/reset", &reset_body(&domain, &[&carol])).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("debug listener"), "{body}");
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limiter_gets_its_whole_limit_back_on_the_embedded_store() {
+    every_limiter_gets_its_whole_limit_back(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limiter_gets_its_whole_limit_back_on_redis() {
+    let redis = RedisServer::start();
+    every_limiter_gets_its_whole_limit_back(&[("store", &redis.url())]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limiter_gets_its_whole_limit_back_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    every_limiter_gets_its_whole_limit_back(&[("store", &cluster.url())]).await;
+}
+
+/// A reset finds the limiter a decision counts on: a value a shared
+/// wildcard matched resets the one limiter every such value shares, a
+/// value longer than `max_value_bytes` its digest's limiter, a request's
+/// override the override's limiter; a rule another descriptor of the
+/// request replaces is not reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_resolves_descriptors_as_a_decision_does() {
+    let domain = unique_domain("resolve");
+    let rules = format!(
+        "domain: {domain}
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {{unit: hour, requests_per_unit: 2}}
+  - key: user
+    rate_limit: {{unit: hour, requests_per_unit: 2, algorithm: fixed_window}}
+  - key: plan
+    rate_limit: {{unit: hour, requests_per_unit: 2, name: plan}}
+  - key: vip
+    rate_limit: {{unit: hour, requests_per_unit: 5, replaces: [{{name: plan}}]}}
+"
+    );
+    let t = Tollgate::start(&[("r.yaml", &rules)], &[]).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    away_from_an_hour_boundary().await;
+    let decide = async |entries: &[(&str, &str)], limit: Option<u32>| {
+        let mut d = descriptor(entries);
+        if let Some(n) = limit {
+            d.limit = Some(RateLimitOverride {
+                requests_per_unit: n,
+                unit: RateLimitUnit::Hour as i32,
+            });
+        }
+        let r = t
+            .ask(RateLimitRequest {
+                domain: domain.clone(),
+                descriptors: vec![d],
+                hits_addend: 0,
+            })
+            .await;
+        r.overall_code == Code::Ok as i32
+    };
+    let long = "x".repeat(4096);
+    // Spent: the shared files/* limiter (through two values), a long
+    // user, an override of 2 on plan=gold, and plan=silver.
+    assert!(decide(&[("files", "files/a")], None).await);
+    assert!(decide(&[("files", "files/b")], None).await);
+    assert!(!decide(&[("files", "files/c")], None).await);
+    for _ in 0..2 {
+        assert!(decide(&[("user", &long)], None).await);
+        assert!(decide(&[("plan", "gold")], Some(2)).await);
+        assert!(decide(&[("plan", "silver")], None).await);
+    }
+    assert!(!decide(&[("user", &long)], None).await);
+    assert!(!decide(&[("plan", "gold")], Some(2)).await);
+    assert!(!decide(&[("plan", "silver")], None).await);
+
+    // A third value resets the shared limiter; the long value and the
+    // override are found as they were counted.
+    let body = serde_json::json!({"domain": domain, "descriptors": [
+        {"entries": [{"key": "files", "value": "files/z"}]},
+        {"entries": [{"key": "user", "value": long}]},
+        {"entries": [{"key": "plan", "value": "gold"}], "limit": {"requestsPerUnit": 2, "unit": "HOUR"}},
+    ]});
+    let (status, body) = post(t.debug, "/reset", &body.to_string()).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["reset"][0]["rule"], "files_files/*", "{body}");
+    assert_eq!(answer["reset"][2]["override"], true, "{body}");
+    assert_eq!(
+        answer["reset"][2]["rule"],
+        serde_json::Value::Null,
+        "{body}"
+    );
+    assert!(decide(&[("files", "files/a")], None).await);
+    assert!(decide(&[("files", "files/q")], None).await);
+    assert!(!decide(&[("files", "files/a")], None).await);
+    for _ in 0..2 {
+        assert!(decide(&[("user", &long)], None).await);
+        assert!(decide(&[("plan", "gold")], Some(2)).await);
+    }
+    assert!(!decide(&[("user", &long)], None).await);
+    assert!(!decide(&[("plan", "gold")], Some(2)).await);
+    assert!(!decide(&[("plan", "silver")], None).await, "not asked for");
+
+    // With vip in the same request, plan's rule is replaced: no limiter.
+    let body = serde_json::json!({"domain": domain, "descriptors": [
+        {"entries": [{"key": "vip", "value": "v"}]},
+        {"entries": [{"key": "plan", "value": "silver"}]},
+    ]});
+    let (status, body) = post(t.debug, "/reset", &body.to_string()).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("descriptor 1 (plan=sha256:"), "{body}");
+    assert!(!decide(&[("plan", "silver")], None).await, "nothing reset");
+    assert_eq!(
+        resets_metric(&t, &domain, "").await,
+        Some(1.0),
+        "the override"
+    );
+    t.stop().await;
+}
+
+/// Two replicas on one Redis, each with its over-limit cache: the second
+/// answers alice's refusals locally until the window ends; a reset through
+/// the first lets the second admit her within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_reaches_the_other_replicas_cache_within_a_second() {
+    let redis = RedisServer::start();
+    let domain = unique_domain("replicas");
+    let url = redis.url();
+    let settings = [
+        ("store", url.as_str()),
+        ("over_limit_cache.enabled", "true"),
+    ];
+    let replicas = Tollgate::start_replicas(2, &[("r.yaml", &rules(&domain))], &settings).await;
+    let (a, b) = (&replicas[0], &replicas[1]);
+    away_from_an_hour_boundary().await;
+    admits_exactly(
+        b,
+        &domain,
+        "fixed_window",
+        "alice",
+        LIMIT,
+        "before the reset",
+    )
+    .await;
+    // Refused by the cache from now on: Redis sees no more calls for her.
+    let calls = support::redis::command_calls(redis.port(), "evalsha");
+    for _ in 0..5 {
+        assert!(!ask(b, &domain, "fixed_window", "alice").await);
+    }
+    assert_eq!(
+        support::redis::command_calls(redis.port(), "evalsha"),
+        calls,
+        "the second replica's cache answers alice's refusals"
+    );
+
+    let alice = [("algo", "fixed_window"), ("user", "alice")];
+    let (status, body) = post(a.debug, "/reset", &reset_body(&domain, &[&alice])).await;
+    assert_eq!(status, 200, "{body}");
+    let reset_at = Instant::now();
+    let mut admitted_after = None;
+    while reset_at.elapsed() < Duration::from_secs(5) {
+        if ask(b, &domain, "fixed_window", "alice").await {
+            admitted_after = Some(reset_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = admitted_after.expect("the second replica admits alice again");
+    eprintln!("the second replica admitted alice {after:?} after the reset");
+    assert!(
+        after < Duration::from_secs(1),
+        "the second replica refused alice for {after:?} after the reset"
+    );
+    // Her whole limit, no more, across both replicas.
+    admits_exactly(
+        a,
+        &domain,
+        "fixed_window",
+        "alice",
+        LIMIT - 1,
+        "after the reset",
+    )
+    .await;
+    // The same after Redis went away and came back (its data lost with
+    // it): the replicas read the counter again.
+    let mut redis = redis;
+    redis.restart();
+    for t in &replicas {
+        t.wait_serving(Duration::from_secs(30)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ask(b, &domain, "fixed_window", "erin").await {
+        assert!(
+            Instant::now() < deadline,
+            "the second replica never decided again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admits_exactly(
+        b,
+        &domain,
+        "fixed_window",
+        "erin",
+        LIMIT - 1,
+        "after the restart",
+    )
+    .await;
+    let erin = [("algo", "fixed_window"), ("user", "erin")];
+    let (status, body) = post(a.debug, "/reset", &reset_body(&domain, &[&erin])).await;
+    assert_eq!(status, 200, "{body}");
+    let reset_at = Instant::now();
+    while !ask(b, &domain, "fixed_window", "erin").await {
+        assert!(
+            reset_at.elapsed() < Duration::from_secs(1),
+            "after the restart, the second replica refused erin for a second after the reset"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "after the restart, the second replica admitted erin {:?} after the reset",
+        reset_at.elapsed()
+    );
+    for t in replicas {
+        t.stop().await;
+    }
+}
+
+/// `tollgate reset` against the real binary on Redis: what it prints, its
+/// exit codes, the log line and the metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_resets_through_the_binary() {
+    let redis = RedisServer::start();
+    let domain = unique_domain("cli");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("r.yaml"), rules(&domain)).unwrap();
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let http = format!("127.0.0.1:{}", free_port());
+    let debug = format!("127.0.0.1:{}", free_port());
+    let rules_dir = dir.path().display().to_string();
+    let url = redis.url();
+    let server = Proc::spawn(
+        &["serve"],
+        &[
+            ("TOLLGATE_GRPC_ADDR", &grpc),
+            ("TOLLGATE_HTTP_ADDR", &http),
+            ("TOLLGATE_DEBUG_ADDR", &debug),
+            ("TOLLGATE_RULES_DIR", &rules_dir),
+            ("TOLLGATE_STORE", &url),
+        ],
+    );
+    server.wait_for_line("debug HTTP listening", Duration::from_secs(30));
+    away_from_an_hour_boundary().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect_lazy();
+    let mut client = RateLimitServiceClient::new(channel);
+    let mut ask = async |user: &str| {
+        let request = RateLimitRequest {
+            domain: domain.clone(),
+            descriptors: vec![descriptor(&[("algo", "token_bucket"), ("user", user)])],
+            hits_addend: 0,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // The first calls may come before the store is ready.
+            match client.should_rate_limit(request.clone()).await {
+                Ok(r) => return r.into_inner().overall_code == Code::Ok as i32,
+                Err(e) => assert!(Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    for _ in 0..LIMIT {
+        assert!(ask("dave").await);
+    }
+    assert!(!ask("dave").await);
+
+    let reset = |args: &[&str]| {
+        let out = Command::new(tollgate_bin())
+            .arg("reset")
+            .args(args)
+            .env_clear()
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, stdout, stderr) = reset(&[
+        "--addr",
+        &debug,
+        "--domain",
+        &domain,
+        "--descriptor",
+        "algo=token_bucket,user=dave",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(&format!("reset {domain} algo=sha256:")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("rule algo_token_bucket.user (r.yaml:")
+            && stdout.contains("token_bucket 3 per hour"),
+        "{stdout}"
+    );
+    for _ in 0..LIMIT {
+        assert!(ask("dave").await, "admitted after the CLI's reset");
+    }
+    assert!(!ask("dave").await);
+
+    let line = server.wait_for_line("limiter reset", Duration::from_secs(10));
+    assert!(
+        line.contains("caller") && line.contains("127.0.0.1"),
+        "{line}"
+    );
+    assert!(line.contains("sha256:") && !line.contains("dave"), "{line}");
+    let http: SocketAddr = http.parse().unwrap();
+    let (_, page) = support::http_get(http, "/metrics").await;
+    let metric = page
+        .lines()
+        .find(|l| l.starts_with("tollgate_resets_total{") && l.contains(&domain))
+        .unwrap_or_else(|| panic!("no tollgate_resets_total for {domain}"));
+    assert!(
+        metric.contains("rule=\"algo_token_bucket.user\""),
+        "{metric}"
+    );
+    assert!(metric.ends_with(" 1"), "{metric}");
+
+    // Nothing to reset, no answer, bad flags.
+    let (code, stdout, stderr) = reset(&[
+        "--addr",
+        &debug,
+        "--domain",
+        &domain,
+        "--descriptor",
+        "algo=none",
+    ]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("HTTP 404") && stderr.contains("matches no rule"),
+        "{stderr}"
+    );
+    let closed = format!("127.0.0.1:{}", free_port());
+    let (code, _, stderr) = reset(&[
+        "--addr",
+        &closed,
+        "--domain",
+        &domain,
+        "--descriptor",
+        "a=b",
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    let (code, _, stderr) = reset(&[
+        "--addr",
+        &debug,
+        "--domain",
+        &domain,
+        "--descriptor",
+        "novalue",
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    let (code, _, _) = reset(&["--domain", &domain]);
+    assert_eq!(code, Some(64), "--descriptor is required");
+}
