@@ -11,6 +11,7 @@ pub mod coalesce;
 pub mod gate;
 pub mod hotkeys;
 pub mod keys;
+pub mod limiter;
 pub mod memory;
 pub mod redis;
 pub mod shards;
