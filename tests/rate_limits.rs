@@ -454,3 +454,30 @@ async fn lists_with_other_features_on_redis() {
     let redis = RedisServer::start();
     features(&[("store", &redis.url())]).await;
 }
+
+/// A decision on a list of four limits is one script call on Redis: 50
+/// decisions one after the other, 50 `EVALSHA` (and no other command
+/// that runs a script).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_is_decided_by_one_script_call() {
+    let redis = RedisServer::start();
+    let domain = unique_domain("one-call");
+    let t = Tollgate::start(
+        &[("r.yaml", &rules(&domain))],
+        &[("store", &redis.url()), ("redis.coalesce", "false")],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    // Loads the scripts and warms the connection.
+    t.ask(request(&domain, "mixed", "warm")).await;
+    let before = support::redis::command_calls(redis.port(), "evalsha");
+    let evals = support::redis::command_calls(redis.port(), "eval");
+    for i in 0..50 {
+        let r = t.ask(request(&domain, "mixed", &format!("k{i}"))).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    let calls = support::redis::command_calls(redis.port(), "evalsha") - before;
+    assert_eq!(calls, 50, "one EVALSHA per decision on four limits");
+    assert_eq!(support::redis::command_calls(redis.port(), "eval"), evals);
+    t.stop().await;
+}

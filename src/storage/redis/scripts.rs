@@ -77,9 +77,11 @@ pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
 /// others recorded is taken back (each script's undo mode, with the
 /// receipt it just gave, after the call's own arguments, at the same
 /// instant). The reply is each limit's
-/// reply, per cost. The keys of every limit but the first are read before
-/// anything runs: a limit whose keys are not (all) on this server stops
-/// the call before the first one writes, as one script's first read does.
+/// reply, per cost. A limit whose keys are not (all) on this server fails
+/// at its first read: what the limits before it recorded is taken back
+/// (with usage reports, which keep no receipts, every key is read before
+/// the first limit runs), and the call fails whole, having recorded
+/// nothing, as one script does.
 const GROUP_LUA: &str = r#"
 run[5] = function(KEYS, ARGV)
   local m, c = ARGV[1] + 0, ARGV[2] + 0
@@ -96,12 +98,27 @@ run[5] = function(KEYS, ARGV)
     for j = 1, spec[i][3] do as[j] = ARGV[p]; p = p + 1 end
     keys[i], args[i] = ks, as
   end
-  if m > 1 then
+  local rollback = args[1][6] == '2'
+  if m > 1 and not rollback then
+    -- Usage reports keep no receipts: every key is read before the first
+    -- limit records, so a limit whose keys are elsewhere stops the call
+    -- before anything is written.
     local rest = {}
     for j = spec[1][2] + 1, #KEYS do rest[#rest + 1] = KEYS[j] end
     redis.call('EXISTS', unpack(rest))
   end
-  local rollback = args[1][6] == '2'
+  -- Takes back what limit i recorded (its reply r holds the receipt): its
+  -- own arguments (a calendar window's boundaries included), then where
+  -- the receipt says it recorded.
+  local function undo(i, r)
+    if r[4] > 0 then
+      local a, u = args[i], {}
+      for j = 1, #a do u[j] = a[j] end
+      u[3], u[4], u[6] = string.format('%d', r[4]), '2', '0'
+      u[#a + 1], u[#a + 2] = string.format('%d', r[5]), string.format('%d', r[6])
+      run[spec[i][1]](keys[i], u)
+    end
+  end
   local out = {}
   for h = 1, c do
     if h > 1 then
@@ -110,23 +127,20 @@ run[5] = function(KEYS, ARGV)
     end
     local replies, all = {}, true
     for i = 1, m do
-      local r = run[spec[i][1]](keys[i], args[i])
+      local ok, r = pcall(run[spec[i][1]], keys[i], args[i])
+      if not ok then
+        -- Its keys are not (all) here, or it failed: what the limits
+        -- before it recorded is taken back, and the call fails whole.
+        if rollback then
+          for j = 1, i - 1 do undo(j, replies[j]) end
+        end
+        error(r, 0)
+      end
       replies[i] = r
       if r[1] == 0 then all = false end
     end
     if rollback and not all then
-      for i = 1, m do
-        local r, a = replies[i], args[i]
-        if r[4] > 0 then
-          -- The undo: the call's own arguments (a calendar window's
-          -- boundaries included), then where the receipt says it recorded.
-          local u = {}
-          for j = 1, #a do u[j] = a[j] end
-          u[3], u[4], u[6] = string.format('%d', r[4]), '2', '0'
-          u[#a + 1], u[#a + 2] = string.format('%d', r[5]), string.format('%d', r[6])
-          run[spec[i][1]](keys[i], u)
-        end
-      end
+      for i = 1, m do undo(i, replies[i]) end
     end
     for i = 1, m do
       local r = replies[i]
