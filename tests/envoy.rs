@@ -977,3 +977,69 @@ async fn costs_from_dynamic_metadata_close_a_budget() {
     drop(envoy);
     tollgate.stop().await;
 }
+
+/// The example bootstrap in front of a `rate_limits:` list on each API
+/// key (3 a second and 5 a minute): Envoy's `x-ratelimit-*` headers name
+/// the tightest limit while requests pass, and the limit that refused
+/// when one does, with its reset: the second's, then the minute's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_headers_name_the_limit_of_a_list_that_refused() {
+    let rules = "domain: edge
+descriptors:
+  - key: generic_key
+    value: edge
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: second, requests_per_unit: 100, name: per_ip}
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, algorithm: sliding_window_log, name: per_second}
+      - {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log, name: per_minute}
+";
+    let tollgate = Tollgate::start(&[("edge.yaml", rules)], &[]).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let example = std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap();
+    let (envoy, listener) = envoy_on(&example, upstream().await, tollgate.grpc).await;
+    request(listener, "/warm-up", &[]).await;
+    let header = |h: &[(String, String)], name: &str| {
+        h.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let get = || request(listener, "/orders", &[("x-api-key", "k-1")]);
+    let (status, h) = get().await;
+    assert_eq!(status, 200);
+    assert!(
+        header(&h, "x-ratelimit-limit").contains(r#"3;w=1;name="per_second""#),
+        "{h:?}"
+    );
+    assert_eq!(header(&h, "x-ratelimit-remaining"), "2");
+    assert_eq!(get().await.0, 200);
+    assert_eq!(get().await.0, 200);
+    let (status, h) = get().await;
+    assert_eq!(status, 429, "the fourth in a second");
+    assert!(
+        header(&h, "x-ratelimit-limit").contains(r#"3;w=1;name="per_second""#),
+        "{h:?}"
+    );
+    let reset: u64 = header(&h, "x-ratelimit-reset").parse().unwrap();
+    assert!(reset <= 1, "the second's reset: {reset}");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(
+        get().await.0,
+        200,
+        "the refused call was charged to neither"
+    );
+    assert_eq!(get().await.0, 200);
+    let (status, h) = get().await;
+    assert_eq!(status, 429, "the minute's 5 are spent");
+    assert!(
+        header(&h, "x-ratelimit-limit").contains(r#"5;w=60;name="per_minute""#),
+        "{h:?}"
+    );
+    let reset: u64 = header(&h, "x-ratelimit-reset").parse().unwrap();
+    assert!((50..=60).contains(&reset), "the minute's reset: {reset}");
+    drop(envoy);
+    tollgate.stop().await;
+}

@@ -481,3 +481,53 @@ async fn a_list_is_decided_by_one_script_call() {
     assert_eq!(support::redis::command_calls(redis.port(), "eval"), evals);
     t.stop().await;
 }
+
+/// A limit of a list that fails after the limits before it recorded (here
+/// its key holds a string: `WRONGTYPE`) fails the whole call, and what the
+/// others recorded is taken back in the same step: nothing of the call
+/// stays. (A limit whose keys moved away during a reshard fails the same
+/// way, and the call is sent again where they are.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_failing_midway_leaves_nothing_recorded() {
+    let redis = RedisServer::start();
+    let domain = unique_domain("midway");
+    let rules = format!(
+        "domain: {domain}
+descriptors:
+  - key: user
+    rate_limits:
+      - {{unit: hour, requests_per_unit: 10, algorithm: fixed_window}}
+      - {{unit: day, requests_per_unit: 10, algorithm: fixed_window}}
+"
+    );
+    let t = Tollgate::start(&[("r.yaml", &rules)], &[("store", &redis.url())]).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    let req = request(&domain, "user", "u");
+    assert_eq!(t.ask(req.clone()).await.overall_code, Code::Ok as i32);
+    let keys = redis.cli(&["KEYS", "*"]);
+    let hour = keys
+        .lines()
+        .find(|k| k.contains(":f3600:"))
+        .unwrap()
+        .to_string();
+    let day = keys
+        .lines()
+        .find(|k| k.contains(":f86400:"))
+        .unwrap()
+        .to_string();
+    assert_eq!(redis.cli(&["HGET", &hour, "c"]).trim(), "1");
+    redis.cli(&["DEL", &day]);
+    redis.cli(&["SET", &day, "not a hash"]);
+    let mut client = t.client().await;
+    let status = client.should_rate_limit(req.clone()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(
+        redis.cli(&["HGET", &hour, "c"]).trim(),
+        "1",
+        "the hour's charge of the failed call was taken back"
+    );
+    redis.cli(&["DEL", &day]);
+    assert_eq!(t.ask(req).await.overall_code, Code::Ok as i32);
+    assert_eq!(redis.cli(&["HGET", &hour, "c"]).trim(), "2");
+    t.stop().await;
+}

@@ -17,11 +17,14 @@ use support::redis::{ClusterOptions, RedisCluster, cluster_tool};
 use support::tollgate::{Tollgate, descriptor};
 use support::unique_domain;
 
-const ALGOS: [&str; 4] = [
+/// Each algorithm, and `list`: a `rate_limits:` list (an hour's log and
+/// a day's token bucket), decided in one script call.
+const ALGOS: [&str; 5] = [
     "fixed_window",
     "sliding_window_log",
     "sliding_window_counter",
     "token_bucket",
+    "list",
 ];
 /// Exact limiters per algorithm, each asked far more often than its limit.
 const HOT: usize = 10;
@@ -30,11 +33,15 @@ const CALLERS: usize = 8;
 
 fn rules(domain: &str) -> String {
     let mut text = format!("domain: {domain}\ndescriptors:\n");
-    for algo in ALGOS {
+    for algo in &ALGOS[..4] {
         text.push_str(&format!(
             "  - key: {algo}\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: {algo}}}\n"
         ));
     }
+    text.push_str(&format!(
+        "  - key: list\n    rate_limits:\n      - {{unit: hour, requests_per_unit: {LIMIT}, algorithm: sliding_window_log}}\n      - {{unit: day, requests_per_unit: {}, algorithm: token_bucket}}\n",
+        LIMIT * 2
+    ));
     text
 }
 
