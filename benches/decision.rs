@@ -115,6 +115,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         shard: tollgate::storage::Shard::NONE,
         receipt: false,
         also: &[],
+        lease: false,
     };
     bencher.bench_local(|| {
         let limiter = builder.limiter(divan::black_box(&hit));

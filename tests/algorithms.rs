@@ -50,6 +50,7 @@ impl Fixture {
                 shard: tollgate::storage::Shard::NONE,
                 receipt: false,
                 also: &[],
+                lease: false,
             })
             .await
             .expect("the embedded store always answers")
@@ -277,6 +278,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             shard: tollgate::storage::Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         })
         .await
         .expect("the embedded store always answers")
@@ -367,6 +369,7 @@ async fn expired_limiters_are_reclaimed() {
                     shard: tollgate::storage::Shard::NONE,
                     receipt: false,
                     also: &[],
+                    lease: false,
                 })
                 .await
                 .unwrap();
@@ -404,6 +407,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     shard: tollgate::storage::Shard::NONE,
                     receipt: false,
                     also: &[],
+                    lease: false,
                 })
                 .await
                 .expect("the embedded store always answers")

@@ -446,6 +446,7 @@ impl Fixture {
                 shard: Shard::NONE,
                 receipt: false,
                 also: &[],
+                lease: false,
             })
             .await
             .expect("the embedded store always answers")
@@ -547,6 +548,7 @@ async fn calendar_limiters_are_their_own() {
                 shard: Shard::NONE,
                 receipt: false,
                 also: &[],
+                lease: false,
             })
             .await
             .unwrap();

@@ -77,6 +77,7 @@ impl Limiter {
             shard: tollgate::storage::Shard::NONE,
             receipt: self.receipt,
             also: &[],
+            lease: false,
         }
     }
 
@@ -885,6 +886,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         shard: tollgate::storage::Shard::NONE,
         receipt: false,
         also: &[],
+        lease: false,
     };
     let limiter = KeyBuilder::default().limiter(&hit);
     let (meta, log) = (limiter.key(Role::LogMeta), limiter.key(Role::LogSet));

@@ -84,6 +84,7 @@ impl Placement<'_> {
                 shard: tollgate::storage::Shard::NONE,
                 receipt: false,
                 also: &[],
+                lease: false,
             })
             .key(Role::LogSet)
     }

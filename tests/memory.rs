@@ -68,6 +68,7 @@ fn hit(entries: &[(String, String)], algorithm: Algorithm, limit: u64) -> Hit<'_
         shard: Shard::NONE,
         receipt: false,
         also: &[],
+        lease: false,
     }
 }
 

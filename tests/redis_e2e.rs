@@ -277,6 +277,7 @@ async fn a_cluster_failover_under_load_is_answered_per_policy() {
             shard: tollgate::storage::Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         })
         .key(Role::State);
     let r = c.should_rate_limit(ask("open")).await.unwrap().into_inner();

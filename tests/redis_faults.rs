@@ -56,6 +56,7 @@ impl Limiter {
             shard: tollgate::storage::Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         }
     }
 

@@ -131,6 +131,7 @@ fn limits_and_flags_are_parsed() {
             path: "user".into(),
             stats: Default::default(),
             more: Vec::new(),
+            lease: None,
         }
     );
 
@@ -301,7 +302,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused, timezone)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused, timezone, lease)",
     );
 }
 
@@ -1390,4 +1391,48 @@ fn rate_limits_mistakes() {
         "count_refused must be the same on every limit",
     );
     assert_eq!(errors_of(name).0.len(), 8, "{}", errors_of(name));
+}
+
+/// `lease: true` only where its bound holds: each other case with its
+/// line and reason.
+#[test]
+fn lease_where_it_cannot_hold() {
+    let name = "lease.yaml";
+    assert_error(
+        name,
+        5,
+        "descriptors[0].rate_limit.lease: ",
+        "lease: true applies to fixed_window only, not sliding_window_log",
+    );
+    assert_error(
+        name,
+        7,
+        "descriptors[1].rate_limit.lease: ",
+        "not sliding_window_counter (the default_algorithm, as the rule names none)",
+    );
+    assert_error(
+        name,
+        9,
+        "descriptors[2].rate_limit.lease: ",
+        "a leased limiter needs none",
+    );
+    assert_error(
+        name,
+        11,
+        "descriptors[3].rate_limit.lease: ",
+        "lease: true cannot go with usage_reports: true",
+    );
+    assert_error(
+        name,
+        13,
+        "descriptors[4].rate_limit.lease: ",
+        "does not apply to a calendar window",
+    );
+    assert_error(
+        name,
+        16,
+        "descriptors[5].rate_limits[0].lease: ",
+        "lease: true has no place in a rate_limits list",
+    );
+    assert_eq!(errors_of(name).0.len(), 6, "{}", errors_of(name));
 }

@@ -111,6 +111,7 @@ fn hit<'a>(
         shard: Shard::NONE,
         receipt: false,
         also: &[],
+        lease: false,
     }
 }
 

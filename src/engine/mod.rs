@@ -361,6 +361,7 @@ fn hit_of<'a>(
         // A give-back is never taken back.
         receipt: !limit.count_refused && !d.negative,
         also: &[],
+        lease: limit.lease,
     }
 }
 

@@ -37,6 +37,8 @@ pub struct EngineOptions {
     /// resolved with the setting at load): `false` takes back what a
     /// request answered OVER_LIMIT charged.
     pub count_refused: bool,
+    /// `lease` of rules that do not say, for those that may be leased.
+    pub lease: bool,
 }
 
 impl Default for EngineOptions {
@@ -52,6 +54,7 @@ impl Default for EngineOptions {
             max_value_bytes: crate::storage::keys::DEFAULT_MAX_VALUE_BYTES,
             usage_reports: None,
             count_refused: true,
+            lease: false,
         }
     }
 }

@@ -90,6 +90,7 @@ impl Engine {
                                 && self.options.count_refused
                                 && self.options.usage_reports.unwrap_or(true),
                             count_refused: self.options.count_refused,
+                            lease: false,
                         },
                         policy: self.options.on_store_error,
                         also: Vec::new(),
@@ -163,7 +164,22 @@ impl Engine {
                     .or(self.options.usage_reports)
                     .unwrap_or(rule.algorithm.is_none()),
             count_refused: rule.count_refused,
+            lease: self.leases(rule, d),
         })
+    }
+
+    /// Whether `rule`'s limiter is decided from leased quota for `d`: the
+    /// rule's `lease`, else the setting where the rule may lease (load
+    /// refuses `lease: true` elsewhere). A usage report never is.
+    fn leases(&self, rule: &Rule, d: &Descriptor) -> bool {
+        let may = rule.algorithm.unwrap_or(self.options.default_algorithm)
+            == crate::limit::Algorithm::FixedWindow
+            && rule.shards.unwrap_or(1) == 1
+            && rule.more.is_empty()
+            && rule.count_refused
+            && rule.usage_reports != Some(true)
+            && matches!(rule.limit, LimitSpec::PerUnit { window, .. } if window.zone().is_none());
+        !is_report(d) && may && rule.lease.unwrap_or(self.options.lease)
     }
 
     /// A counted descriptor under `rule`'s `limit`.

@@ -69,6 +69,9 @@ pub struct AppliedLimit {
     /// `false`: what a request answered OVER_LIMIT charged is taken back
     /// (`count_refused`).
     pub count_refused: bool,
+    /// Decided from quota this replica leased (`lease`; see
+    /// `storage::lease`).
+    pub lease: bool,
 }
 
 /// The answer for one descriptor.

@@ -13,6 +13,7 @@
 //! ([`ObservedStore`]). Spans go to the OTLP endpoint in batches.
 
 mod engine;
+mod lease;
 mod log;
 mod propagation;
 mod quota;
@@ -299,6 +300,7 @@ impl Telemetry {
 /// The instruments read at collection time.
 fn register_observers(meter: &Meter, s: Sources) {
     quota::register(meter, s.quota.clone());
+    lease::register(meter, s.store.clone());
     type Pick = fn(&CountsSnapshot) -> u64;
     let per_rule: [(&'static str, &'static str, Pick); 7] = [
         ("hits", "Hits counted against the rule", |c| c.total_hits),

@@ -66,6 +66,9 @@ pub struct Rule {
     /// `false` keeps nothing of a request whose overall answer is
     /// OVER_LIMIT; what it charged is taken back.
     pub count_refused: bool,
+    /// `rate_limit.lease`: decided from quota leased from the store;
+    /// `None` means the `lease` setting (for the limits that may be).
+    pub lease: Option<bool>,
     /// `shadow_mode`: counted, but the descriptor always answers OK.
     pub shadow_mode: bool,
     /// `quota_mode`: over only matters when every quota descriptor is over.

@@ -32,7 +32,7 @@ use crate::settings::{Settings, StoreSetting};
 use crate::storage::hotkeys::{self, HotKeyStore, HotKeys};
 use crate::storage::{
     Breaker, Coalescing, Gate, MemoryBounds, MemoryStore, OverLimitCache, RedisStore, Sharded,
-    Store,
+    Store, lease::Leasing,
 };
 
 pub use admin::masked;
@@ -91,6 +91,7 @@ pub async fn build_engine(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow:
             max_value_bytes: settings.limits.max_value_bytes,
             usage_reports: settings.usage_reports,
             count_refused: settings.count_refused,
+            lease: settings.lease,
         },
     ))
 }
@@ -141,7 +142,9 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
     let cached = OverLimitCache::wrap(gated, clock.clone(), settings.over_limit_cache);
     let sharded: Arc<dyn Store> = Arc::new(Sharded::new(cached));
     let tracker = HotKeys::new(hotkeys::DEFAULT_CAPACITY, hotkeys::DEFAULT_WINDOW_MICROS);
-    Ok(Arc::new(HotKeyStore::new(sharded, clock, tracker)))
+    let tracked: Arc<dyn Store> = Arc::new(HotKeyStore::new(sharded, clock.clone(), tracker));
+    // Outermost: a hit decided from a lease needs nothing below.
+    Ok(Leasing::wrap(tracked, clock))
 }
 
 /// The quota service's options from the settings.

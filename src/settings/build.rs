@@ -117,6 +117,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         on_overload,
         usage_reports,
         count_refused,
+        lease: v.bool("lease")?,
         shadow_mode: v.bool("shadow_mode")?,
         rate_limit_headers: v.bool("rate_limit_headers")?.then_some(names),
         store,

@@ -206,6 +206,8 @@ pub struct Settings {
     pub usage_reports: Option<bool>,
     /// `count_refused` of rules that do not say (and of request overrides).
     pub count_refused: bool,
+    /// `lease` of rules that do not say (where a rule may lease).
+    pub lease: bool,
     pub shadow_mode: bool,
     /// `Some` when `RateLimit-*` headers are enabled.
     pub rate_limit_headers: Option<HeaderNames>,

@@ -137,6 +137,12 @@ pub const SETTINGS: &[Setting] = &[
         "`count_refused` of rules that do not say: `false` charges a limiter only with requests answered OK (what a request another descriptor refuses charged is taken back); `true` charges every hit it admits, as the reference does. Not with `usage_reports=true`",
     ),
     s(
+        "lease",
+        Some("false"),
+        Kind::Bool,
+        "`lease` of rules that do not say: `true` decides the fixed-window limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed",
+    ),
+    s(
         "shadow_mode",
         Some("false"),
         Kind::Bool,

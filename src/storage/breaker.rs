@@ -495,6 +495,7 @@ mod tests {
             shard: crate::storage::Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         }
     }
 

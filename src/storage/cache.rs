@@ -542,6 +542,7 @@ mod tests {
             shard: crate::storage::Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         }
     }
 

@@ -304,6 +304,7 @@ mod tests {
             shard: Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         }
     }
 

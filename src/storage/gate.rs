@@ -184,6 +184,7 @@ mod tests {
             shard: Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         }
     }
 

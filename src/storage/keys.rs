@@ -490,6 +490,7 @@ mod tests {
             shard: crate::storage::Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         })
     }
 
@@ -579,6 +580,7 @@ mod tests {
             shard: crate::storage::Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         };
         let b = KeyBuilder::default();
         let fixed = b.local(&hit(Algorithm::FixedWindow, Unit::Second));
@@ -664,6 +666,7 @@ mod tests {
             shard,
             receipt: false,
             also: &[],
+            lease: false,
         };
         let b = KeyBuilder::default();
         let plain = b.limiter(&hit(Shard::NONE));

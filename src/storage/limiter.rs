@@ -148,6 +148,7 @@ impl LimiterId {
             shard: self.shard,
             receipt: self.receipt,
             also: &self.also,
+            lease: false,
         }
     }
 }

@@ -11,7 +11,9 @@ pub mod coalesce;
 pub mod gate;
 pub mod hotkeys;
 pub mod keys;
+pub mod lease;
 pub mod limiter;
+mod list;
 pub mod memory;
 pub mod redis;
 pub mod shards;
@@ -30,6 +32,7 @@ pub use cache::{CacheConfig, CacheCounts, LimiterId, OverLimitCache};
 pub use coalesce::{CoalesceCounts, Coalescing};
 pub use gate::Gate;
 pub use hotkeys::{HotKeyStore, HotKeys};
+pub use list::{Also, Group};
 pub use memory::{MemoryBounds, MemoryStore};
 pub use redis::{RedisConfig, RedisStore};
 pub use shards::Sharded;
@@ -87,43 +90,9 @@ pub struct Hit<'a> {
     /// tell them apart), all in the descriptor's slot. The answer says
     /// which limit it describes ([`Decision::group`]).
     pub also: &'a [Also],
-}
-
-/// One further limit of a descriptor with several ([`Hit::also`]): what
-/// tells it apart from the hit's own limit. Cost, identity, shard, usage
-/// reports and receipts are the hit's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Also {
-    pub algorithm: Algorithm,
-    pub limit: u64,
-    pub window: Window,
-    pub buckets: u8,
-    pub burst: u64,
-}
-
-impl<'a> Hit<'a> {
-    /// The limit `index` of the hit's list as a hit of its own (0: the
-    /// hit's own limit, `i`: `also[i - 1]`), with the hit's cost: its
-    /// keys, and how it is decided alone.
-    pub fn part(&self, index: usize) -> Hit<'a> {
-        match index.checked_sub(1).and_then(|i| self.also.get(i)) {
-            None => Hit { also: &[], ..*self },
-            Some(a) => Hit {
-                algorithm: a.algorithm,
-                limit: a.limit,
-                window: a.window,
-                buckets: a.buckets,
-                burst: a.burst,
-                also: &[],
-                ..*self
-            },
-        }
-    }
-
-    /// How many limits the hit counts on (1 plus [`Hit::also`]).
-    pub fn parts(&self) -> usize {
-        1 + self.also.len()
-    }
+    /// Decide from quota this replica leased, where it holds some
+    /// ([`lease::Leasing`]); layers below it ignore the flag.
+    pub lease: bool,
 }
 
 /// A sub-limiter of a limit split over `count` shards (`rate_limit.shards`),
@@ -193,6 +162,7 @@ impl<'a> LeaseCall<'a> {
             shard: Shard::NONE,
             receipt: false,
             also: &[],
+            lease: false,
         }
     }
 }
@@ -234,21 +204,6 @@ pub struct Decision {
     pub group: Option<Box<Group>>,
 }
 
-/// The answer of a hit on several limits ([`Hit::also`]). The decision
-/// that holds it is the list's answer: admitted only when every limit
-/// admitted; then it describes the tightest limit (fewest hits left, the
-/// soonest reset among equals), else the refusing limit a hit of this cost
-/// waits for longest. Its receipt is `None`: each part holds its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Group {
-    /// The limit described, as an index of [`Hit::part`].
-    pub which: usize,
-    /// Each limit's own answer, in [`Hit::part`] order: whether it admits
-    /// this cost alone, and what it has left; a receipt on those that
-    /// recorded it (only when the list admitted, or for a usage report).
-    pub parts: Vec<Decision>,
-}
-
 impl Decision {
     /// A decision without a receipt.
     pub const fn new(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {
@@ -259,40 +214,6 @@ impl Decision {
             receipt: None,
             group: None,
         }
-    }
-
-    /// The list's answer from each limit's own (see [`Group`]); `parts`
-    /// holds at least one.
-    pub fn of_parts(parts: Vec<Decision>) -> Decision {
-        let admitted = parts.iter().all(|d| d.admitted);
-        let which = if admitted {
-            (0..parts.len())
-                .min_by_key(|&i| (parts[i].remaining, parts[i].reset_micros))
-                .unwrap_or(0)
-        } else {
-            (0..parts.len())
-                .filter(|&i| !parts[i].admitted)
-                .max_by_key(|&i| (parts[i].reset_micros, std::cmp::Reverse(i)))
-                .unwrap_or(0)
-        };
-        let (remaining, reset_micros) = match parts.get(which) {
-            Some(d) if admitted => (d.remaining, d.reset_micros),
-            Some(d) => (0, d.reset_micros),
-            None => (0, 0),
-        };
-        Decision {
-            admitted,
-            remaining,
-            reset_micros,
-            receipt: None,
-            group: Some(Box::new(Group { which, parts })),
-        }
-    }
-
-    /// Which limit of the hit's list this decision describes (0 for a
-    /// single limit).
-    pub fn which(&self) -> usize {
-        self.group.as_ref().map_or(0, |g| g.which)
     }
 }
 
@@ -450,6 +371,8 @@ pub struct StoreGauges {
     pub over_limit_cache: Option<CacheCounts>,
     /// The coalescing layer, when enabled.
     pub coalesced: Option<CoalesceCounts>,
+    /// The leasing layer (`lease: true` limiters).
+    pub lease: Option<lease::LeaseCounts>,
 }
 
 /// A counting backend. Implementations must be safe under concurrent calls:

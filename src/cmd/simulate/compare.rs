@@ -104,6 +104,7 @@ pub async fn run(who: Contender, bursty: bool, args: &SimulateArgs) -> Outcome {
         shard: Shard::NONE,
         receipt: false,
         also: &[],
+        lease: false,
     };
     let (times, bursts) = arrivals(bursty, args);
     let burst_times: std::collections::HashSet<u64> = if bursty {

@@ -112,6 +112,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         shard: Shard::NONE,
         receipt: false,
         also: &[],
+        lease: false,
     };
     let mut admitted = Vec::new();
     match load {

@@ -39,6 +39,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "usage_reports",
     "count_refused",
     "timezone",
+    "lease",
 ];
 
 impl Walker<'_> {
@@ -235,6 +236,7 @@ impl Walker<'_> {
             on_store_error: limit.on_store_error,
             usage_reports: limit.usage_reports,
             count_refused: limit.count_refused,
+            lease: limit.lease,
             shadow_mode: flags.shadow_mode,
             quota_mode: flags.quota_mode,
             detailed_metric: flags.detailed_metric,
@@ -374,6 +376,18 @@ impl Walker<'_> {
             None => None,
         };
         let count_refused = self.count_refused(&fields, usage_reports, path);
+        let window = match &limit {
+            Some(LimitSpec::PerUnit { window, .. }) => Some(*window),
+            _ => None,
+        };
+        let leasable = super::lease::Leasable {
+            algorithm,
+            window,
+            shards,
+            usage_reports,
+            count_refused,
+        };
+        let lease = self.lease(&fields, leasable, path);
 
         if self.errors.len() > errors_before {
             return None;
@@ -389,6 +403,7 @@ impl Walker<'_> {
             on_store_error,
             usage_reports,
             count_refused: count_refused?,
+            lease,
         })
     }
 
@@ -535,4 +550,5 @@ pub(super) struct RateLimit {
     pub(super) on_store_error: Option<FailurePolicy>,
     pub(super) usage_reports: Option<bool>,
     pub(super) count_refused: bool,
+    pub(super) lease: Option<bool>,
 }

@@ -56,6 +56,15 @@ impl Walker<'_> {
                 continue;
             }
             if let Some(limit) = self.rate_limit(Some(line), item, &item_path) {
+                if limit.lease == Some(true) {
+                    self.error(
+                        Some(line),
+                        &join(&item_path, "lease"),
+                        "lease: true has no place in a rate_limits list: a list is decided \
+                         in one store call",
+                    );
+                    continue;
+                }
                 limits.push((limit, line, item_path));
             }
         }

@@ -34,6 +34,7 @@ fn hit<'a>(entries: &'a [(String, String)], algorithm: Algorithm, limit: u64) ->
         shard: SubLimiter::NONE,
         receipt: false,
         also: &[],
+        lease: false,
     }
 }
 

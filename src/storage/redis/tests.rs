@@ -56,6 +56,7 @@ async fn connect_succeeds_while_redis_is_down() {
                 shard: crate::storage::Shard::NONE,
                 receipt: false,
                 also: &[],
+                lease: false,
             })
             .await;
         assert!(result.is_err(), "{url}");

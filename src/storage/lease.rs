@@ -1,0 +1,390 @@
+//! Decisions from leased quota (`lease: true`): a replica takes a lease of
+//! a fixed window's hits from the store (one weighted hit, recorded in the
+//! window like any other, sized to this replica's recent demand) and
+//! admits hits from it locally, without a store call, until the lease is
+//! spent or its window ends. The limit is never passed: every hit admitted
+//! here was recorded in the store, in its window, before it was admitted,
+//! and a lease is used only until its window's end as seen from when it
+//! was asked (the store's reset, counted from the moment the call was
+//! sent, as the over-limit cache counts).
+//!
+//! - **Sizing.** A lease is about [`LEASE_SHARE`] of a second of this
+//!   replica's demand on the limiter, at least the hit's cost and at most
+//!   [`MAX_LEASE_DIVISOR`]-th of the limit, so no replica holds much of a
+//!   limit it does not use.
+//! - **Near the limit.** A lease the store refuses means the window has
+//!   less left than a lease: what the refusal recorded is taken back, and
+//!   until the window ends every hit on the limiter is decided in the
+//!   store alone, as without leases, so the last hits of a window are
+//!   exact.
+//! - **Giving back.** Tokens of a lease unused for [`IDLE_MICROS`] go back
+//!   to the store ([`Store::undo`] with the lease's receipt: only while its
+//!   window is current), at the next hit on the limiter or at the next
+//!   housekeeping; a lease left over when a larger cost needs a new one
+//!   goes back first. A window's end forgets its unused leases (they
+//!   counted in a window that is over).
+//! - **Lost leases.** A replica that stops holds its unused tokens in the
+//!   store until the window ends: at most a lease (a tenth of the limit at
+//!   most) per replica is refused to the others for the rest of that
+//!   window. That is the bound on under-admission.
+//!
+//! Everything else goes to the store as before: give-backs, checks,
+//! usage reports, limiters that take receipts, lists, sharded limiters and
+//! other algorithms (load refuses `lease: true` on them).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::clock::Clock;
+use crate::limit::Algorithm;
+use crate::storage::limiter::{Limiter, LimiterId};
+use crate::storage::{BoxFuture, Cost, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
+
+/// A lease holds about this share of a second of the replica's demand.
+pub const LEASE_SHARE: f64 = 0.2;
+/// A lease is at most the limit divided by this.
+pub const MAX_LEASE_DIVISOR: u64 = 10;
+/// Unused tokens of a lease go back after this long without a hit.
+pub const IDLE_MICROS: u64 = 250_000;
+/// Demand is counted in slots of this length: the current and the
+/// previous slot make the estimate.
+const SLOT_MICROS: u64 = 250_000;
+
+/// What the leasing layer did since start, for metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseCounts {
+    /// Leases the store granted, and the hits they held.
+    pub taken: u64,
+    pub taken_hits: u64,
+    /// Unused hits given back to the store.
+    pub returned_hits: u64,
+    /// Unused hits forgotten at their window's end (they counted in it).
+    pub expired_hits: u64,
+    /// Hits admitted from a lease, without a store call.
+    pub local: u64,
+    /// Store calls made for leased limiters (leases, give-backs, and hits
+    /// decided in the store near the limit).
+    pub store_calls: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    taken: AtomicU64,
+    taken_hits: AtomicU64,
+    returned_hits: AtomicU64,
+    expired_hits: AtomicU64,
+    local: AtomicU64,
+    store_calls: AtomicU64,
+}
+
+/// One limiter's lease on this replica.
+struct Held {
+    id: LimiterId,
+    /// Unused hits of the current lease.
+    tokens: u64,
+    /// What the store recorded for the lease, to give unused hits back.
+    receipt: Option<Receipt>,
+    /// The lease counts until then (this replica's clock).
+    until: u64,
+    /// A lease was refused: hits go to the store alone until then.
+    tight_until: u64,
+    /// Demand: the current slot's index and hits, and the previous slot's.
+    slot: u64,
+    hits: u64,
+    previous: u64,
+    last_used: u64,
+}
+
+impl Held {
+    fn new(id: LimiterId) -> Held {
+        Held {
+            id,
+            tokens: 0,
+            receipt: None,
+            until: 0,
+            tight_until: 0,
+            slot: 0,
+            hits: 0,
+            previous: 0,
+            last_used: 0,
+        }
+    }
+
+    fn observe(&mut self, now: u64, cost: u64) {
+        let slot = now / SLOT_MICROS;
+        if slot != self.slot {
+            self.previous = if slot == self.slot + 1 { self.hits } else { 0 };
+            self.slot = slot;
+            self.hits = 0;
+        }
+        self.hits = self.hits.saturating_add(cost);
+    }
+
+    /// The size of the next lease for a hit of `cost` on a `limit`.
+    fn size(&self, cost: u64, limit: u64) -> u64 {
+        let per_second = (self.hits + self.previous) as f64 / (2.0 * SLOT_MICROS as f64 / 1e6);
+        let wanted = (per_second * LEASE_SHARE).ceil() as u64;
+        wanted.clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
+    }
+
+    /// The unused part of a lease still in force, taken out to be given
+    /// back; a lease past its window is forgotten.
+    fn take_unused(&mut self, now: u64, counters: &Counters) -> Option<Receipt> {
+        let tokens = std::mem::take(&mut self.tokens);
+        let receipt = self.receipt.take();
+        if tokens == 0 {
+            return None;
+        }
+        if now >= self.until {
+            counters.expired_hits.fetch_add(tokens, Ordering::Relaxed);
+            return None;
+        }
+        receipt.map(|r| Receipt {
+            hits: tokens.min(r.hits),
+            ..r
+        })
+    }
+}
+
+/// The leasing layer over any store. Cheap to share.
+pub struct Leasing {
+    inner: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    /// By [`Limiter::fingerprint`]; each entry confirmed by its id. A std
+    /// mutex, never held across an `.await`.
+    held: Mutex<HashMap<u64, Vec<Held>>>,
+    counters: Counters,
+}
+
+enum Step {
+    Answer(Decision),
+    /// Ask the store for a lease of this many hits, first giving back what
+    /// is left of the previous one.
+    Lease(u64, Option<Receipt>),
+    /// Decide the hit in the store alone (near the limit).
+    Alone(Option<Receipt>),
+}
+
+impl Leasing {
+    /// `inner` behind a leasing layer, with the task that gives idle
+    /// leases back every [`IDLE_MICROS`] while the layer lives (it must
+    /// be called inside a Tokio runtime).
+    pub fn wrap(inner: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Arc<Leasing> {
+        let layer = Arc::new(Leasing::new(inner, clock));
+        let weak = Arc::downgrade(&layer);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_micros(IDLE_MICROS));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(layer) = weak.upgrade() else {
+                    return;
+                };
+                layer.give_back_idle().await;
+            }
+        });
+        layer
+    }
+
+    pub fn new(inner: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner,
+            clock,
+            held: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn counts(&self) -> LeaseCounts {
+        let c = &self.counters;
+        LeaseCounts {
+            taken: c.taken.load(Ordering::Relaxed),
+            taken_hits: c.taken_hits.load(Ordering::Relaxed),
+            returned_hits: c.returned_hits.load(Ordering::Relaxed),
+            expired_hits: c.expired_hits.load(Ordering::Relaxed),
+            local: c.local.load(Ordering::Relaxed),
+            store_calls: c.store_calls.load(Ordering::Relaxed),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Vec<Held>>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with_held<T>(&self, hit: &Hit<'_>, f: impl FnOnce(&mut Held) -> T) -> T {
+        let mut map = self.lock();
+        let bucket = map.entry(hit.fingerprint()).or_default();
+        let i = match bucket.iter().position(|h| hit.is(&h.id)) {
+            Some(i) => i,
+            None => {
+                bucket.push(Held::new(hit.to_id()));
+                bucket.len() - 1
+            }
+        };
+        f(&mut bucket[i])
+    }
+
+    fn step(&self, hit: &Hit<'_>, now: u64) -> Step {
+        self.with_held(hit, |h| {
+            h.observe(now, hit.hits);
+            if now < h.until && h.tokens >= hit.hits {
+                h.tokens -= hit.hits;
+                h.last_used = now;
+                self.counters.local.fetch_add(1, Ordering::Relaxed);
+                return Step::Answer(Decision::new(true, h.tokens, h.until.saturating_sub(now)));
+            }
+            let unused = h.take_unused(now, &self.counters);
+            if now < h.tight_until {
+                Step::Alone(unused)
+            } else {
+                Step::Lease(h.size(hit.hits, hit.limit), unused)
+            }
+        })
+    }
+
+    /// Gives `unused` hits of a lease back to the store.
+    async fn give_back(&self, hit: &Hit<'_>, unused: Option<Receipt>) {
+        let Some(r) = unused else {
+            return;
+        };
+        self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+        if self.inner.undo(store_hit(hit, r.hits), r).await.is_ok() {
+            self.counters
+                .returned_hits
+                .fetch_add(r.hits, Ordering::Relaxed);
+        }
+    }
+
+    async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
+        let now = self.clock.now_micros();
+        let (size, unused) = match self.step(&hit, now) {
+            Step::Answer(d) => return Ok(d),
+            Step::Alone(unused) => {
+                self.give_back(&hit, unused).await;
+                self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                return self.inner.hit(store_hit(&hit, hit.hits)).await;
+            }
+            Step::Lease(size, unused) => (size, unused),
+        };
+        self.give_back(&hit, unused).await;
+        let lease = Hit {
+            receipt: size > hit.hits,
+            ..store_hit(&hit, size)
+        };
+        self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+        let d = self.inner.hit(lease).await?;
+        if !d.admitted {
+            // Less than a lease is left in this window: what the refusal
+            // recorded goes back, and the window's last hits are decided
+            // in the store alone.
+            self.with_held(&hit, |h| h.tight_until = now.saturating_add(d.reset_micros));
+            if size == hit.hits {
+                return Ok(d);
+            }
+            if let Some(r) = d.receipt {
+                self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                let _ = self.inner.undo(lease, r).await;
+            }
+            self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+            return self.inner.hit(store_hit(&hit, hit.hits)).await;
+        }
+        self.counters.taken.fetch_add(1, Ordering::Relaxed);
+        self.counters.taken_hits.fetch_add(size, Ordering::Relaxed);
+        let left = size - hit.hits;
+        let until = now.saturating_add(d.reset_micros);
+        // A lease asked concurrently may have landed meanwhile: the older
+        // one's unused hits go back.
+        let older = self.with_held(&hit, |h| {
+            let older = h.take_unused(now, &self.counters);
+            h.tokens = left;
+            h.receipt = d.receipt;
+            h.until = until;
+            h.last_used = now;
+            older
+        });
+        self.give_back(&hit, older).await;
+        Ok(Decision::new(
+            true,
+            d.remaining.saturating_add(left),
+            d.reset_micros,
+        ))
+    }
+
+    /// Gives back the unused hits of leases idle for [`IDLE_MICROS`], and
+    /// forgets limiters with nothing in force.
+    pub async fn give_back_idle(&self) {
+        let now = self.clock.now_micros();
+        let mut back = Vec::new();
+        {
+            let mut map = self.lock();
+            for bucket in map.values_mut() {
+                for h in bucket.iter_mut() {
+                    if h.tokens > 0
+                        && now.saturating_sub(h.last_used) >= IDLE_MICROS
+                        && let Some(r) = h.take_unused(now, &self.counters)
+                    {
+                        back.push((h.id.clone(), r));
+                    }
+                }
+                bucket.retain(|h| {
+                    h.tokens > 0
+                        || now < h.tight_until
+                        || now.saturating_sub(h.last_used) < 1_000_000
+                });
+            }
+            map.retain(|_, b| !b.is_empty());
+        }
+        for (id, r) in back {
+            let hit = id.hit(Cost {
+                hits: r.hits,
+                negative: false,
+            });
+            self.give_back(&hit, Some(r)).await;
+        }
+    }
+}
+
+/// `hit` as the store sees it, with `cost`: not leased further down.
+fn store_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
+    Hit {
+        hits: cost,
+        lease: false,
+        receipt: false,
+        ..*hit
+    }
+}
+
+/// Whether a hit is decided from leased quota here.
+fn leased(hit: &Hit<'_>) -> bool {
+    hit.lease
+        && hit.algorithm == Algorithm::FixedWindow
+        && hit.hits > 0
+        && !hit.negative
+        && !hit.usage_reports
+        && !hit.receipt
+        && hit.also.is_empty()
+        && !hit.shard.is_sharded()
+        && hit.window.zone().is_none()
+}
+
+impl Store for Leasing {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        if leased(&hit) {
+            Box::pin(self.leased(hit))
+        } else {
+            self.inner.hit(hit)
+        }
+    }
+
+    fn gauges(&self) -> StoreGauges {
+        StoreGauges {
+            lease: Some(self.counts()),
+            ..self.inner.gauges()
+        }
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
+    }
+}
