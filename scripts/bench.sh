@@ -50,6 +50,9 @@
 #                a second and an hour, both never reached), decided in
 #                one script call: what the second limit costs (its rb
 #                columns stay 0: redis-benchmark has no such script)
+#   LEASED=1     after the fixed window's row, a row "fixed_window leased":
+#                the same rule with `lease: true` (decided from quota
+#                leased from Redis; its rb columns stay 0)
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -94,6 +97,14 @@ start_redis
 # KEYS (tollgate bench suffixes the last entry of the template).
 mkdir "$WORK/rules"
 algorithm_rules bench "$LIMIT" >"$WORK/rules/bench.yaml"
+# The fixed window decided from leased quota (LEASED=1).
+cat >>"$WORK/rules/bench.yaml" <<EOF
+  - key: algo
+    value: fixed_window_leased
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: $LIMIT, algorithm: fixed_window, lease: true}
+EOF
 # Two limits on one descriptor per algorithm (LISTS=1): `algo=<a>_x2`.
 for a in "${ALGORITHMS[@]}"; do
     cat >>"$WORK/rules/bench.yaml" <<EOF
@@ -270,6 +281,14 @@ for a in "${MEASURED[@]}"; do
     for i in "${!LABELS[@]}"; do
         measure_tollgate "$i" "$a" "algo=$a,user=u"
     done
+    if [[ ${LEASED:-0} == 1 && $a == fixed_window ]]; then
+        saved=("$rb_rate" "$rb_p50" "$rb_p99" "$rb_cpu")
+        rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
+        for i in "${!LABELS[@]}"; do
+            measure_tollgate "$i" "$a leased" "algo=${a}_leased,user=u"
+        done
+        rb_rate=${saved[0]} rb_p50=${saved[1]} rb_p99=${saved[2]} rb_cpu=${saved[3]}
+    fi
     if [[ ${LISTS:-0} == 1 ]]; then
         saved=("$rb_rate" "$rb_p50" "$rb_p99" "$rb_cpu")
         rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0

@@ -260,3 +260,27 @@ async fn replicas_share_one_limit_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
     replicas_share_one_limit(&[("store", &cluster.url())], None, true).await;
 }
+
+/// A reset through the replica that holds a lease forgets it: after the
+/// reset the window admits exactly its limit, not the limit plus what the
+/// lease still held.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reset_forgets_the_lease() {
+    let clock = Arc::new(ManualClock::at_secs(2_000_000));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+    let entries = vec![("user".to_string(), "reset".to_string())];
+    // 1,000 a second of demand: leases of a tenth of the limit (100);
+    // after 150 hits the replica holds 50 unused.
+    for _ in 0..150 {
+        assert!(layer.hit(hit(&entries)).await.unwrap().admitted);
+        clock.advance_micros(1_000);
+    }
+    assert!(layer.counts().local > 0, "{:?}", layer.counts());
+    layer.reset(hit(&entries)).await.unwrap();
+    let mut admitted = 0;
+    for _ in 0..2 * LIMIT {
+        admitted += u64::from(layer.hit(hit(&entries)).await.unwrap().admitted);
+    }
+    assert_eq!(admitted, LIMIT, "the whole limit after the reset, no more");
+}

@@ -23,6 +23,13 @@
 //!   housekeeping; a lease left over when a larger cost needs a new one
 //!   goes back first. A window's end forgets its unused leases (they
 //!   counted in a window that is over).
+//! - **Resets.** A reset through this replica forgets its lease of that
+//!   limiter at once; a reset through another moves the store's reset
+//!   generation, which this replica reads (Redis: every 200 ms) and then
+//!   forgets every lease it holds, and a lease asked across a move is not
+//!   kept. Until it reads the move, a replica may still admit what it
+//!   held of a lease taken before the reset: at most a lease, a tenth of
+//!   the limit, per replica.
 //! - **Lost leases.** A replica that stops holds its unused tokens in the
 //!   store until the window ends: at most a lease (a tenth of the limit at
 //!   most) per replica is refused to the others for the rest of that
@@ -154,6 +161,10 @@ pub struct Leasing {
     /// By [`Limiter::fingerprint`]; each entry confirmed by its id. A std
     /// mutex, never held across an `.await`.
     held: Mutex<HashMap<u64, Vec<Held>>>,
+    /// The store's reset generation the leases were taken under.
+    generation: AtomicU64,
+    /// Resets through this replica so far.
+    resets: AtomicU64,
     counters: Counters,
 }
 
@@ -188,10 +199,13 @@ impl Leasing {
     }
 
     pub fn new(inner: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        let generation = AtomicU64::new(inner.reset_generation());
         Self {
             inner,
             clock,
             held: Mutex::new(HashMap::new()),
+            generation,
+            resets: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
@@ -256,7 +270,23 @@ impl Leasing {
         }
     }
 
+    /// Forgets every lease when the store's reset generation moved (a
+    /// reset through another replica); the generation read.
+    fn follow_resets(&self) -> u64 {
+        let now = self.inner.reset_generation();
+        if self.generation.swap(now, Ordering::AcqRel) != now {
+            self.lock().clear();
+        }
+        now
+    }
+
+    /// The resets seen so far: the store's generation and this replica's.
+    fn resets_seen(&self) -> (u64, u64) {
+        (self.follow_resets(), self.resets.load(Ordering::Acquire))
+    }
+
     async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
+        let generation = self.resets_seen();
         let now = self.clock.now_micros();
         let (size, unused) = match self.step(&hit, now) {
             Step::Answer(d) => return Ok(d),
@@ -291,6 +321,10 @@ impl Leasing {
         }
         self.counters.taken.fetch_add(1, Ordering::Relaxed);
         self.counters.taken_hits.fetch_add(size, Ordering::Relaxed);
+        if self.resets_seen() != generation {
+            // The lease may predate a reset: its hits are not used.
+            return Ok(Decision::new(true, d.remaining, d.reset_micros));
+        }
         let left = size - hit.hits;
         let until = now.saturating_add(d.reset_micros);
         // A lease asked concurrently may have landed meanwhile: the older
@@ -375,6 +409,20 @@ impl Store for Leasing {
         } else {
             self.inner.hit(hit)
         }
+    }
+
+    /// Forgets this replica's lease of the limiter (the reset gives the
+    /// whole limit back; what the lease held is not given again), then
+    /// resets it below.
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.resets.fetch_add(1, Ordering::AcqRel);
+        let leased = Hit { lease: true, ..hit };
+        self.with_held(&leased, |h| {
+            h.tokens = 0;
+            h.receipt = None;
+            h.tight_until = 0;
+        });
+        self.inner.reset(hit)
     }
 
     fn gauges(&self) -> StoreGauges {
