@@ -162,6 +162,10 @@ async fn replicas_share_one_limit(
         t.wait_serving(Duration::from_secs(30)).await;
         replicas.push(Arc::new(t));
     }
+    // `/rlconfig` says which rules lease.
+    let (status, text) = support::http_get(replicas[0].debug, "/rlconfig").await;
+    assert_eq!(status, 200);
+    assert!(text.contains(&format!("lease={lease}")), "{text}");
     let evals_before = redis_port.map(|p| support::redis::command_calls(p, "evalsha"));
     // Start on a second's boundary, so whole seconds are counted.
     let now = std::time::SystemTime::now()

@@ -510,6 +510,9 @@ fn describe_rule(rule: &Rule, default: Algorithm) -> String {
     if !rule.count_refused {
         text.push_str(" count_refused=false");
     }
+    if let Some(lease) = rule.lease {
+        text.push_str(&format!(" lease={lease}"));
+    }
     for (on, flag) in [
         (rule.shadow_mode, "shadow_mode"),
         (rule.quota_mode, "quota_mode"),

@@ -300,6 +300,7 @@ fn rules_json(
                 "shards": r.shards,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
                 "countRefused": r.count_refused,
+                "lease": r.lease,
                 "replaces": r.replaces,
                 "shadowMode": r.shadow_mode,
                 "quotaMode": r.quota_mode,
