@@ -159,19 +159,24 @@ impl Engine {
             })
             .collect();
         // The further limits of each descriptor with a `rate_limits:` list
-        // (no allocation for the others).
-        let also: Vec<Vec<Also>> = plans
-            .iter()
-            .map(|plan| match plan {
-                Plan::Limited(l) => l.also.iter().map(|(_, a)| also_of(a)).collect(),
-                _ => Vec::new(),
-            })
-            .collect();
+        // (no allocation when the request has none).
+        let listed = |p: &Plan<'_>| matches!(p, Plan::Limited(l) if !l.also.is_empty());
+        let also: Vec<Vec<Also>> = if plans.iter().any(listed) {
+            plans
+                .iter()
+                .map(|plan| match plan {
+                    Plan::Limited(l) => l.also.iter().map(|(_, a)| also_of(a)).collect(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         // One descriptor's store call; `check` asks with a cost of 0 (see
         // `undo::Engine::outcomes`).
         let call = |i: usize, check: bool| {
             let (entries, d, plan) = (&identities[i], &req.descriptors[i], &plans[i]);
-            let also = &also[i];
+            let also = also.get(i).map_or(&[][..], Vec::as_slice);
             async move {
                 let Plan::Limited(Limited { limit, .. }) = plan else {
                     return None;

@@ -172,14 +172,9 @@ impl Engine {
     /// rule's `lease`, else the setting where the rule may lease (load
     /// refuses `lease: true` elsewhere). A usage report never is.
     fn leases(&self, rule: &Rule, d: &Descriptor) -> bool {
-        let may = rule.algorithm.unwrap_or(self.options.default_algorithm)
-            == crate::limit::Algorithm::FixedWindow
-            && rule.shards.unwrap_or(1) == 1
-            && rule.more.is_empty()
-            && rule.count_refused
-            && rule.usage_reports != Some(true)
-            && matches!(rule.limit, LimitSpec::PerUnit { window, .. } if window.zone().is_none());
-        !is_report(d) && may && rule.lease.unwrap_or(self.options.lease)
+        !is_report(d)
+            && rule.lease.unwrap_or(self.options.lease)
+            && rule.may_lease(self.options.default_algorithm)
     }
 
     /// A counted descriptor under `rule`'s `limit`.

@@ -412,6 +412,15 @@ impl RuleSet {
     }
 }
 
+impl Rule {
+    /// Whether its limiter may be decided from leased quota (`default`
+    /// being the algorithm of rules that name none): the one test load
+    /// applies to `lease: true` and the engine to the `lease` setting.
+    pub fn may_lease(&self, default: Algorithm) -> bool {
+        load::lease::Leasable::of(self).obstacle(default).is_none()
+    }
+}
+
 impl Node {
     fn is_leaf(&self) -> bool {
         self.children.is_empty()

@@ -161,14 +161,7 @@ fn quota_json(quota: &QuotaService, show_values: bool) -> serde_json::Value {
             let bucket: serde_json::Map<String, serde_json::Value> = v
                 .bucket
                 .iter()
-                .map(|(k, val)| {
-                    let shown = if show_values {
-                        val.clone()
-                    } else {
-                        masked(val)
-                    };
-                    (k.clone(), serde_json::Value::from(shown))
-                })
+                .map(|(k, val)| (k.clone(), shown(val, show_values).into()))
                 .collect();
             let assignment = match v.assignment {
                 Assignment::AllowAll => serde_json::json!({"blanket_rule": "ALLOW_ALL"}),
@@ -199,6 +192,27 @@ fn quota_json(quota: &QuotaService, show_values: bool) -> serde_json::Value {
         "streams": stats.streams_open,
         "buckets": buckets,
     })
+}
+
+/// A descriptor value as the debug listener shows it: a digest
+/// ([`masked`]) unless `show_values`.
+pub(super) fn shown(value: &str, show_values: bool) -> String {
+    if show_values {
+        value.to_string()
+    } else {
+        masked(value)
+    }
+}
+
+/// A descriptor's entries as `[{"key", "value"}]`, values [`shown`].
+pub(super) fn entries_json(
+    entries: &[(String, String)],
+    show_values: bool,
+) -> Vec<serde_json::Value> {
+    entries
+        .iter()
+        .map(|(key, value)| serde_json::json!({"key": key, "value": shown(value, show_values)}))
+        .collect()
 }
 
 pub fn masked(value: &str) -> String {
@@ -239,19 +253,7 @@ fn hot_keys_json(report: &hotkeys::Report, show_values: bool) -> serde_json::Val
         .hot_keys
         .iter()
         .map(|k| {
-            let entries: Vec<serde_json::Value> = k
-                .limiter
-                .entries
-                .iter()
-                .map(|(key, value)| {
-                    let value = if show_values {
-                        value.clone()
-                    } else {
-                        masked(value)
-                    };
-                    serde_json::json!({"key": key, "value": value})
-                })
-                .collect();
+            let entries = entries_json(&k.limiter.entries, show_values);
             serde_json::json!({
                 "limiter": {
                     "domain": &*k.limiter.domain,

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use crate::engine::{Request, ResetError, ResetLimiter};
 use crate::service::RateLimiter;
 
-use super::admin::{json_response, masked};
+use super::admin::{entries_json, json_response, shown};
 
 pub(super) fn router(limiter: RateLimiter, show_values: bool) -> axum::Router {
     axum::Router::new().route(
@@ -55,7 +55,7 @@ async fn reset(
                 tracing::info!(
                     caller,
                     domain = %request.domain,
-                    descriptor = %shown(&request, l.descriptor, false),
+                    descriptor = %descriptor_text(&request, l.descriptor, false),
                     rule = l.rule.as_ref().map_or("", |r| r.path.as_str()),
                     "limiter reset"
                 );
@@ -78,7 +78,7 @@ async fn reset(
             let message = match &e {
                 ResetError::NoLimit { index } => format!(
                     "descriptor {index} ({}) matches no rule with a limit in domain {:?}: nothing reset",
-                    shown(&request, *index, show_values),
+                    descriptor_text(&request, *index, show_values),
                     request.domain
                 ),
                 ResetError::UnknownDomain(_) => format!("{e}: nothing reset"),
@@ -91,31 +91,17 @@ async fn reset(
 
 /// A descriptor as `key=value,key=value`, values as digests unless
 /// `show_values`.
-fn shown(request: &Request, index: usize, show_values: bool) -> String {
+fn descriptor_text(request: &Request, index: usize, show_values: bool) -> String {
     request.descriptors[index]
         .entries
         .iter()
-        .map(|(k, v)| {
-            let v = if show_values { v.clone() } else { masked(v) };
-            format!("{k}={v}")
-        })
+        .map(|(k, v)| format!("{k}={}", shown(v, show_values)))
         .collect::<Vec<_>>()
         .join(",")
 }
 
 fn limiter_json(request: &Request, l: &ResetLimiter, show_values: bool) -> serde_json::Value {
-    let entries: Vec<serde_json::Value> = request.descriptors[l.descriptor]
-        .entries
-        .iter()
-        .map(|(key, value)| {
-            let value = if show_values {
-                value.clone()
-            } else {
-                masked(value)
-            };
-            serde_json::json!({ "key": key, "value": value })
-        })
-        .collect();
+    let entries = entries_json(&request.descriptors[l.descriptor].entries, show_values);
     serde_json::json!({
         "descriptor": l.descriptor,
         "entries": entries,

@@ -69,32 +69,28 @@ impl Sharded {
     async fn sharded(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
         let count = hit.shard.count;
         let start = (self.next.fetch_add(1, Ordering::Relaxed) % u64::from(count)) as u16;
-        // Several limits: each shard holds a share of every one of them.
-        let also: Vec<Vec<Also>> = if hit.also.is_empty() {
-            Vec::new()
-        } else {
-            (0..count)
-                .map(|index| {
-                    hit.also
-                        .iter()
-                        .map(|a| Also {
-                            limit: share(a.limit, count, index),
-                            burst: share_of_burst(a.burst, count, index),
-                            ..*a
-                        })
-                        .collect()
+        // Several limits: each shard holds a share of every one of them
+        // (no allocation for a single limit).
+        let shares = |index: u16| -> Vec<Also> {
+            hit.also
+                .iter()
+                .map(|a| Also {
+                    limit: share(a.limit, count, index),
+                    burst: share_of_burst(a.burst, count, index),
+                    ..*a
                 })
                 .collect()
-        };
-        let shard_hit = |index: u16| Hit {
-            also: also.get(usize::from(index)).map_or(&[][..], Vec::as_slice),
-            ..shard_hit(&hit, index)
         };
         // A give-back goes to one shard. So does a positive cost on a
         // limiter that takes usage reports: the shard records it whatever
         // it answers, so passing it on would record it twice.
         if hit.negative || (hit.usage_reports && hit.hits > 0) {
-            return self.inner.hit(shard_hit(start)).await;
+            let also = shares(start);
+            let sub = Hit {
+                also: &also,
+                ..shard_hit(&hit, start)
+            };
+            return self.inner.hit(sub).await;
         }
         let mut soonest: Option<u64> = None;
         // Several limits: the answer of the shard whose reset is soonest.
@@ -103,7 +99,11 @@ impl Sharded {
         let mut full = 0u64;
         for k in 0..count {
             let index = (start + k) % count;
-            let sub = shard_hit(index);
+            let also = shares(index);
+            let sub = Hit {
+                also: &also,
+                ..shard_hit(&hit, index)
+            };
             match self.inner.hit(sub).await {
                 Ok(d) if d.admitted => {
                     let open_shards = u64::from(count) - full;

@@ -386,6 +386,7 @@ impl Walker<'_> {
             shards,
             usage_reports,
             count_refused,
+            in_list: false,
         };
         let lease = self.lease(&fields, leasable, path);
 

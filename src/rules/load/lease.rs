@@ -6,14 +6,75 @@
 
 use super::yaml::{Fields, Walker, join, key_line};
 use crate::limit::{Algorithm, Window};
+use crate::rules::{LimitSpec, Rule};
 
 /// What decides whether a limit may be leased.
-pub(super) struct Leasable {
+pub(crate) struct Leasable {
     pub algorithm: Option<Algorithm>,
     pub window: Option<Window>,
     pub shards: Option<u16>,
     pub usage_reports: Option<bool>,
     pub count_refused: Option<bool>,
+    /// One limit of a `rate_limits:` list.
+    pub in_list: bool,
+}
+
+impl Leasable {
+    /// What a rule's own keys say of it.
+    pub(crate) fn of(rule: &Rule) -> Leasable {
+        Leasable {
+            algorithm: rule.algorithm,
+            window: match rule.limit {
+                LimitSpec::PerUnit { window, .. } => Some(window),
+                LimitSpec::Unlimited => None,
+            },
+            shards: rule.shards,
+            usage_reports: rule.usage_reports,
+            count_refused: Some(rule.count_refused),
+            in_list: !rule.more.is_empty(),
+        }
+    }
+
+    /// Why such a limit may not be leased (`default` being the algorithm
+    /// of rules that name none); `None` when it may.
+    pub(crate) fn obstacle(&self, default: Algorithm) -> Option<String> {
+        let effective = self.algorithm.unwrap_or(default);
+        if effective != Algorithm::FixedWindow {
+            let inherited = if self.algorithm.is_none() {
+                " (the default_algorithm, as the rule names none)"
+            } else {
+                ""
+            };
+            Some(format!(
+                "lease: true applies to fixed_window only, not {effective}{inherited}: \
+                 the other algorithms are decided in the store on every hit"
+            ))
+        } else if self.in_list {
+            Some(
+                "lease: true has no place in a rate_limits list: a list is decided in one \
+                 store call"
+                    .to_string(),
+            )
+        } else if self.window.is_some_and(|w| w.zone().is_some()) {
+            Some("lease: true does not apply to a calendar window (timezone)".to_string())
+        } else if self.shards.is_some_and(|s| s > 1) {
+            Some(
+                "lease: true with shards: a leased limiter needs none (its hits are decided \
+                 from leased quota, not in its slot); drop shards"
+                    .to_string(),
+            )
+        } else if self.usage_reports == Some(true) {
+            Some(
+                "lease: true cannot go with usage_reports: true (a reported cost is recorded \
+                 whatever it answers, past any lease)"
+                    .to_string(),
+            )
+        } else if self.count_refused == Some(false) {
+            Some("lease: true cannot go with count_refused: false".to_string())
+        } else {
+            None
+        }
+    }
 }
 
 impl Walker<'_> {
@@ -25,37 +86,7 @@ impl Walker<'_> {
             return Some(false);
         }
         let line = fields.get("lease").and_then(|(k, _)| key_line(k));
-        let effective = l.algorithm.unwrap_or(self.options.default_algorithm);
-        let why = if effective != Algorithm::FixedWindow {
-            let inherited = if l.algorithm.is_none() {
-                " (the default_algorithm, as the rule names none)"
-            } else {
-                ""
-            };
-            Some(format!(
-                "lease: true applies to fixed_window only, not {effective}{inherited}: \
-                 the other algorithms are decided in the store on every hit"
-            ))
-        } else if l.window.is_some_and(|w| w.zone().is_some()) {
-            Some("lease: true does not apply to a calendar window (timezone)".to_string())
-        } else if l.shards.is_some_and(|s| s > 1) {
-            Some(
-                "lease: true with shards: a leased limiter needs none (its hits are decided \
-                 from leased quota, not in its slot); drop shards"
-                    .to_string(),
-            )
-        } else if l.usage_reports == Some(true) {
-            Some(
-                "lease: true cannot go with usage_reports: true (a reported cost is recorded \
-                 whatever it answers, past any lease)"
-                    .to_string(),
-            )
-        } else if l.count_refused == Some(false) {
-            Some("lease: true cannot go with count_refused: false".to_string())
-        } else {
-            None
-        };
-        match why {
+        match l.obstacle(self.options.default_algorithm) {
             Some(reason) => {
                 self.error(line, &join(path, "lease"), reason);
                 None

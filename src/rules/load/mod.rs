@@ -20,7 +20,7 @@ mod build;
 mod burst;
 mod depth;
 mod fast;
-mod lease;
+pub(super) mod lease;
 mod list;
 mod metadata;
 mod refused;
