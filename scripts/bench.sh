@@ -53,6 +53,12 @@
 #   LEASED=1     after the fixed window's row, a row "fixed_window leased":
 #                the same rule with `lease: true` (decided from quota
 #                leased from Redis; its rb columns stay 0)
+#   LEASE_UNIT=minute  the leased row's window (default second); another
+#                unit adds a row "fixed_window/<unit>" without leases
+#                right before it, so the two compare on one window
+#   ZIPF=1.1     draw keys from a Zipf distribution of this exponent over
+#                KEYS keys (tollgate bench --zipf) instead of cycling
+#                through them (redis-benchmark still draws uniformly)
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -97,14 +103,23 @@ start_redis
 # KEYS (tollgate bench suffixes the last entry of the template).
 mkdir "$WORK/rules"
 algorithm_rules bench "$LIMIT" >"$WORK/rules/bench.yaml"
-# The fixed window decided from leased quota (LEASED=1).
+# The fixed window decided from leased quota (LEASED=1), and the same
+# window without leases.
+LEASE_UNIT=${LEASE_UNIT:-second}
 cat >>"$WORK/rules/bench.yaml" <<EOF
   - key: algo
     value: fixed_window_leased
     descriptors:
       - key: user
-        rate_limit: {unit: second, requests_per_unit: $LIMIT, algorithm: fixed_window, lease: true}
+        rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT, algorithm: fixed_window, lease: true}
+  - key: algo
+    value: fixed_window_$LEASE_UNIT
+    descriptors:
+      - key: user
+        rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT, algorithm: fixed_window}
 EOF
+ZIPF_ARGS=()
+[[ -n ${ZIPF:-} ]] && ZIPF_ARGS=(--zipf "$ZIPF")
 # Two limits on one descriptor per algorithm (LISTS=1): `algo=<a>_x2`.
 for a in "${ALGORITHMS[@]}"; do
     cat >>"$WORK/rules/bench.yaml" <<EOF
@@ -200,14 +215,16 @@ measure_tollgate() {
     echo "measuring $a with tollgate (${LABELS[$i]})..." >&2
     tg0=$(cpu_ticks "${TG_PIDS[$i]}")
     rd0=$(cpu_ticks "$REDIS_PID")
+    sc0=$(script_calls "$REDIS_PORT")
     # bash's `time` gives the load generator's own CPU (user, system).
     tg=$({ TIMEFORMAT='%U %S'; time timeout $((SECS + WARMUP + 30)) "${BINS[$i]}" bench \
         --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "$desc" \
-        --keys "$KEYS" --concurrency "$C" --connections "$CONNS" --duration "$SECS" \
+        --keys "$KEYS" "${ZIPF_ARGS[@]}" --concurrency "$C" --connections "$CONNS" --duration "$SECS" \
         --warmup "$WARMUP" --json; } 2>"$WORK/gen-time")
     gen_cpu=$(awk 'END { print $1 + $2 }' "$WORK/gen-time")
     tg1=$(cpu_ticks "${TG_PIDS[$i]}")
     rd1=$(cpu_ticks "$REDIS_PID")
+    sc1=$(script_calls "$REDIS_PORT")
     tg_rate=$(json_num decisions_per_s <<<"$tg")
     tg_p50=$(json_num p50 <<<"$tg")
     tg_p99=$(json_num p99 <<<"$tg")
@@ -223,7 +240,7 @@ measure_tollgate() {
         local short n
         short=$(timeout $((SYSCALL_SECS + 30)) "${BINS[$i]}" bench \
             --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "$desc" \
-            --keys "$KEYS" --concurrency "$C" --connections "$CONNS" --duration "$SYSCALL_SECS" \
+            --keys "$KEYS" "${ZIPF_ARGS[@]}" --concurrency "$C" --connections "$CONNS" --duration "$SYSCALL_SECS" \
             --warmup 0 --json)
         kill -INT "$st_tg" "$st_rd" 2>/dev/null || true
         wait "$st_tg" "$st_rd" 2>/dev/null || true
@@ -238,15 +255,15 @@ measure_tollgate() {
     ROWS+=("$(awk -v a="$a" -v l="${LABELS[$i]}" -v t="$tg_rate" -v r="$rb_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
         -v rp50="$rb_p50" -v rp99="$rb_p99" -v over="$tg_over" -v err="$tg_err" \
         -v tgt=$((tg1 - tg0)) -v rdt=$((rd1 - rd0)) -v tick="$TICK_US" -v span=$((SECS + WARMUP)) \
-        -v rbcpu="$rb_cpu" -v gen="$gen_cpu" -v systg="$sys_tg" -v sysrd="$sys_rd" 'BEGIN {
+        -v rbcpu="$rb_cpu" -v gen="$gen_cpu" -v systg="$sys_tg" -v sysrd="$sys_rd" -v sc=$((sc1 - sc0)) 'BEGIN {
             n = t * span
             tgc = (n > 0 ? tgt * tick / n : 0)
             rdc = (n > 0 ? rdt * tick / n : 0)
             genc = (n > 0 ? gen * 1000000 / n : 0)
             split(systg, st, " "); split(sysrd, sr, " ")
-            printf "%-23s %-6s %10.0f %10.0f %6.2f %8d %8d %8d %8d %8.1f %8.1f %6.2f %8.1f %8.1f %9s %6s %6s %6s %6s %6s\n",
+            printf "%-23s %-6s %10.0f %10.0f %6.2f %8d %8d %8d %8d %8.1f %8.1f %6.3f %6.2f %8.1f %8.1f %9s %6s %6s %6s %6s %6s\n",
                 a, l, t, r, (r > 0 ? t / r : 0), tp50, tp99, rp50 * 1000, rp99 * 1000,
-                tgc, rdc, (rdc > 0 ? tgc / rdc : 0), rbcpu, genc, over "/" err,
+                tgc, rdc, (n > 0 ? sc / n : 0), (rdc > 0 ? tgc / rdc : 0), rbcpu, genc, over "/" err,
                 st[1], st[2], st[3], sr[1], sr[2]
         }')")
 }
@@ -284,6 +301,11 @@ for a in "${MEASURED[@]}"; do
     if [[ ${LEASED:-0} == 1 && $a == fixed_window ]]; then
         saved=("$rb_rate" "$rb_p50" "$rb_p99" "$rb_cpu")
         rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
+        if [[ $LEASE_UNIT != second ]]; then
+            for i in "${!LABELS[@]}"; do
+                measure_tollgate "$i" "$a/$LEASE_UNIT" "algo=${a}_$LEASE_UNIT,user=u"
+            done
+        fi
         for i in "${!LABELS[@]}"; do
             measure_tollgate "$i" "$a leased" "algo=${a}_leased,user=u"
         done
@@ -308,12 +330,12 @@ done
 
 echo
 echo "C=$C KEYS=$KEYS CONNS=$CONNS SECS=$SECS RB_N=$RB_N STORE=${BENCH_STORE:-redis} ($(nproc 2>/dev/null || echo '?') cores, all shared)"
-printf "%-23s %-6s %10s %10s %6s %8s %8s %8s %8s %8s %8s %6s %8s %8s %9s %6s %6s %6s %6s %6s\n" algorithm bin "tg dec/s" "rb call/s" ratio \
-    "tg p50" "tg p99" "rb p50" "rb p99" "tg cpu" "rd cpu" "cpu x" "rb cpu" "gen cpu" "ref/err" \
+printf "%-23s %-6s %10s %10s %6s %8s %8s %8s %8s %8s %8s %6s %6s %8s %8s %9s %6s %6s %6s %6s %6s\n" algorithm bin "tg dec/s" "rb call/s" ratio \
+    "tg p50" "tg p99" "rb p50" "rb p99" "tg cpu" "rd cpu" "rd/dec" "cpu x" "rb cpu" "gen cpu" "ref/err" \
     "tg rd" "tg wr" "futex" "rd rd" "rd wr"
 printf '%s\n' "${ROWS[@]}"
 echo "latencies in µs; cpu: µs of CPU per decision (tg: tollgate, rd: the Redis server during tollgate's run),"
-echo "cpu x = tg cpu / rd cpu; rb cpu: the Redis server's µs per call under redis-benchmark;"
+echo "rd/dec: script calls (EVAL, EVALSHA) Redis ran per decision; cpu x = tg cpu / rd cpu; rb cpu: the Redis server's µs per call under redis-benchmark;"
 echo "gen cpu: the load generator (tollgate bench) per decision, on the same cores;"
 echo "no_rule: a descriptor that matches no rule (no store call: the gRPC floor);"
 echo "system calls per decision from strace -c in a separate ${SYSCALL_SECS}s run: tg rd/wr: tollgate's socket"

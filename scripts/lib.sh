@@ -67,6 +67,11 @@ json_num() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 
 # CPU time (user + system) of a process so far, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Script calls (EVAL and EVALSHA) a redis-server on port $1 has run so far.
+script_calls() {
+    redis-cli -p "$1" INFO commandstats |
+        awk -F'[=,:]' '/^cmdstat_eval(sha)?:/ { n += $3 } END { print n + 0 }'
+}
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
 # The algorithms, in the order the measuring scripts report them.

@@ -48,15 +48,38 @@ use crate::limit::Algorithm;
 use crate::storage::limiter::{Limiter, LimiterId};
 use crate::storage::{BoxFuture, Cost, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
 
-/// A lease holds about this share of a second of the replica's demand.
+/// Near the limit, a lease holds about this share of a second of the
+/// replica's demand.
 pub const LEASE_SHARE: f64 = 0.2;
 /// A lease is at most the limit divided by this.
 pub const MAX_LEASE_DIVISOR: u64 = 10;
-/// Unused tokens of a lease go back after this long without a hit.
+/// Unused tokens of a lease go back after this long without a hit (at
+/// least; a limiter hit less often waits a few of its gaps, up to
+/// [`MAX_IDLE_MICROS`]), checked this often.
 pub const IDLE_MICROS: u64 = 250_000;
+/// The longest wait before an idle lease goes back.
+pub const MAX_IDLE_MICROS: u64 = 10_000_000;
+/// While the store has plenty left (at least half the limit after the
+/// last lease), a lease on a limiter hit less often holds this many of
+/// its hits (the demand of the time they take to come), as long as that
+/// ends before its window does and within [`MAX_HORIZON_MICROS`].
+pub const PLENTY_HITS: f64 = 16.0;
+/// A lease holds at most this share of what the store had left (when
+/// more than [`LEASE_SHARE`] of a second of demand).
+pub const STORE_SHARE: u64 = 8;
+/// The furthest ahead a lease looks.
+pub const MAX_HORIZON_MICROS: u64 = 30_000_000;
 /// Demand is counted in slots of this length: the current and the
 /// previous slot make the estimate.
 const SLOT_MICROS: u64 = 250_000;
+/// The slots tell a rate from this many hits on; fewer, the long-run
+/// estimate does.
+const RECENT_HITS: u64 = 8;
+/// The long-run estimate (for limiters hit less often than a slot) counts
+/// hits over at most about this long.
+const LONG_MICROS: u64 = 60_000_000;
+/// A limiter not hit for this long is forgotten (with its estimates).
+const FORGET_MICROS: u64 = 2 * LONG_MICROS;
 
 /// What the leasing layer did since start, for metrics.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +123,15 @@ struct Held {
     slot: u64,
     hits: u64,
     previous: u64,
+    /// Long-run demand: hits after the first, since `since` (halved as it
+    /// ages), and the last hit.
+    seen: u64,
+    since: u64,
+    last_seen: u64,
+    /// What the store had left after this replica's last call on the
+    /// limiter, and the end of the window that was in.
+    store_left: u64,
+    store_left_until: u64,
     last_used: u64,
 }
 
@@ -114,6 +146,11 @@ impl Held {
             slot: 0,
             hits: 0,
             previous: 0,
+            seen: 0,
+            since: 0,
+            last_seen: 0,
+            store_left: 0,
+            store_left_until: 0,
             last_used: 0,
         }
     }
@@ -126,13 +163,77 @@ impl Held {
             self.hits = 0;
         }
         self.hits = self.hits.saturating_add(cost);
+        if self.last_seen == 0 {
+            self.since = now;
+        } else {
+            self.seen = self.seen.saturating_add(cost);
+            let age = now.saturating_sub(self.since);
+            if age > LONG_MICROS {
+                self.seen /= 2;
+                self.since = now - age / 2;
+            }
+        }
+        self.last_seen = now;
     }
 
-    /// The size of the next lease for a hit of `cost` on a `limit`.
-    fn size(&self, cost: u64, limit: u64) -> u64 {
-        let per_second = (self.hits + self.previous) as f64 / (2.0 * SLOT_MICROS as f64 / 1e6);
-        let wanted = (per_second * LEASE_SHARE).ceil() as u64;
-        wanted.clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
+    /// This replica's demand on the limiter, in hits per second: the
+    /// recent slots' rate, or the long-run rate when the limiter is hit
+    /// less often than the slots see (0 until a second hit).
+    fn rate(&self, now: u64) -> f64 {
+        let slot = now / SLOT_MICROS;
+        let counted = match slot.saturating_sub(self.slot) {
+            0 => self.hits + self.previous,
+            1 => self.hits,
+            _ => 0,
+        };
+        let age = now.saturating_sub(self.since).max(SLOT_MICROS);
+        let long = self.seen as f64 / (age as f64 / 1e6);
+        if counted < RECENT_HITS {
+            // Too few for the slots to tell a rate.
+            return long;
+        }
+        // The hit that opened the span is not a gap's worth of demand.
+        let span = SLOT_MICROS + now % SLOT_MICROS;
+        let recent = (counted - 1) as f64 / (span as f64 / 1e6);
+        recent.max(long)
+    }
+
+    /// The size of the next lease for a hit of `cost`, from this
+    /// replica's demand: [`LEASE_SHARE`] of a second of it, or, if more,
+    /// what of the demand until the window's `end` (this replica's clock)
+    /// is within an eighth of what the store had left at the last call
+    /// ([`STORE_SHARE`]), and while the store has plenty left (half the
+    /// limit) [`PLENTY_HITS`] of it; never looking further than
+    /// [`MAX_HORIZON_MICROS`]. At least the cost and at most a tenth of
+    /// the limit. Near the limit it shrinks to the cost: the last hits
+    /// are decided in the store.
+    fn size(&self, now: u64, cost: u64, limit: u64, end: u64) -> u64 {
+        let rate = self.rate(now);
+        let mut wanted = rate * LEASE_SHARE;
+        if rate > 0.0 {
+            let secs_left = end.saturating_sub(now).min(MAX_HORIZON_MICROS) as f64 / 1e6;
+            let store_left = if now < self.store_left_until {
+                self.store_left
+            } else {
+                0
+            };
+            wanted = wanted.max((rate * secs_left).min((store_left / STORE_SHARE) as f64));
+            if store_left >= limit / 2 {
+                wanted = wanted.max(PLENTY_HITS.min(rate * secs_left));
+            }
+        }
+        (wanted.ceil() as u64).clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
+    }
+
+    /// How long the lease waits unused before it goes back: a few of the
+    /// limiter's gaps between hits, within [`IDLE_MICROS`] and
+    /// [`MAX_IDLE_MICROS`].
+    fn idle_after(&self, now: u64) -> u64 {
+        let rate = self.rate(now);
+        if rate <= 0.0 {
+            return IDLE_MICROS;
+        }
+        ((4e6 / rate) as u64).clamp(IDLE_MICROS, MAX_IDLE_MICROS)
     }
 
     /// The unused part of a lease still in force, taken out to be given
@@ -252,7 +353,8 @@ impl Leasing {
             if now < h.tight_until {
                 Step::Alone(unused)
             } else {
-                Step::Lease(h.size(hit.hits, hit.limit), unused)
+                let end = hit.window.span(now).end;
+                Step::Lease(h.size(now, hit.hits, hit.limit, end), unused)
             }
         })
     }
@@ -308,7 +410,10 @@ impl Leasing {
             // Less than a lease is left in this window: what the refusal
             // recorded goes back, and the window's last hits are decided
             // in the store alone.
-            self.with_held(&hit, |h| h.tight_until = now.saturating_add(d.reset_micros));
+            self.with_held(&hit, |h| {
+                h.tight_until = now.saturating_add(d.reset_micros);
+                h.store_left = 0;
+            });
             if size == hit.hits {
                 return Ok(d);
             }
@@ -319,6 +424,15 @@ impl Leasing {
             self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
             return self.inner.hit(store_hit(&hit, hit.hits)).await;
         }
+        let until = now.saturating_add(d.reset_micros);
+        if size == hit.hits {
+            // No lease: the hit was decided in the store.
+            self.with_held(&hit, |h| {
+                h.store_left = d.remaining;
+                h.store_left_until = until;
+            });
+            return Ok(d);
+        }
         self.counters.taken.fetch_add(1, Ordering::Relaxed);
         self.counters.taken_hits.fetch_add(size, Ordering::Relaxed);
         if self.resets_seen() != generation {
@@ -326,7 +440,6 @@ impl Leasing {
             return Ok(Decision::new(true, d.remaining, d.reset_micros));
         }
         let left = size - hit.hits;
-        let until = now.saturating_add(d.reset_micros);
         // A lease asked concurrently may have landed meanwhile: the older
         // one's unused hits go back.
         let older = self.with_held(&hit, |h| {
@@ -335,6 +448,8 @@ impl Leasing {
             h.receipt = d.receipt;
             h.until = until;
             h.last_used = now;
+            h.store_left = d.remaining;
+            h.store_left_until = until;
             older
         });
         self.give_back(&hit, older).await;
@@ -355,7 +470,7 @@ impl Leasing {
             for bucket in map.values_mut() {
                 for h in bucket.iter_mut() {
                     if h.tokens > 0
-                        && now.saturating_sub(h.last_used) >= IDLE_MICROS
+                        && now.saturating_sub(h.last_used) >= h.idle_after(now)
                         && let Some(r) = h.take_unused(now, &self.counters)
                     {
                         back.push((h.id.clone(), r));
@@ -364,7 +479,7 @@ impl Leasing {
                 bucket.retain(|h| {
                     h.tokens > 0
                         || now < h.tight_until
-                        || now.saturating_sub(h.last_used) < 1_000_000
+                        || now.saturating_sub(h.last_seen) < FORGET_MICROS
                 });
             }
             map.retain(|_, b| !b.is_empty());

@@ -29,6 +29,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     let template = Arc::new(Template {
         base: crate::cmd::check::request(&cfg.domain, &cfg.descriptors, cfg.hits),
         keys: cfg.keys,
+        zipf: cfg.zipf.map(|s| zipf_cdf(cfg.keys, s)),
         next: AtomicU64::new(0),
     });
     let t0 = Instant::now();
@@ -50,18 +51,59 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     Ok(stats.report(cfg, elapsed))
 }
 
-/// Builds each call from the template, cycling over the key mix.
+/// Builds each call from the template, cycling over the key mix or
+/// drawing from it.
 struct Template {
     base: RateLimitRequest,
     keys: u64,
+    /// Drawing keys from a Zipf distribution: the share of calls on keys
+    /// 0..=i, for each i.
+    zipf: Option<Vec<f64>>,
     next: AtomicU64,
 }
 
+/// The cumulative shares of a Zipf distribution of exponent `s` over
+/// `keys` keys: key i (from 0) is drawn in proportion to 1 / (i + 1)^s.
+fn zipf_cdf(keys: u64, s: f64) -> Vec<f64> {
+    let mut sum = 0.0;
+    let mut cdf: Vec<f64> = (1..=keys)
+        .map(|rank| {
+            sum += (rank as f64).powf(-s);
+            sum
+        })
+        .collect();
+    for c in &mut cdf {
+        *c /= sum;
+    }
+    cdf
+}
+
+/// A uniform draw in [0, 1) from the `n`-th call (splitmix64): the same
+/// sequence every run, with no shared generator to lock.
+fn uniform(n: u64) -> f64 {
+    let mut z = n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
 impl Template {
+    fn key(&self) -> u64 {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        match &self.zipf {
+            Some(cdf) => {
+                let u = uniform(n);
+                (cdf.partition_point(|&c| c <= u) as u64).min(self.keys - 1)
+            }
+            None => n % self.keys,
+        }
+    }
+
     fn next(&self) -> RateLimitRequest {
         let mut req = self.base.clone();
         if self.keys > 1 {
-            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.keys;
+            let i = self.key();
             if let Some(e) = req
                 .descriptors
                 .last_mut()
@@ -232,6 +274,7 @@ mod tests {
         Template {
             base: crate::cmd::check::request("dom", &d, 0),
             keys,
+            zipf: None,
             next: AtomicU64::new(0),
         }
     }
@@ -269,5 +312,25 @@ mod tests {
             got,
             vec![want("bob-0"), want("bob-1"), want("bob-2"), want("bob-0")]
         );
+    }
+
+    #[test]
+    fn zipf_draws_keys_in_proportion_to_their_rank() {
+        let t = Template {
+            zipf: Some(zipf_cdf(100, 1.1)),
+            ..template(&["user=u"], 100)
+        };
+        let mut counts = [0u64; 100];
+        const DRAWS: u64 = 200_000;
+        for _ in 0..DRAWS {
+            counts[t.key() as usize] += 1;
+        }
+        let total: f64 = (1..=100).map(|r| (r as f64).powf(-1.1)).sum();
+        for (i, &n) in counts.iter().enumerate().take(10) {
+            let want = ((i + 1) as f64).powf(-1.1) / total;
+            let got = n as f64 / DRAWS as f64;
+            assert!((got - want).abs() < 0.1 * want, "key {i}: {got} of the calls, not {want}");
+        }
+        assert!(counts[99] > 0 && counts[99] < counts[9]);
     }
 }

@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// hot key.
     #[arg(long, default_value_t = 1)]
     pub keys: u64,
+    /// Draw each call's key from a Zipf distribution of this exponent
+    /// (e.g. 1.1: key i in proportion to 1/(i+1)^1.1) instead of cycling.
+    #[arg(long)]
+    pub zipf: Option<f64>,
     /// Closed loop: this many callers, each sending as fast as it is answered.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
@@ -91,6 +95,8 @@ pub struct BenchConfig {
     /// Parsed descriptors (see [`crate::cmd::check::parse_descriptor`]).
     pub descriptors: Vec<Vec<(String, String)>>,
     pub keys: u64,
+    /// Keys drawn from a Zipf distribution of this exponent.
+    pub zipf: Option<f64>,
     pub load: Load,
     /// Stop measuring after this long; `None` needs `requests`.
     pub duration: Option<Duration>,
@@ -113,6 +119,7 @@ impl BenchConfig {
             domain: domain.to_string(),
             descriptors,
             keys: 1,
+            zipf: None,
             load: Load::Closed { concurrency: 16 },
             duration: Some(Duration::from_secs(10)),
             requests: None,
@@ -130,6 +137,11 @@ impl BenchConfig {
         }
         if self.keys == 0 {
             bail!("--keys must be at least 1");
+        }
+        if let Some(s) = self.zipf
+            && !(s.is_finite() && s > 0.0)
+        {
+            bail!("--zipf must be a positive exponent");
         }
         if self.connections == 0 {
             bail!("--connections must be at least 1");
@@ -184,6 +196,7 @@ impl TryFrom<&BenchArgs> for BenchConfig {
             domain: a.target.domain.clone(),
             descriptors,
             keys: a.keys,
+            zipf: a.zipf,
             load,
             duration,
             requests: a.requests,
