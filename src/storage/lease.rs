@@ -8,21 +8,31 @@
 //! was asked (the store's reset, counted from the moment the call was
 //! sent, as the over-limit cache counts).
 //!
-//! - **Sizing.** A lease is about [`LEASE_SHARE`] of a second of this
-//!   replica's demand on the limiter, at least the hit's cost and at most
-//!   [`MAX_LEASE_DIVISOR`]-th of the limit, so no replica holds much of a
-//!   limit it does not use.
+//! - **Sizing.** A lease is sized to this replica's demand on the
+//!   limiter (the recent slots' rate, or for a limiter hit less often a
+//!   long-run rate over up to a minute): [`LEASE_SHARE`] of a second of
+//!   it, or more when the store has room: the demand until the window
+//!   ends within an eighth of what the store had left at the last call
+//!   ([`STORE_SHARE`]), and while that is at least half the limit
+//!   ("plenty"), [`PLENTY_HITS`] hits of it if they come before the
+//!   window ends. Never more than [`MAX_LEASE_DIVISOR`]-th of the limit,
+//!   so no replica holds much of a limit it does not use; never less than
+//!   the hit's cost (a lease of the cost alone is no lease: the hit is
+//!   decided in the store). So a limiter hit once every few seconds
+//!   still gets leases of many hits on a long window, and near the limit
+//!   leases shrink to single hits.
 //! - **Near the limit.** A lease the store refuses means the window has
 //!   less left than a lease: what the refusal recorded is taken back, and
 //!   until the window ends every hit on the limiter is decided in the
 //!   store alone, as without leases, so the last hits of a window are
 //!   exact.
-//! - **Giving back.** Tokens of a lease unused for [`IDLE_MICROS`] go back
-//!   to the store ([`Store::undo`] with the lease's receipt: only while its
-//!   window is current), at the next hit on the limiter or at the next
-//!   housekeeping; a lease left over when a larger cost needs a new one
-//!   goes back first. A window's end forgets its unused leases (they
-//!   counted in a window that is over).
+//! - **Giving back.** Tokens of a lease unused for a few of the
+//!   limiter's gaps between hits (at least [`IDLE_MICROS`], at most
+//!   [`MAX_IDLE_MICROS`]) go back to the store ([`Store::undo`] with the
+//!   lease's receipt: only while its window is current), at the next hit
+//!   on the limiter or at the next housekeeping; a lease left over when a
+//!   larger cost needs a new one goes back first. A window's end forgets
+//!   its unused leases (they counted in a window that is over).
 //! - **Resets.** A reset through this replica forgets its lease of that
 //!   limiter at once; a reset through another moves the store's reset
 //!   generation, which this replica reads (Redis: every 200 ms) and then
@@ -32,8 +42,9 @@
 //!   the limit, per replica.
 //! - **Lost leases.** A replica that stops holds its unused tokens in the
 //!   store until the window ends: at most a lease (a tenth of the limit at
-//!   most) per replica is refused to the others for the rest of that
-//!   window. That is the bound on under-admission.
+//!   most, [`PLENTY_HITS`] hits or an eighth of what was left when the
+//!   replica's demand is lower) per replica is refused to the others for
+//!   the rest of that window. That is the bound on under-admission.
 //!
 //! Everything else goes to the store as before: give-backs, checks,
 //! usage reports, limiters that take receipts, lists, sharded limiters and
@@ -63,7 +74,7 @@ pub const MAX_IDLE_MICROS: u64 = 10_000_000;
 /// last lease), a lease on a limiter hit less often holds this many of
 /// its hits (the demand of the time they take to come), as long as that
 /// ends before its window does and within [`MAX_HORIZON_MICROS`].
-pub const PLENTY_HITS: f64 = 16.0;
+pub const PLENTY_HITS: f64 = 32.0;
 /// A lease holds at most this share of what the store had left (when
 /// more than [`LEASE_SHARE`] of a second of demand).
 pub const STORE_SHARE: u64 = 8;
@@ -212,20 +223,25 @@ impl Held {
         let mut wanted = rate * LEASE_SHARE;
         if rate > 0.0 {
             let secs_left = end.saturating_sub(now).min(MAX_HORIZON_MICROS) as f64 / 1e6;
-            let store_left = if now < self.store_left_until {
-                self.store_left
-            } else {
-                0
-            };
+            let current = now < self.store_left_until;
+            let store_left = if current { self.store_left } else { 0 };
             wanted = wanted.max((rate * secs_left).min((store_left / STORE_SHARE) as f64));
-            if store_left >= limit / 2 {
+            // A new window after one with plenty left is taken to have
+            // plenty too (a lease too large for what others took
+            // meanwhile is refused, and the hit decided alone).
+            let plenty = if current {
+                store_left >= limit / 2
+            } else {
+                self.store_left_until > 0 && self.store_left >= limit / 2
+            };
+            if plenty {
                 wanted = wanted.max(PLENTY_HITS.min(rate * secs_left));
             }
         }
         (wanted.ceil() as u64).clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
     }
 
-    /// How long the lease waits unused before it goes back: a few of the
+    /// How long the lease waits unused before it goes back: eight of the
     /// limiter's gaps between hits, within [`IDLE_MICROS`] and
     /// [`MAX_IDLE_MICROS`].
     fn idle_after(&self, now: u64) -> u64 {
@@ -233,7 +249,7 @@ impl Held {
         if rate <= 0.0 {
             return IDLE_MICROS;
         }
-        ((4e6 / rate) as u64).clamp(IDLE_MICROS, MAX_IDLE_MICROS)
+        ((8e6 / rate) as u64).clamp(IDLE_MICROS, MAX_IDLE_MICROS)
     }
 
     /// The unused part of a lease still in force, taken out to be given
