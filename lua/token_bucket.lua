@@ -10,7 +10,9 @@
 --
 -- KEYS[1]  limiter state (hash): t = when the debt was stored (microseconds),
 --          d = the debt then (units of 1/k microsecond), k = the k it was
---          counted in (a changed limit converts it, rounded up)
+--          counted in (a changed limit converts it, rounded up); with
+--          leases out: p = the lease period of h, h = tokens leased in
+--          period p, o = tokens leased in period p - 1
 -- ARGV[1]  limit (tokens refilled per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
@@ -18,7 +20,19 @@
 --          2 to take back what a receipt says a call took (undo): of the
 --          ARGV[3] tokens taken at ARGV[7] (microseconds), leaving the
 --          debt ARGV[8], the part still ahead of now on the bucket's
---          timeline (the part already past stays spent)
+--          timeline (the part already past stays spent);
+--          3 to take leases: each hit is a lease of that many tokens,
+--          answered with its life as the reset and the receipt {tokens,
+--          period, tokens}; 4 to end a lease: of the ARGV[8] tokens
+--          leased in period ARGV[7], ARGV[3] unused go back
+--          Leases: tokens a replica took to spend on its own until the
+--          lease's life ends (the end of the period after the one it was
+--          taken in; a period is the window, within 1 to 10 s). While a
+--          lease lives, its tokens count as still in the bucket for the
+--          bucket's size: the bucket refills only up to the burst less
+--          the tokens leased out, so what the leases spend later and
+--          what the bucket gives meanwhile never pass what one bucket
+--          would.
 -- ARGV[5]  burst: the bucket's size in tokens, 1 to 2^53 / step (the store
 --          holds it there, so burst x step stays exact)
 -- ARGV[6]  1 to record every positive cost, also one the bucket cannot
@@ -68,7 +82,7 @@ local function div_ceil(a, n)
   return q
 end
 
-local st = redis.call('HMGET', KEYS[1], 't', 'd', 'k')
+local st = redis.call('HMGET', KEYS[1], 't', 'd', 'k', 'p', 'h', 'o')
 local stamp = tonumber(st[1]) or now
 local debt = tonumber(st[2]) or 0
 local was = tonumber(st[3]) or k
@@ -79,13 +93,48 @@ if was ~= k then
   if x < max then debt = div_ceil(x, was)
   else debt = math.min(math.ceil(debt / was * k), max) end
 end
+-- Leases out: tokens leased in period p (h) and p - 1 (o); a lease lives
+-- until the end of the period after its own.
+local period = math.min(math.max(w, 1000000), 10000000)
+local p = tonumber(st[4])
+local h = tonumber(st[5]) or 0
+local o = tonumber(st[6]) or 0
+-- Tokens leased out during period q.
+local function held_in(q)
+  if not p then return 0 end
+  local n = 0
+  if q == p or q == p + 1 then n = n + h end
+  if q == p or q == p - 1 then n = n + o end
+  return n
+end
 local dirty = false
 if now > stamp then
   -- Rounding is monotone and debt is exact: the comparison is exact too.
-  local drained = (now - stamp) * k
-  if drained >= debt then debt = 0 else debt = debt - drained end
+  -- With leases out, the debt drains no lower than the tokens leased
+  -- (their time), period by period as leases end.
+  local from = stamp
+  while from < now do
+    local q = math.floor(from / period)
+    local to = now
+    local floor = held_in(q) * step
+    if floor > 0 and (q + 1) * period < now then to = (q + 1) * period end
+    local drained = (to - from) * k
+    if debt > floor then
+      if drained >= debt - floor then debt = floor else debt = debt - drained end
+    end
+    from = to
+  end
   stamp = now
 end
+-- The leases of the current period and the one before.
+local current = math.floor(now / period)
+if p and p ~= current then
+  if p == current - 1 then o = h else o = 0 end
+  h = 0
+  p = current
+end
+local function floor_now() return (h + o) * step end
+local leasing = ARGV[4] == '3'
 
 local function remaining()
   if debt >= full then return 0 end
@@ -96,6 +145,7 @@ local function decide(hits, negative)
   if negative then
     local back = hits * step
     if back >= debt then debt = 0 else debt = debt - back end
+    debt = math.max(debt, floor_now())
     dirty = true
     return {1, remaining(), div_ceil(debt, k)}
   end
@@ -106,6 +156,11 @@ local function decide(hits, negative)
   if after <= full then
     if hits > 0 then dirty = true end
     debt = after
+    if leasing and hits > 0 then
+      if not p then p = current end
+      h = h + hits
+      return {1, remaining(), (current + 2) * period - now, hits, current, hits}
+    end
     return {1, remaining(), div_ceil(debt, k), hits, stamp, debt}
   end
   if reports and hits > 0 then
@@ -127,9 +182,24 @@ if ARGV[4] == '2' then
   if now > at then ahead = ahead - (now - at) * k end
   local back = math.min(math.max(ahead, 0), tonumber(ARGV[3]) * step)
   if same_units and back > 0 and debt > 0 then
-    debt = math.max(debt - back, 0)
+    debt = math.max(debt - back, floor_now())
     dirty = true
   end
+  out[1] = 1
+  i = nil
+elseif ARGV[4] == '4' then
+  -- A lease ends: it no longer holds the bucket's size, and its unused
+  -- tokens go back.
+  local q = tonumber(ARGV[7])
+  local leased = tonumber(ARGV[8])
+  if p and q == p then h = math.max(h - leased, 0)
+  elseif p and q == p - 1 then o = math.max(o - leased, 0) end
+  if same_units then
+    local back = tonumber(ARGV[3]) * step
+    if back >= debt then debt = 0 else debt = debt - back end
+  end
+  debt = math.max(debt, floor_now())
+  dirty = true
   out[1] = 1
   i = nil
 end
@@ -146,16 +216,25 @@ while i and ARGV[i] do
   if i == 3 then i = 7 else i = i + 2 end
 end
 
-if dirty and debt == 0 then
+if dirty and debt == 0 and h + o == 0 then
   redis.call('DEL', KEYS[1])
 elseif dirty then
   redis.call('HSET', KEYS[1], 't', string.format('%d', stamp),
     'd', string.format('%d', debt), 'k', string.format('%d', k))
+  if h + o > 0 then
+    redis.call('HSET', KEYS[1], 'p', string.format('%d', p),
+      'h', string.format('%d', h), 'o', string.format('%d', o))
+  elseif st[4] then
+    redis.call('HDEL', KEYS[1], 'p', 'h', 'o')
+  end
   -- Full at stamp + debt: after the server's clock stepped back the stamp
-  -- is ahead of now, and the key must outlive the debt counted from it.
+  -- is ahead of now, and the key must outlive the debt counted from it
+  -- (and the leases out).
   local ahead = stamp - now
   if ahead < 0 then ahead = 0 end
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((ahead + div_ceil(debt, k)) / 1000)))
+  local life = ahead + div_ceil(debt, k)
+  if h + o > 0 then life = math.max(life, (p + 2) * period - now) end
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(life / 1000)))
 end
 
 return out

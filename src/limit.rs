@@ -356,6 +356,13 @@ pub fn bucket_scale(limit: u64, w: u64) -> (u64, u64) {
     (w.max(1) / a, limit.max(1) / a)
 }
 
+/// The period of a token bucket's leases (`lease: true`), in microseconds:
+/// its window, within 1 to 10 seconds. A lease lives until the end of the
+/// period after the one it was taken in (`lua/token_bucket.lua`).
+pub fn lease_period(w: u64) -> u64 {
+    w.clamp(1_000_000, 10_000_000)
+}
+
 /// The largest `burst` a token bucket of `limit` per `window` keeps exact:
 /// `burst x step` must stay within [`MAX_EXACT`].
 pub fn max_burst(limit: u64, window: Window) -> u64 {

@@ -1305,6 +1305,53 @@ async fn a_reset_gives_the_whole_limit_back(store: &dyn Store, algorithm: Algori
     assert_eq!(grant.holders, 1, "{c}: the ledger was forgotten");
 }
 
+/// A token bucket's lease (`Hit::lease`): its tokens keep their room in
+/// the bucket while it lives, so the bucket refills only up to its burst
+/// less the tokens leased out (whenever the lease spends them, what the
+/// bucket gives meanwhile never passes one bucket); ending the lease gives
+/// its unused tokens back.
+async fn a_bucket_keeps_room_for_its_leases(store: &dyn Store) {
+    let c = ctx(store, Algorithm::TokenBucket);
+    // 100 per 10 s: a token every 100 ms, leases live 10 to 20 s.
+    let mut l = Limiter::receipts("bucketlease", Algorithm::TokenBucket, 100, Unit::Second);
+    l.window = Span::new(Unit::Second, 10).unwrap();
+    let lease = Hit {
+        lease: true,
+        ..l.as_hit(50, false)
+    };
+    let d = store.hit(lease).await.unwrap();
+    assert!(d.admitted, "{c}: {d:?}");
+    assert_eq!(d.remaining, 50, "{c}: {d:?}");
+    assert!(
+        (10_000_000..=20_000_000).contains(&d.reset_micros),
+        "{c}: the lease lives 10 to 20 s: {d:?}"
+    );
+    let r = d.receipt.expect("a lease has a receipt");
+    assert_eq!((r.hits, r.mark), (50, 50), "{c}: {r:?}");
+    // 0.6 s later the bucket has refilled 6 tokens, which find no room:
+    // the 50 leased are still out.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += u64::from(l.hit(store, 1).await.admitted);
+    }
+    assert_eq!(admitted, 50, "{c}: the bucket refilled over its leases");
+    // The lease ends with 20 unused: they are back at once.
+    let end = Hit {
+        lease: true,
+        ..l.as_hit(20, false)
+    };
+    store.undo(end, Receipt { hits: 20, ..r }).await.unwrap();
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += u64::from(l.hit(store, 1).await.admitted);
+    }
+    assert!(
+        (20..=23).contains(&admitted),
+        "{c}: {admitted} admitted after 20 came back"
+    );
+}
+
 // ------------------------------------------------------------ the runners
 
 async fn run_suite(store: DynStore) {
@@ -1341,6 +1388,7 @@ async fn run_suite(store: DynStore) {
     }
     // A counter with 10 buckets of 111 ms: the wait for a refused hit runs
     // through the bucket shifts until the full bucket is the oldest.
+    timed.push(Box::pin(a_bucket_keeps_room_for_its_leases(&*store)));
     timed.push(Box::pin(retry_after_reset_succeeds_on(
         &*store,
         Limiter::counter("retry10", 3, Unit::Second, 10),

@@ -29,6 +29,7 @@ const LIMIT: u64 = 1_000;
 /// hit on a virtual clock moved `step` microseconds at a time.
 #[derive(Clone, Copy, Debug)]
 struct Shape {
+    algorithm: Algorithm,
     limit: u64,
     unit: Unit,
     keys: usize,
@@ -37,6 +38,7 @@ struct Shape {
 
 /// One hot limiter of 1,000 a second.
 const HOT: Shape = Shape {
+    algorithm: Algorithm::FixedWindow,
     limit: LIMIT,
     unit: Unit::Second,
     keys: 1,
@@ -46,6 +48,7 @@ const HOT: Shape = Shape {
 /// Thirty cool limiters of 120 a minute: each replica hits each of them
 /// less than once a second.
 const COOL: Shape = Shape {
+    algorithm: Algorithm::FixedWindow,
     limit: 120,
     unit: Unit::Minute,
     keys: 30,
@@ -53,14 +56,14 @@ const COOL: Shape = Shape {
 };
 
 fn hit(entries: &[(String, String)]) -> Hit<'_> {
-    hit_of(HOT, entries)
+    hit_of(HOT, entries, true)
 }
 
-fn hit_of(shape: Shape, entries: &[(String, String)]) -> Hit<'_> {
+fn hit_of(shape: Shape, entries: &[(String, String)], lease: bool) -> Hit<'_> {
     Hit {
         domain: "lease",
         entries,
-        algorithm: Algorithm::FixedWindow,
+        algorithm: shape.algorithm,
         limit: shape.limit,
         window: shape.unit.into(),
         hits: 1,
@@ -71,7 +74,72 @@ fn hit_of(shape: Shape, entries: &[(String, String)]) -> Hit<'_> {
         shard: Shard::NONE,
         receipt: false,
         also: &[],
-        lease: true,
+        lease,
+    }
+}
+
+/// One token bucket of 1,000 a second (a burst of 1,000).
+const BUCKET: Shape = Shape {
+    algorithm: Algorithm::TokenBucket,
+    limit: LIMIT,
+    unit: Unit::Second,
+    keys: 1,
+    step: 5_000,
+};
+
+/// Thirty cool token buckets of 120 a minute.
+const COOL_BUCKETS: Shape = Shape {
+    algorithm: Algorithm::TokenBucket,
+    limit: 120,
+    unit: Unit::Minute,
+    keys: 30,
+    step: 50_000,
+};
+
+/// The bound of a token bucket, checked hit by hit: the admitted hits of
+/// all replicas, at the times they were admitted, must be what one
+/// bucket of the shape's burst and rate admits (a reference bucket,
+/// exact in integer units, never goes below empty). A fixed window's
+/// bound is checked per window.
+#[derive(Clone)]
+struct Reference {
+    bucket: bool,
+    step: u128,
+    k: u128,
+    full: u128,
+    debt: u128,
+    last: u64,
+    /// Tokens the bucket may be over (answers timed on their way back).
+    slack: u128,
+}
+
+impl Reference {
+    fn new(shape: Shape) -> Reference {
+        let (step, k) = tollgate::limit::bucket_scale(shape.limit, shape.window_micros());
+        Reference {
+            bucket: shape.algorithm == Algorithm::TokenBucket,
+            step: u128::from(step),
+            k: u128::from(k),
+            // The burst: the limit (the rule names none).
+            full: u128::from(shape.limit) * u128::from(step),
+            debt: 0,
+            last: 0,
+            slack: 0,
+        }
+    }
+
+    fn admit(&mut self, now: u64, what: &str) {
+        if !self.bucket {
+            return;
+        }
+        let drained = u128::from(now.saturating_sub(self.last)) * self.k;
+        self.debt = self.debt.saturating_sub(drained) + self.step;
+        self.last = now;
+        assert!(
+            self.debt <= self.full + self.slack * self.step,
+            "{what}: a hit admitted at {now} passes the bucket ({} tokens over)",
+            (self.debt - self.full).div_ceil(self.step)
+        );
     }
 }
 
@@ -90,6 +158,8 @@ struct Seen {
     store_calls: u64,
     asked: u64,
     admitted: u64,
+    /// Leased hits never used: forgotten at their end, or lost in a crash.
+    unused: u64,
 }
 
 /// One run: `replicas` replicas over `windows` windows of `shape`, each
@@ -97,7 +167,7 @@ struct Seen {
 /// windows; a crash drops a replica's layer (its leases are lost) and a
 /// new one takes its place. Settled windows are the last two of each
 /// phase.
-async fn run(seed: u64, replicas: usize, windows: u64, shape: Shape) -> Seen {
+async fn run(seed: u64, replicas: usize, windows: u64, shape: Shape, lease: bool) -> Seen {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     // On a minute's boundary (and so a second's).
     let clock = Arc::new(ManualClock::at_secs(1_000_020));
@@ -108,6 +178,7 @@ async fn run(seed: u64, replicas: usize, windows: u64, shape: Shape) -> Seen {
         .map(|k| vec![("user".to_string(), format!("shared-{k}"))])
         .collect();
     let mut demand = vec![vec![0u64; shape.keys]; replicas];
+    let mut buckets = vec![Reference::new(shape); shape.keys];
     let mut owed = vec![vec![0f64; shape.keys]; replicas];
     let mut seen = Seen {
         settled: Vec::new(),
@@ -115,10 +186,17 @@ async fn run(seed: u64, replicas: usize, windows: u64, shape: Shape) -> Seen {
         store_calls: 0,
         asked: 0,
         admitted: 0,
+        unused: 0,
     };
     let retire = |l: &Leasing, seen: &mut Seen| {
         seen.local += l.counts().local;
         seen.store_calls += l.counts().store_calls;
+        let c = l.counts();
+        // Taken, less what was spent or given back: expired or held at
+        // a crash.
+        seen.unused += c
+            .taken_hits
+            .saturating_sub(c.local + c.taken + c.returned_hits);
     };
     let steps_per_window = shape.window_micros() / shape.step;
     for window in 0..windows {
@@ -147,8 +225,17 @@ async fn run(seed: u64, replicas: usize, windows: u64, shape: Shape) -> Seen {
                     while owed[i][k] >= 1.0 {
                         owed[i][k] -= 1.0;
                         asked[k] += 1;
-                        let d = layers[i].hit(hit_of(shape, &entries[k])).await.unwrap();
+                        let d = layers[i]
+                            .hit(hit_of(shape, &entries[k], lease))
+                            .await
+                            .unwrap();
                         admitted[k] += u64::from(d.admitted);
+                        if d.admitted {
+                            buckets[k].admit(
+                                clock.now_micros(),
+                                &format!("seed {seed}, {replicas} replicas, limiter {k}"),
+                            );
+                        }
                     }
                 }
             }
@@ -161,7 +248,7 @@ async fn run(seed: u64, replicas: usize, windows: u64, shape: Shape) -> Seen {
         }
         for k in 0..shape.keys {
             assert!(
-                admitted[k] <= shape.limit,
+                shape.algorithm == Algorithm::TokenBucket || admitted[k] <= shape.limit,
                 "seed {seed}, {replicas} replicas, window {window}, limiter {k}: {} admitted of {}",
                 admitted[k],
                 shape.limit
@@ -188,12 +275,19 @@ async fn property(shape: Shape, windows: u64, local_share: f64) -> (f64, f64) {
     let (mut calls, mut asked) = (0, 0);
     for seed in 0..12u64 {
         let replicas = 1 + (seed as usize * 7) % 10;
-        let seen = run(seed, replicas, windows, shape).await;
-        let (admitted, wanted): (u64, u64) = seen
+        let seen = run(seed, replicas, windows, shape, true).await;
+        let (admitted, mut wanted): (u64, u64) = seen
             .settled
             .iter()
             .map(|&(a, d)| (a, d.min(shape.limit)))
             .fold((0, 0), |(a, w), (x, y)| (a + x, w + y));
+        if shape.algorithm == Algorithm::TokenBucket {
+            // A bucket admits more than its rate after a lull (its
+            // burst): the mark is what the same bucket admits without
+            // leases under the same demand.
+            let plain = run(seed, replicas, windows, shape, false).await;
+            wanted = plain.settled.iter().map(|&(a, _)| a).sum();
+        }
         let share = if wanted == 0 {
             1.0
         } else {
@@ -203,11 +297,12 @@ async fn property(shape: Shape, windows: u64, local_share: f64) -> (f64, f64) {
         eprintln!(
             "{:?}/{} seed {seed}: {replicas} replicas, {admitted} of {wanted} admitted in \
              settled windows ({share:.3}); of {} admitted, {local:.3} from leases; \
-             {:.3} store calls per decision (refusals included)",
+             {:.3} store calls per decision (refusals included); {} leased hits unused",
             shape.unit,
             shape.keys,
             seen.admitted,
-            seen.store_calls as f64 / seen.asked.max(1) as f64
+            seen.store_calls as f64 / seen.asked.max(1) as f64,
+            seen.unused
         );
         worst = worst.min(share);
         assert!(
@@ -229,6 +324,16 @@ async fn leases_never_pass_the_limit_and_admit_what_is_asked() {
     property(HOT, 12, 0.5).await;
 }
 
+/// Token buckets: leased tokens keep their room in the bucket while the
+/// lease lives, so the hits admitted from leases (whenever in the lease's
+/// life they are spent) and those the bucket gives meanwhile are what one
+/// bucket admits; checked hit by hit against a reference bucket.
+#[tokio::test(flavor = "current_thread")]
+async fn token_bucket_leases_never_pass_the_bucket() {
+    property(BUCKET, 12, 0.0).await;
+    property(COOL_BUCKETS, 6, 0.0).await;
+}
+
 /// Limiters each replica hits less than once a second still get leases
 /// (the store has plenty left, so a lease holds a few of the next hits):
 /// the bound and the admitted share hold, and most decisions need no
@@ -245,13 +350,14 @@ async fn cool_limiters_are_leased_too() {
 async fn replicas_share_one_limit(
     store: &[(&str, &str)],
     redis_port: Option<u16>,
+    algorithm: Algorithm,
     lease: bool,
     fault: Option<Box<dyn FnOnce() + Send>>,
 ) -> f64 {
     const PER_SECOND: u64 = 300;
     let domain = unique_domain("leases");
     let rules = format!(
-        "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: second, requests_per_unit: {PER_SECOND}, algorithm: fixed_window, lease: {lease}}}\n"
+        "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: second, requests_per_unit: {PER_SECOND}, algorithm: {algorithm}, lease: {lease}}}\n"
     );
     let mut replicas = Vec::new();
     for _ in 0..3 {
@@ -294,6 +400,7 @@ async fn replicas_share_one_limit(
                 let mut c = t.client().await;
                 let mut per_second = vec![0u64; seconds as usize + 1];
                 let mut asked = 0u64;
+                let mut times = Vec::new();
                 let rate = PER_SECOND / 2;
                 while start.elapsed() < Duration::from_secs(seconds) {
                     let at = start + Duration::from_micros(asked * 1_000_000 / rate);
@@ -312,24 +419,45 @@ async fn replicas_share_one_limit(
                         - epoch_second;
                     if r.overall_code == Code::Ok as i32 {
                         per_second[(second as usize).min(seconds as usize)] += 1;
+                        times.push(start.elapsed().as_micros() as u64);
                     }
                 }
-                (per_second, asked)
+                (per_second, asked, times)
             })
         })
         .collect();
     let mut total = vec![0u64; seconds as usize + 1];
     let mut asked = 0;
+    let mut times = Vec::new();
     for f in floods {
-        let (per, n) = f.await.unwrap();
+        let (per, n, t) = f.await.unwrap();
         asked += n;
+        times.extend(t);
         for (t, p) in total.iter_mut().zip(per) {
             *t += p;
         }
     }
-    eprintln!("admitted per second {total:?} of {asked} asked");
-    for (s, &n) in total.iter().enumerate() {
-        assert!(n <= PER_SECOND, "second {s}: {n} admitted of {PER_SECOND}");
+    eprintln!("{algorithm}: admitted per second {total:?} of {asked} asked");
+    if algorithm == Algorithm::TokenBucket {
+        // Each admitted hit at the time its answer came, against one
+        // bucket of 300 a second (a burst of 300), allowing the answers'
+        // few milliseconds on the way (3 tokens).
+        times.sort_unstable();
+        let mut bucket = Reference::new(Shape {
+            algorithm,
+            limit: PER_SECOND,
+            unit: Unit::Second,
+            keys: 1,
+            step: 0,
+        });
+        bucket.slack = 3;
+        for t in times {
+            bucket.admit(t, "three replicas");
+        }
+    } else {
+        for (s, &n) in total.iter().enumerate() {
+            assert!(n <= PER_SECOND, "second {s}: {n} admitted of {PER_SECOND}");
+        }
     }
     if let Some(f) = fault {
         let done = f.await.unwrap().duration_since(start);
@@ -372,18 +500,26 @@ async fn replicas_share_one_limit_on_redis() {
     let redis = RedisServer::start();
     let store = [("store", redis.url())];
     let store: Vec<(&str, &str)> = store.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let leased = replicas_share_one_limit(&store, Some(redis.port()), true, None).await;
-    let plain = replicas_share_one_limit(&store, Some(redis.port()), false, None).await;
+    let fixed = Algorithm::FixedWindow;
+    let leased = replicas_share_one_limit(&store, Some(redis.port()), fixed, true, None).await;
+    let plain = replicas_share_one_limit(&store, Some(redis.port()), fixed, false, None).await;
     assert!(
         leased * 3.0 < plain,
         "script calls per decision: {leased:.3} leased against {plain:.3} without"
     );
+    let bucket = Algorithm::TokenBucket;
+    let leased = replicas_share_one_limit(&store, Some(redis.port()), bucket, true, None).await;
+    let plain = replicas_share_one_limit(&store, Some(redis.port()), bucket, false, None).await;
+    eprintln!("token bucket: script calls per decision {leased:.3} leased, {plain:.3} without");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_one_limit_on_a_redis_cluster() {
     let cluster = RedisCluster::start();
-    replicas_share_one_limit(&[("store", &cluster.url())], None, true, None).await;
+    let store = [("store", cluster.url())];
+    let store: Vec<(&str, &str)> = store.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    replicas_share_one_limit(&store, None, Algorithm::FixedWindow, true, None).await;
+    replicas_share_one_limit(&store, None, Algorithm::TokenBucket, true, None).await;
     // Every primary fails over to its replica in turn (a second apart),
     // under the flood.
     let replicas: Vec<u16> = cluster
@@ -403,7 +539,7 @@ async fn replicas_share_one_limit_on_a_redis_cluster() {
             std::thread::sleep(Duration::from_secs(1));
         }
     });
-    replicas_share_one_limit(&[("store", &cluster.url())], None, true, Some(failovers)).await;
+    replicas_share_one_limit(&store, None, Algorithm::FixedWindow, true, Some(failovers)).await;
 }
 
 /// A reset through the replica that holds a lease forgets it: after the

@@ -1402,7 +1402,7 @@ fn lease_where_it_cannot_hold() {
         name,
         5,
         "descriptors[0].rate_limit.lease: ",
-        "lease: true applies to fixed_window only, not sliding_window_log",
+        "lease: true applies to fixed_window and token_bucket only, not sliding_window_log",
     );
     assert_error(
         name,

@@ -1,12 +1,23 @@
-//! Decisions from leased quota (`lease: true`): a replica takes a lease of
-//! a fixed window's hits from the store (one weighted hit, recorded in the
-//! window like any other, sized to this replica's recent demand) and
+//! Decisions from leased quota (`lease: true`): a replica takes a lease
+//! from the store (one weighted hit, sized to this replica's demand) and
 //! admits hits from it locally, without a store call, until the lease is
-//! spent or its window ends. The limit is never passed: every hit admitted
-//! here was recorded in the store, in its window, before it was admitted,
-//! and a lease is used only until its window's end as seen from when it
-//! was asked (the store's reset, counted from the moment the call was
-//! sent, as the over-limit cache counts).
+//! spent or ends. The limit is never passed:
+//!
+//! - **Fixed window.** A lease is a weighted hit recorded in the window
+//!   like any other, used only until its window's end as seen from when
+//!   it was asked (the store's reset, counted from the moment the call was
+//!   sent, as the over-limit cache counts): every hit admitted here was
+//!   recorded in its window before it was admitted.
+//! - **Token bucket.** A lease takes tokens from the bucket and lives
+//!   until the end of the lease period after the one it was taken in (the
+//!   window, within 1 to 10 s; the store's answer says how long, counted
+//!   here from when the call was sent). While it lives its tokens keep
+//!   their room in the bucket: the store refills the bucket only up to
+//!   its burst less the tokens leased out. So the bucket's tokens plus
+//!   the leases' unused ones never pass the burst and grow no faster than
+//!   the rate, whenever a lease spends its tokens: the hits admitted are
+//!   what one bucket admits. A lease is ended when it is spent (with the
+//!   next lease, or when idle), so spent leases do not keep room.
 //!
 //! - **Sizing.** A lease is sized to this replica's demand on the
 //!   limiter (the recent slots' rate, or for a limiter hit less often a
@@ -21,11 +32,11 @@
 //!   decided in the store). So a limiter hit once every few seconds
 //!   still gets leases of many hits on a long window, and near the limit
 //!   leases shrink to single hits.
-//! - **Near the limit.** A lease the store refuses means the window has
-//!   less left than a lease: what the refusal recorded is taken back, and
-//!   until the window ends every hit on the limiter is decided in the
-//!   store alone, as without leases, so the last hits of a window are
-//!   exact.
+//! - **Near the limit.** A lease the store refuses means the window (or
+//!   bucket) has less left than a lease: what the refusal recorded is
+//!   taken back, and until the window ends (the bucket: until such a
+//!   lease would pass) every hit on the limiter is decided in the store
+//!   alone, as without leases, so the last hits are exact.
 //! - **Giving back.** Tokens of a lease unused for a few of the
 //!   limiter's gaps between hits (at least [`IDLE_MICROS`], at most
 //!   [`MAX_IDLE_MICROS`]) go back to the store ([`Store::undo`] with the
@@ -48,14 +59,14 @@
 //!
 //! Everything else goes to the store as before: give-backs, checks,
 //! usage reports, limiters that take receipts, lists, sharded limiters and
-//! other algorithms (load refuses `lease: true` on them).
+//! the sliding windows (load refuses `lease: true` on them).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::clock::Clock;
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, effective_burst, lease_period};
 use crate::storage::limiter::{Limiter, LimiterId};
 use crate::storage::{BoxFuture, Cost, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
 
@@ -254,10 +265,14 @@ impl Held {
 
     /// The unused part of a lease still in force, taken out to be given
     /// back; a lease past its window is forgotten.
+    ///
+    /// A token bucket's lease is ended even when spent (the receipt then
+    /// gives back nothing): until it ends or its life does, the bucket
+    /// keeps room for its tokens.
     fn take_unused(&mut self, now: u64, counters: &Counters) -> Option<Receipt> {
         let tokens = std::mem::take(&mut self.tokens);
         let receipt = self.receipt.take();
-        if tokens == 0 {
+        if tokens == 0 && self.id.algorithm != Algorithm::TokenBucket {
             return None;
         }
         if now >= self.until {
@@ -369,8 +384,10 @@ impl Leasing {
             if now < h.tight_until {
                 Step::Alone(unused)
             } else {
-                let end = hit.window.span(now).end;
-                Step::Lease(h.size(now, hit.hits, hit.limit, end), unused)
+                Step::Lease(
+                    h.size(now, hit.hits, capacity(hit), horizon(hit, now)),
+                    unused,
+                )
             }
         })
     }
@@ -381,7 +398,7 @@ impl Leasing {
             return;
         };
         self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-        if self.inner.undo(store_hit(hit, r.hits), r).await.is_ok() {
+        if self.inner.undo(lease_hit(hit, r.hits), r).await.is_ok() {
             self.counters
                 .returned_hits
                 .fetch_add(r.hits, Ordering::Relaxed);
@@ -409,19 +426,25 @@ impl Leasing {
         let (size, unused) = match self.step(&hit, now) {
             Step::Answer(d) => return Ok(d),
             Step::Alone(unused) => {
-                self.give_back(&hit, unused).await;
                 self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                return self.inner.hit(store_hit(&hit, hit.hits)).await;
+                // What the old lease gives back goes beside the hit (each
+                // is safe in either order: a give-back only adds room).
+                let (_, d) = tokio::join!(
+                    self.give_back(&hit, unused),
+                    self.inner.hit(store_hit(&hit, hit.hits))
+                );
+                return d;
             }
             Step::Lease(size, unused) => (size, unused),
         };
-        self.give_back(&hit, unused).await;
-        let lease = Hit {
-            receipt: size > hit.hits,
-            ..store_hit(&hit, size)
+        let lease = if size > hit.hits {
+            lease_hit(&hit, size)
+        } else {
+            store_hit(&hit, size)
         };
         self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-        let d = self.inner.hit(lease).await?;
+        let (_, d) = tokio::join!(self.give_back(&hit, unused), self.inner.hit(lease));
+        let d = d?;
         if !d.admitted {
             // Less than a lease is left in this window: what the refusal
             // recorded goes back, and the window's last hits are decided
@@ -485,7 +508,7 @@ impl Leasing {
             let mut map = self.lock();
             for bucket in map.values_mut() {
                 for h in bucket.iter_mut() {
-                    if h.tokens > 0
+                    if (h.tokens > 0 || h.receipt.is_some())
                         && now.saturating_sub(h.last_used) >= h.idle_after(now)
                         && let Some(r) = h.take_unused(now, &self.counters)
                     {
@@ -520,10 +543,45 @@ fn store_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
     }
 }
 
+/// A lease of `cost` on `hit`'s limiter as the store sees it (and its
+/// end, given to [`Store::undo`]): a fixed window's is a weighted hit
+/// with a receipt; a token bucket's tells the store it is a lease, whose
+/// tokens keep their room in the bucket while it lives.
+fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
+    Hit {
+        hits: cost,
+        lease: hit.algorithm == Algorithm::TokenBucket,
+        receipt: true,
+        ..*hit
+    }
+}
+
+/// The size leases are measured against: the fixed window's limit, the
+/// token bucket's burst.
+fn capacity(hit: &Hit<'_>) -> u64 {
+    match hit.algorithm {
+        Algorithm::TokenBucket => effective_burst(hit.burst, hit.limit, hit.window),
+        _ => hit.limit,
+    }
+}
+
+/// How far ahead a lease taken `now` may be spent at least (this
+/// replica's clock): to the fixed window's end, for a token bucket one
+/// lease period.
+fn horizon(hit: &Hit<'_>, now: u64) -> u64 {
+    match hit.algorithm {
+        Algorithm::TokenBucket => now + lease_period(hit.window.micros()),
+        _ => hit.window.span(now).end,
+    }
+}
+
 /// Whether a hit is decided from leased quota here.
 fn leased(hit: &Hit<'_>) -> bool {
     hit.lease
-        && hit.algorithm == Algorithm::FixedWindow
+        && matches!(
+            hit.algorithm,
+            Algorithm::FixedWindow | Algorithm::TokenBucket
+        )
         && hit.hits > 0
         && !hit.negative
         && !hit.usage_reports

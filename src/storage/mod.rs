@@ -91,7 +91,10 @@ pub struct Hit<'a> {
     /// which limit it describes ([`Decision::group`]).
     pub also: &'a [Also],
     /// Decide from quota this replica leased, where it holds some
-    /// ([`lease::Leasing`]); layers below it ignore the flag.
+    /// ([`lease::Leasing`]). Below that layer it is set only on a token
+    /// bucket's lease: the store records the cost as a lease (its tokens
+    /// keep their room in the bucket while it lives, the answer's reset
+    /// is its life) and [`Store::undo`] of it ends the lease.
     pub lease: bool,
 }
 

@@ -329,7 +329,10 @@ mod tests {
         for (i, &n) in counts.iter().enumerate().take(10) {
             let want = ((i + 1) as f64).powf(-1.1) / total;
             let got = n as f64 / DRAWS as f64;
-            assert!((got - want).abs() < 0.1 * want, "key {i}: {got} of the calls, not {want}");
+            assert!(
+                (got - want).abs() < 0.1 * want,
+                "key {i}: {got} of the calls, not {want}"
+            );
         }
         assert!(counts[99] > 0 && counts[99] < counts[9]);
     }

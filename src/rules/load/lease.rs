@@ -1,7 +1,8 @@
 //! The `lease` key: a limiter a replica may decide from quota it leased
 //! from the store (see `storage::lease`). Only where the bound holds as
-//! built: a fixed window in plain (not calendar) windows, not sharded,
-//! counting refused requests, not taking usage reports. Anything else
+//! built: a fixed window in plain (not calendar) windows or a token
+//! bucket, not sharded, counting refused requests, not taking usage
+//! reports. Anything else
 //! saying `lease: true` is an error naming why.
 
 use super::yaml::{Fields, Walker, join, key_line};
@@ -39,15 +40,15 @@ impl Leasable {
     /// of rules that name none); `None` when it may.
     pub(crate) fn obstacle(&self, default: Algorithm) -> Option<String> {
         let effective = self.algorithm.unwrap_or(default);
-        if effective != Algorithm::FixedWindow {
+        if !matches!(effective, Algorithm::FixedWindow | Algorithm::TokenBucket) {
             let inherited = if self.algorithm.is_none() {
                 " (the default_algorithm, as the rule names none)"
             } else {
                 ""
             };
             Some(format!(
-                "lease: true applies to fixed_window only, not {effective}{inherited}: \
-                 the other algorithms are decided in the store on every hit"
+                "lease: true applies to fixed_window and token_bucket only, not \
+                 {effective}{inherited}: a sliding window is decided in the store on every hit"
             ))
         } else if self.in_list {
             Some(

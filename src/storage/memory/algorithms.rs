@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::limit::{Span, bucket_scale, effective_burst};
+use crate::limit::{Span, bucket_scale, effective_burst, lease_period};
 
 /// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
 /// doubles, exact below 2^53): a usage report may carry any cost, and a
@@ -301,6 +301,89 @@ pub(super) fn record(
     at
 }
 
+/// Tokens leased out of a token bucket, as `lua/token_bucket.lua` keeps
+/// them: `h` leased in `period`, `o` in the period before. A lease lives
+/// until the end of the period after its own, and while it lives its
+/// tokens count as still in the bucket for the bucket's size.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Leased {
+    period: u64,
+    h: u64,
+    o: u64,
+}
+
+impl Leased {
+    /// Tokens leased out during period `q`.
+    fn held_in(&self, q: u64) -> u64 {
+        let mut n = 0;
+        if q == self.period || q == self.period + 1 {
+            n += self.h;
+        }
+        if q == self.period || q + 1 == self.period {
+            n += self.o;
+        }
+        n
+    }
+
+    /// Moves to period `current`: leases older than the one before end.
+    fn roll(&mut self, current: u64) {
+        if self.period != current {
+            self.o = if self.period + 1 == current {
+                self.h
+            } else {
+                0
+            };
+            self.h = 0;
+            self.period = current;
+        }
+    }
+
+    pub(super) fn held(&self) -> u64 {
+        self.h + self.o
+    }
+
+    /// A lease of `tokens` from period `q` ends.
+    pub(super) fn end(&mut self, q: u64, tokens: u64) {
+        if q == self.period {
+            self.h = self.h.saturating_sub(tokens);
+        } else if q + 1 == self.period {
+            self.o = self.o.saturating_sub(tokens);
+        }
+    }
+}
+
+/// Drains a bucket's debt from `stamp` to `now` at `k` units per
+/// microsecond, never below the time of the tokens leased out (`step`
+/// units each), period by period as leases end; then moves the leases to
+/// `now`'s period.
+pub(super) fn drain(
+    now: u64,
+    w: u64,
+    (step, k): (u64, u64),
+    stamp: &mut u64,
+    debt: &mut u64,
+    leased: &mut Leased,
+) {
+    let period = lease_period(w);
+    let mut from = *stamp;
+    while from < now {
+        let q = from / period;
+        let floor = leased.held_in(q) * step;
+        let to = if floor > 0 && (q + 1) * period < now {
+            (q + 1) * period
+        } else {
+            now
+        };
+        let drained = u128::from(to - from) * u128::from(k);
+        if *debt > floor {
+            *debt = (u128::from(*debt).saturating_sub(drained) as u64).max(floor);
+        }
+        from = to;
+    }
+    *stamp = (*stamp).max(now);
+    leased.roll(now / period);
+}
+
 /// The token bucket (generic cell rate algorithm), as
 /// `lua/token_bucket.lua`: `burst` tokens refilled at `limit` per window
 /// `w`. The state is the bucket's debt at `stamp`: the time until it is
@@ -310,6 +393,8 @@ pub(super) fn record(
 /// new); a changed limit converts it, rounded up. A refused call takes
 /// nothing; a cost above the burst is refused and not recorded unless the
 /// limiter takes usage reports, which put the bucket into debt.
+/// A hit with `lease` set takes a lease of its cost (the answer's reset
+/// is the lease's life, its receipt `{tokens, period, tokens}`).
 pub(super) fn token_bucket(
     now: u64,
     w: u64,
@@ -317,6 +402,7 @@ pub(super) fn token_bucket(
     stamp: &mut u64,
     debt: &mut u64,
     scale: &mut u64,
+    leased: &mut Leased,
 ) -> (Decision, u64) {
     let (step, k) = bucket_scale(hit.limit, w);
     let burst = effective_burst(hit.burst, hit.limit, hit.window);
@@ -326,23 +412,28 @@ pub(super) fn token_bucket(
         *debt = converted.min(max) as u64;
     }
     *scale = k;
-    if now > *stamp {
-        let drained = u128::from(now - *stamp) * u128::from(k);
-        *debt = u128::from(*debt).saturating_sub(drained) as u64;
-        *stamp = now;
-    }
+    drain(now, w, (step, k), stamp, debt, leased);
+    let floor = leased.held() * step;
     let full = burst * step;
     let micros = |units: u64| units.div_ceil(k);
     let remaining = |debt: u64| full.saturating_sub(debt) / step;
     let cost = u128::from(hit.hits) * u128::from(step);
     let d = if hit.negative {
-        *debt = u128::from(*debt).saturating_sub(cost) as u64;
+        *debt = (u128::from(*debt).saturating_sub(cost) as u64).max(floor);
         decision(true, remaining(*debt), micros(*debt))
     } else if hit.hits > burst && !hit.usage_reports {
         decision(false, remaining(*debt), micros(full))
     } else {
         let after = (u128::from(*debt) + cost).min(max) as u64;
-        if after <= full {
+        if after <= full && hit.lease && hit.hits > 0 {
+            *debt = after;
+            let period = lease_period(w);
+            let current = now / period;
+            leased.h += hit.hits;
+            let life = (current + 2) * period - now;
+            let d = decision(true, remaining(after), life);
+            with_receipt(d, hit, hit.hits, current, hit.hits)
+        } else if after <= full {
             *debt = after;
             let d = decision(true, remaining(after), micros(after));
             with_receipt(d, hit, hit.hits, *stamp, after)
@@ -353,7 +444,12 @@ pub(super) fn token_bucket(
             decision(false, remaining(*debt), micros(after - full))
         }
     };
-    (d, *stamp + micros(*debt))
+    let mut expires = *stamp + micros(*debt);
+    if leased.held() > 0 {
+        let period = lease_period(w);
+        expires = expires.max((leased.period + 2) * period);
+    }
+    (d, expires)
 }
 
 /// `d` with a receipt of `recorded` hits at `at` (and `mark`), when the

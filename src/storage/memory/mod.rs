@@ -155,6 +155,8 @@ enum State {
         /// Time until the bucket is full, in units of `1 / scale` µs.
         debt: u64,
         scale: u64,
+        /// Tokens leased out.
+        leased: algorithms::Leased,
     },
     Log {
         /// (timestamp in microseconds, cost), oldest first.
@@ -482,6 +484,7 @@ fn new_slot(algorithm: Algorithm) -> Slot {
                 stamp: 0,
                 debt: 0,
                 scale: 0,
+                leased: Default::default(),
             },
         },
         expires_at: 0,
@@ -508,8 +511,13 @@ fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decisi
             slot.expires_at = exp;
             d
         }
-        State::Bucket { stamp, debt, scale } => {
-            let (d, exp) = token_bucket(now, w, hit, stamp, debt, scale);
+        State::Bucket {
+            stamp,
+            debt,
+            scale,
+            leased,
+        } => {
+            let (d, exp) = token_bucket(now, w, hit, stamp, debt, scale, leased);
             slot.expires_at = exp;
             d
         }
@@ -528,9 +536,12 @@ fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Receipt, now: u
         State::Fixed { window, count } => undo::fixed_window(now, hit, r, *window, count),
         State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
         State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
-        State::Bucket { stamp, debt, scale } => {
-            undo::token_bucket(now, w, hit, r, stamp, debt, *scale)
-        }
+        State::Bucket {
+            stamp,
+            debt,
+            scale,
+            leased,
+        } => undo::token_bucket(now, w, hit, r, stamp, debt, *scale, leased),
     }
     shard.held = shard.held.saturating_sub(before) + state_bytes(slot);
 }

@@ -9,6 +9,8 @@ use std::collections::VecDeque;
 use super::*;
 use crate::limit::bucket_scale;
 
+use super::algorithms::{Leased, drain};
+
 /// Fixed window: the count of the receipt's window, only while that
 /// window is the current one (a later window never counted the hit).
 pub(super) fn fixed_window(now: u64, hit: &Hit<'_>, r: &Receipt, window: u64, count: &mut u64) {
@@ -72,6 +74,10 @@ pub(super) fn sliding_log(r: &Receipt, entries: &mut VecDeque<(u64, u64)>, sum: 
 /// be full again right after it, `at + mark / k`); the part of it already
 /// past cannot be told from time the bucket would have refilled anyway,
 /// so it stays spent. The debt never goes below zero.
+/// With `lease` set on the hit, the receipt is a lease's (`{unused
+/// tokens, period, tokens leased}`): the lease ends and its unused tokens
+/// go back, never below what other leases hold.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn token_bucket(
     now: u64,
     w: u64,
@@ -80,20 +86,26 @@ pub(super) fn token_bucket(
     stamp: &mut u64,
     debt: &mut u64,
     scale: u64,
+    leased: &mut Leased,
 ) {
     let (step, k) = bucket_scale(hit.limit, w);
+    if hit.lease {
+        drain(now, w, (step, k), stamp, debt, leased);
+        leased.end(r.at, r.mark);
+        if scale == k {
+            *debt = debt.saturating_sub(r.hits.saturating_mul(step));
+        }
+        *debt = (*debt).max(leased.held() * step);
+        return;
+    }
     if scale != k || *stamp < r.at {
         // Another limit's units, or a state older than the charge (it was
         // forgotten and started again): nothing to tell apart.
         return;
     }
-    if now > *stamp {
-        let drained = u128::from(now - *stamp) * u128::from(k);
-        *debt = u128::from(*debt).saturating_sub(drained) as u64;
-        *stamp = now;
-    }
+    drain(now, w, (step, k), stamp, debt, leased);
     let drained = u128::from(now.saturating_sub(r.at)) * u128::from(k);
     let ahead = u128::from(r.mark).saturating_sub(drained);
     let back = ahead.min(u128::from(r.hits) * u128::from(step));
-    *debt = u128::from(*debt).saturating_sub(back) as u64;
+    *debt = (u128::from(*debt).saturating_sub(back) as u64).max(leased.held() * step);
 }

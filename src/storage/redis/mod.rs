@@ -231,7 +231,13 @@ impl RedisStore {
                 None => hit.window.micros().min(MAX_EXACT) as i64,
             },
             hit.hits.min(MAX_EXACT) as i64,
-            i64::from(hit.negative),
+            // 3: a token bucket's lease ([`Hit::lease`] reaches a store
+            // only on a token bucket's lease).
+            if hit.lease && hit.algorithm == Algorithm::TokenBucket {
+                3
+            } else {
+                i64::from(hit.negative)
+            },
             match hit.algorithm {
                 // Held within what the script keeps exact.
                 Algorithm::TokenBucket => {
@@ -321,9 +327,14 @@ impl RedisStore {
             ..*hit
         };
         let (slot, mut call) = self.prepare(&undo, &[]);
-        // ARGV[4] = 2: undo; the two after the fixed arguments (and a
-        // calendar window's boundaries): where it was recorded.
-        call.args[3] = 2;
+        // ARGV[4] = 2: undo (4: a token bucket's lease ends); the two
+        // after the fixed arguments (and a calendar window's boundaries):
+        // where it was recorded.
+        call.args[3] = if hit.lease && hit.algorithm == Algorithm::TokenBucket {
+            4
+        } else {
+            2
+        };
         call.args
             .extend([r.at.min(MAX_EXACT) as i64, r.mark.min(MAX_EXACT) as i64]);
         let timeout = self.inner.command_timeout;
