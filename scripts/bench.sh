@@ -50,9 +50,10 @@
 #                a second and an hour, both never reached), decided in
 #                one script call: what the second limit costs (its rb
 #                columns stay 0: redis-benchmark has no such script)
-#   LEASED=1     after the fixed window's row, a row "fixed_window leased":
-#                the same rule with `lease: true` (decided from quota
-#                leased from Redis; its rb columns stay 0)
+#   LEASED=1     after the fixed window's and the token bucket's rows, a
+#                row "<algorithm> leased": the same rule with `lease: true`
+#                (decided from quota leased from Redis; its rb columns
+#                stay 0)
 #   LEASE_UNIT=minute  the leased row's window (default second); another
 #                unit adds a row "fixed_window/<unit>" without leases
 #                right before it, so the two compare on one window
@@ -103,21 +104,23 @@ start_redis
 # KEYS (tollgate bench suffixes the last entry of the template).
 mkdir "$WORK/rules"
 algorithm_rules bench "$LIMIT" >"$WORK/rules/bench.yaml"
-# The fixed window decided from leased quota (LEASED=1), and the same
-# window without leases.
+# The fixed window and the token bucket decided from leased quota
+# (LEASED=1), and the same without leases.
 LEASE_UNIT=${LEASE_UNIT:-second}
-cat >>"$WORK/rules/bench.yaml" <<EOF
+for a in fixed_window token_bucket; do
+    cat >>"$WORK/rules/bench.yaml" <<EOF
   - key: algo
-    value: fixed_window_leased
+    value: ${a}_leased
     descriptors:
       - key: user
-        rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT, algorithm: fixed_window, lease: true}
+        rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT, algorithm: $a, lease: true}
   - key: algo
-    value: fixed_window_$LEASE_UNIT
+    value: ${a}_$LEASE_UNIT
     descriptors:
       - key: user
-        rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT, algorithm: fixed_window}
+        rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT, algorithm: $a}
 EOF
+done
 ZIPF_ARGS=()
 [[ -n ${ZIPF:-} ]] && ZIPF_ARGS=(--zipf "$ZIPF")
 # Two limits on one descriptor per algorithm (LISTS=1): `algo=<a>_x2`.
@@ -298,7 +301,7 @@ for a in "${MEASURED[@]}"; do
     for i in "${!LABELS[@]}"; do
         measure_tollgate "$i" "$a" "algo=$a,user=u"
     done
-    if [[ ${LEASED:-0} == 1 && $a == fixed_window ]]; then
+    if [[ ${LEASED:-0} == 1 && ($a == fixed_window || $a == token_bucket) ]]; then
         saved=("$rb_rate" "$rb_p50" "$rb_p99" "$rb_cpu")
         rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
         if [[ $LEASE_UNIT != second ]]; then
