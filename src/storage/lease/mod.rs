@@ -65,9 +65,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod held;
+
+use held::Held;
+
 use crate::clock::Clock;
 use crate::limit::{Algorithm, effective_burst, lease_period};
-use crate::storage::limiter::{Limiter, LimiterId};
+use crate::storage::limiter::Limiter;
 use crate::storage::{BoxFuture, Cost, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
 
 /// Near the limit, a lease holds about this share of a second of the
@@ -128,162 +132,6 @@ struct Counters {
     expired_hits: AtomicU64,
     local: AtomicU64,
     store_calls: AtomicU64,
-}
-
-/// One limiter's lease on this replica.
-struct Held {
-    id: LimiterId,
-    /// Unused hits of the current lease.
-    tokens: u64,
-    /// What the store recorded for the lease, to give unused hits back.
-    receipt: Option<Receipt>,
-    /// The lease counts until then (this replica's clock).
-    until: u64,
-    /// A lease was refused: hits go to the store alone until then.
-    tight_until: u64,
-    /// Demand: the current slot's index and hits, and the previous slot's.
-    slot: u64,
-    hits: u64,
-    previous: u64,
-    /// Long-run demand: hits after the first, since `since` (halved as it
-    /// ages), and the last hit.
-    seen: u64,
-    since: u64,
-    last_seen: u64,
-    /// What the store had left after this replica's last call on the
-    /// limiter, and the end of the window that was in.
-    store_left: u64,
-    store_left_until: u64,
-    last_used: u64,
-}
-
-impl Held {
-    fn new(id: LimiterId) -> Held {
-        Held {
-            id,
-            tokens: 0,
-            receipt: None,
-            until: 0,
-            tight_until: 0,
-            slot: 0,
-            hits: 0,
-            previous: 0,
-            seen: 0,
-            since: 0,
-            last_seen: 0,
-            store_left: 0,
-            store_left_until: 0,
-            last_used: 0,
-        }
-    }
-
-    fn observe(&mut self, now: u64, cost: u64) {
-        let slot = now / SLOT_MICROS;
-        if slot != self.slot {
-            self.previous = if slot == self.slot + 1 { self.hits } else { 0 };
-            self.slot = slot;
-            self.hits = 0;
-        }
-        self.hits = self.hits.saturating_add(cost);
-        if self.last_seen == 0 {
-            self.since = now;
-        } else {
-            self.seen = self.seen.saturating_add(cost);
-            let age = now.saturating_sub(self.since);
-            if age > LONG_MICROS {
-                self.seen /= 2;
-                self.since = now - age / 2;
-            }
-        }
-        self.last_seen = now;
-    }
-
-    /// This replica's demand on the limiter, in hits per second: the
-    /// recent slots' rate, or the long-run rate when the limiter is hit
-    /// less often than the slots see (0 until a second hit).
-    fn rate(&self, now: u64) -> f64 {
-        let slot = now / SLOT_MICROS;
-        let counted = match slot.saturating_sub(self.slot) {
-            0 => self.hits + self.previous,
-            1 => self.hits,
-            _ => 0,
-        };
-        let age = now.saturating_sub(self.since).max(SLOT_MICROS);
-        let long = self.seen as f64 / (age as f64 / 1e6);
-        if counted < RECENT_HITS {
-            // Too few for the slots to tell a rate.
-            return long;
-        }
-        // The hit that opened the span is not a gap's worth of demand.
-        let span = SLOT_MICROS + now % SLOT_MICROS;
-        let recent = (counted - 1) as f64 / (span as f64 / 1e6);
-        recent.max(long)
-    }
-
-    /// The size of the next lease for a hit of `cost`, from this
-    /// replica's demand: [`LEASE_SHARE`] of a second of it, or, if more,
-    /// what of the demand until the window's `end` (this replica's clock)
-    /// is within an eighth of what the store had left at the last call
-    /// ([`STORE_SHARE`]), and while the store has plenty left (half the
-    /// limit) [`PLENTY_HITS`] of it; never looking further than
-    /// [`MAX_HORIZON_MICROS`]. At least the cost and at most a tenth of
-    /// the limit. Near the limit it shrinks to the cost: the last hits
-    /// are decided in the store.
-    fn size(&self, now: u64, cost: u64, limit: u64, end: u64) -> u64 {
-        let rate = self.rate(now);
-        let mut wanted = rate * LEASE_SHARE;
-        if rate > 0.0 {
-            let secs_left = end.saturating_sub(now).min(MAX_HORIZON_MICROS) as f64 / 1e6;
-            let current = now < self.store_left_until;
-            let store_left = if current { self.store_left } else { 0 };
-            wanted = wanted.max((rate * secs_left).min((store_left / STORE_SHARE) as f64));
-            // A new window after one with plenty left is taken to have
-            // plenty too (a lease too large for what others took
-            // meanwhile is refused, and the hit decided alone).
-            let plenty = if current {
-                store_left >= limit / 2
-            } else {
-                self.store_left_until > 0 && self.store_left >= limit / 2
-            };
-            if plenty {
-                wanted = wanted.max(PLENTY_HITS.min(rate * secs_left));
-            }
-        }
-        (wanted.ceil() as u64).clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
-    }
-
-    /// How long the lease waits unused before it goes back: eight of the
-    /// limiter's gaps between hits, within [`IDLE_MICROS`] and
-    /// [`MAX_IDLE_MICROS`].
-    fn idle_after(&self, now: u64) -> u64 {
-        let rate = self.rate(now);
-        if rate <= 0.0 {
-            return IDLE_MICROS;
-        }
-        ((8e6 / rate) as u64).clamp(IDLE_MICROS, MAX_IDLE_MICROS)
-    }
-
-    /// The unused part of a lease still in force, taken out to be given
-    /// back; a lease past its window is forgotten.
-    ///
-    /// A token bucket's lease is ended even when spent (the receipt then
-    /// gives back nothing): until it ends or its life does, the bucket
-    /// keeps room for its tokens.
-    fn take_unused(&mut self, now: u64, counters: &Counters) -> Option<Receipt> {
-        let tokens = std::mem::take(&mut self.tokens);
-        let receipt = self.receipt.take();
-        if tokens == 0 && self.id.algorithm != Algorithm::TokenBucket {
-            return None;
-        }
-        if now >= self.until {
-            counters.expired_hits.fetch_add(tokens, Ordering::Relaxed);
-            return None;
-        }
-        receipt.map(|r| Receipt {
-            hits: tokens.min(r.hits),
-            ..r
-        })
-    }
 }
 
 /// The leasing layer over any store. Cheap to share.
