@@ -122,7 +122,10 @@ async fn the_sequence(t: &Tollgate, domain: &str, key: &str) {
     let refused = t.ask(request(domain, key, value)).await;
     assert_eq!(refused.overall_code, Code::OverLimit as i32);
     assert_eq!(limit_name(&refused), "per_second", "{key}: {refused:?}");
-    assert!(reset_secs(&refused) <= 1.0, "{key}: {refused:?}");
+    // The log's second ends within a second; the counter's previous
+    // bucket weighs for up to a second more.
+    let most = if key == "log" { 1.0 } else { 2.0 };
+    assert!(reset_secs(&refused) <= most, "{key}: {refused:?}");
 
     tokio::time::sleep(step(key)).await;
     assert_eq!(
