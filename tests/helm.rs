@@ -1544,7 +1544,10 @@ async fn the_python_client_spends_a_weighted_budget_and_honours_reset() {
         .filter_map(|l| l.strip_prefix("over budget; waiting "))
         .map(|w| w.trim_end_matches('s').parse().unwrap())
         .collect();
-    assert!(waits.iter().all(|w| *w > 0.0 && *w <= 1.0), "{waits:?}");
+    // A wait is printed to the millisecond: a call landing within half a
+    // millisecond of the window's end prints 0.000.
+    assert!(waits.iter().all(|w| *w >= 0.0 && *w <= 1.0), "{waits:?}");
+    assert!(waits[0] > 0.0, "{waits:?}");
     assert_eq!(
         lines.iter().filter(|l| l.starts_with("call ")).count(),
         5,
