@@ -26,6 +26,10 @@
 # Usage: scripts/bench.sh            (from anywhere; builds --release)
 # Knobs (environment):
 #   SECS=5       measured seconds per tollgate run (plus WARMUP=1)
+#   STEADY=1     run the warm-up as a load of its own before the CPU is
+#                read, so the figures are of the steady state only (by
+#                default CPU is read around warm-up and measurement:
+#                what starting cold costs is in the figures)
 #   C=16         concurrent callers (tollgate bench) / clients (redis-benchmark)
 #   CONNS=4      HTTP/2 connections of tollgate bench
 #   KEYS=1       distinct keys: 1 is one hot key; above 1 tollgate cycles
@@ -216,14 +220,22 @@ syscalls_per_decision() {
 measure_tollgate() {
     local i=$1 a=$2 desc=$3 tg tg0 tg1 rd0 rd1 gen_cpu tg_rate tg_p50 tg_p99 tg_over tg_err
     echo "measuring $a with tollgate (${LABELS[$i]})..." >&2
+    local warm=$WARMUP
+    if [[ ${STEADY:-0} == 1 ]]; then
+        timeout $((WARMUP + 30)) "${BINS[$i]}" bench \
+            --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "$desc" \
+            --keys "$KEYS" "${ZIPF_ARGS[@]}" --concurrency "$C" --connections "$CONNS" --duration "$WARMUP" \
+            --warmup 0 --json >/dev/null
+        warm=0
+    fi
     tg0=$(cpu_ticks "${TG_PIDS[$i]}")
     rd0=$(cpu_ticks "$REDIS_PID")
     sc0=$(script_calls "$REDIS_PORT")
     # bash's `time` gives the load generator's own CPU (user, system).
-    tg=$({ TIMEFORMAT='%U %S'; time timeout $((SECS + WARMUP + 30)) "${BINS[$i]}" bench \
+    tg=$({ TIMEFORMAT='%U %S'; time timeout $((SECS + warm + 30)) "${BINS[$i]}" bench \
         --addr "127.0.0.1:${PORTS[$i]}" --domain bench --descriptor "$desc" \
         --keys "$KEYS" "${ZIPF_ARGS[@]}" --concurrency "$C" --connections "$CONNS" --duration "$SECS" \
-        --warmup "$WARMUP" --json; } 2>"$WORK/gen-time")
+        --warmup "$warm" --json; } 2>"$WORK/gen-time")
     gen_cpu=$(awk 'END { print $1 + $2 }' "$WORK/gen-time")
     tg1=$(cpu_ticks "${TG_PIDS[$i]}")
     rd1=$(cpu_ticks "$REDIS_PID")
@@ -257,7 +269,7 @@ measure_tollgate() {
     # decisions are estimated over the same span from the measured rate.
     ROWS+=("$(awk -v a="$a" -v l="${LABELS[$i]}" -v t="$tg_rate" -v r="$rb_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
         -v rp50="$rb_p50" -v rp99="$rb_p99" -v over="$tg_over" -v err="$tg_err" \
-        -v tgt=$((tg1 - tg0)) -v rdt=$((rd1 - rd0)) -v tick="$TICK_US" -v span=$((SECS + WARMUP)) \
+        -v tgt=$((tg1 - tg0)) -v rdt=$((rd1 - rd0)) -v tick="$TICK_US" -v span=$((SECS + warm)) \
         -v rbcpu="$rb_cpu" -v gen="$gen_cpu" -v systg="$sys_tg" -v sysrd="$sys_rd" -v sc=$((sc1 - sc0)) 'BEGIN {
             n = t * span
             tgc = (n > 0 ? tgt * tick / n : 0)

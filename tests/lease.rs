@@ -21,7 +21,7 @@ use support::unique_domain;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::limit::{Algorithm, Unit, Window};
 use tollgate::storage::lease::Leasing;
-use tollgate::storage::{Hit, MemoryStore, Shard, Store};
+use tollgate::storage::{Hit, MemoryStore, RedisConfig, RedisStore, Shard, Store};
 
 const LIMIT: u64 = 1_000;
 
@@ -564,4 +564,99 @@ async fn a_reset_forgets_the_lease() {
         admitted += u64::from(layer.hit(hit(&entries)).await.unwrap().admitted);
     }
     assert_eq!(admitted, LIMIT, "the whole limit after the reset, no more");
+}
+
+/// Hits that find a replica's lease spent while its next lease is on the
+/// way wait for that one call rather than each ask for a lease of their
+/// own: bursts of 50 concurrent hits on a real Redis cost a store call
+/// or two each, not one per hit.
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_hits_wait_for_one_lease() {
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(RedisConfig {
+        url: redis.url(),
+        command_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    })
+    .await
+    .expect("valid settings");
+    assert!(store.wait_ready(Duration::from_secs(20)).await);
+    let clock: Arc<dyn Clock> = Arc::new(tollgate::clock::SystemClock);
+    let layer = Leasing::new(Arc::new(store), clock);
+    let entries = vec![("user".to_string(), "burst".to_string())];
+    // 1,000 a minute: leases of at most 100 hits.
+    let shape = Shape {
+        limit: 1_000,
+        unit: Unit::Minute,
+        ..COOL
+    };
+    // One hit first: the replica learns what the window has left.
+    assert!(
+        layer
+            .hit(hit_of(shape, &entries, true))
+            .await
+            .unwrap()
+            .admitted
+    );
+    let before = layer.counts();
+    for _ in 0..5 {
+        let burst = (0..50).map(|_| layer.hit(hit_of(shape, &entries, true)));
+        for d in futures_util::future::join_all(burst).await {
+            assert!(d.unwrap().admitted);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = layer.counts();
+    let calls = after.store_calls - before.store_calls;
+    eprintln!("250 hits in bursts of 50: {calls} store calls; {after:?}");
+    // Leases of about 100 hits: three, and one more if a window ended
+    // during the bursts (its unused hits are forgotten, not given back).
+    assert!(calls <= 6, "{calls} store calls for 250 hits: {after:?}");
+    assert!(after.local - before.local >= 250 - calls, "{after:?}");
+}
+
+/// An idle lease taken while the window had plenty left stays until the
+/// window ends when it holds at most a hundredth of the limit (giving it
+/// back would cost a store call for nothing); a larger one goes back.
+#[tokio::test(flavor = "current_thread")]
+async fn small_idle_leases_are_kept_large_ones_given_back() {
+    for (limit, kept) in [(1_000_000, true), (1_000, false)] {
+        let clock = Arc::new(ManualClock::at_secs(3_000_000));
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+        let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+        let entries = vec![("user".to_string(), "idle".to_string())];
+        let shape = Shape {
+            limit,
+            unit: Unit::Minute,
+            ..COOL
+        };
+        // Ten hits a second for a second, then nothing for 15 s.
+        for _ in 0..10 {
+            assert!(
+                layer
+                    .hit(hit_of(shape, &entries, true))
+                    .await
+                    .unwrap()
+                    .admitted
+            );
+            clock.advance_micros(100_000);
+        }
+        let held = layer.counts();
+        assert!(held.taken_hits > held.local + held.taken, "{held:?}");
+        for _ in 0..60 {
+            clock.advance_micros(250_000);
+            layer.give_back_idle().await;
+        }
+        let c = layer.counts();
+        eprintln!("limit {limit}: {c:?}");
+        if kept {
+            assert_eq!(c.returned_hits, 0, "{c:?}");
+            assert_eq!(c.store_calls, held.store_calls, "{c:?}");
+            // The next hit is still decided from it.
+            layer.hit(hit_of(shape, &entries, true)).await.unwrap();
+            assert_eq!(layer.counts().local, c.local + 1);
+        } else {
+            assert!(c.returned_hits > 0, "{c:?}");
+        }
+    }
 }

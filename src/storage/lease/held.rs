@@ -3,9 +3,11 @@
 
 use std::sync::atomic::Ordering;
 
+use tokio::sync::watch;
+
 use super::{
-    Counters, IDLE_MICROS, LEASE_SHARE, LONG_MICROS, MAX_HORIZON_MICROS, MAX_IDLE_MICROS,
-    MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS, SLOT_MICROS, STORE_SHARE,
+    Counters, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE, LONG_MICROS, MAX_HORIZON_MICROS,
+    MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS, SLOT_MICROS, STORE_SHARE,
 };
 use crate::limit::Algorithm;
 use crate::storage::Receipt;
@@ -36,6 +38,12 @@ pub(super) struct Held {
     pub(super) store_left: u64,
     pub(super) store_left_until: u64,
     pub(super) last_used: u64,
+    /// A lease call in flight on this limiter: closed when it is over
+    /// (answered or dropped). Hits that find no tokens meanwhile wait for
+    /// it rather than ask for leases of their own.
+    pub(super) asking: Option<watch::Receiver<()>>,
+    /// The store had plenty left (half the limit) when the lease landed.
+    pub(super) plenty: bool,
 }
 
 impl Held {
@@ -55,6 +63,8 @@ impl Held {
             store_left: 0,
             store_left_until: 0,
             last_used: 0,
+            asking: None,
+            plenty: false,
         }
     }
 
@@ -106,7 +116,10 @@ impl Held {
     /// what of the demand until the window's `end` (this replica's clock)
     /// is within an eighth of what the store had left at the last call
     /// ([`STORE_SHARE`]), and while the store has plenty left (half the
-    /// limit) [`PLENTY_HITS`] of it; never looking further than
+    /// limit) [`PLENTY_HITS`] of it, and where that is at most a
+    /// [`KEEP_DIVISOR`]-th of the limit the demand with a margin (twice it
+    /// and two hits, within [`PLENTY_HITS`] or a quarter more than it);
+    /// never looking further than
     /// [`MAX_HORIZON_MICROS`]. At least the cost and at most a tenth of
     /// the limit. Near the limit it shrinks to the cost: the last hits
     /// are decided in the store.
@@ -127,10 +140,35 @@ impl Held {
                 self.store_left_until > 0 && self.store_left >= limit / 2
             };
             if plenty {
-                wanted = wanted.max(PLENTY_HITS.min(rate * secs_left));
+                let demand = rate * secs_left;
+                wanted = wanted.max(PLENTY_HITS.min(demand));
+                // Where that is a small part of the limit, a margin on the
+                // demand until the window ends (twice it and two hits,
+                // within a quarter more or PLENTY_HITS), so a limiter hit
+                // a few times a window asks once.
+                let margin = (2.0 * demand + 2.0).min(PLENTY_HITS.max(1.25 * demand));
+                wanted = wanted.max(margin.min((limit / KEEP_DIVISOR) as f64));
             }
         }
         (wanted.ceil() as u64).clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
+    }
+
+    /// The lease call in flight on this limiter, if one is.
+    pub(super) fn in_flight(&self) -> Option<watch::Receiver<()>> {
+        self.asking
+            .as_ref()
+            .filter(|rx| rx.has_changed().is_ok())
+            .cloned()
+    }
+
+    /// Whether an idle lease is kept until its window ends
+    /// rather than given back: a fixed window's, taken while the store had
+    /// plenty left, holding at most [`KEEP_DIVISOR`]-th of the limit (a
+    /// give-back is a store call; what such a lease strands is small).
+    pub(super) fn kept_idle(&self) -> bool {
+        self.plenty
+            && self.id.algorithm == Algorithm::FixedWindow
+            && self.tokens <= self.id.limit / KEEP_DIVISOR
     }
 
     /// How long the lease waits unused before it goes back: eight of the

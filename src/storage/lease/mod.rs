@@ -26,12 +26,19 @@
 //!   ends within an eighth of what the store had left at the last call
 //!   ([`STORE_SHARE`]), and while that is at least half the limit
 //!   ("plenty"), [`PLENTY_HITS`] hits of it if they come before the
-//!   window ends. Never more than [`MAX_LEASE_DIVISOR`]-th of the limit,
+//!   window ends, and where it is a small part of the limit (at most a
+//!   [`KEEP_DIVISOR`]-th) the demand until the window ends with a
+//!   margin, so a limiter hit a few times a window asks the store once.
+//!   Never more than [`MAX_LEASE_DIVISOR`]-th of the limit,
 //!   so no replica holds much of a limit it does not use; never less than
 //!   the hit's cost (a lease of the cost alone is no lease: the hit is
 //!   decided in the store). So a limiter hit once every few seconds
 //!   still gets leases of many hits on a long window, and near the limit
 //!   leases shrink to single hits.
+//! - **One call at a time.** Hits that find the lease spent while the
+//!   next is on its way wait for that call (it ends however it ends: an
+//!   answer, an error, or its request dropped) and are then decided from
+//!   the new lease, rather than each asking for one of their own.
 //! - **Near the limit.** A lease the store refuses means the window (or
 //!   bucket) has less left than a lease: what the refusal recorded is
 //!   taken back, and until the window ends (the bucket: until such a
@@ -41,7 +48,10 @@
 //!   limiter's gaps between hits (at least [`IDLE_MICROS`], at most
 //!   [`MAX_IDLE_MICROS`]) go back to the store ([`Store::undo`] with the
 //!   lease's receipt: only while its window is current), at the next hit
-//!   on the limiter or at the next housekeeping; a lease left over when a
+//!   on the limiter or at the next housekeeping, except a fixed window's
+//!   lease taken while the store had plenty left and holding at most a
+//!   [`KEEP_DIVISOR`]-th of the limit: it stays until its window ends (a
+//!   give-back is a store call); a lease left over when a
 //!   larger cost needs a new one goes back first. A window's end forgets
 //!   its unused leases (they counted in a window that is over).
 //! - **Resets.** A reset through this replica forgets its lease of that
@@ -55,7 +65,9 @@
 //!   store until the window ends: at most a lease (a tenth of the limit at
 //!   most, [`PLENTY_HITS`] hits or an eighth of what was left when the
 //!   replica's demand is lower) per replica is refused to the others for
-//!   the rest of that window. That is the bound on under-admission.
+//!   the rest of that window. That is the bound on under-admission; an
+//!   idle replica's kept lease (at most a [`KEEP_DIVISOR`]-th of the
+//!   limit, taken while half of it was left) is bounded the same way.
 //!
 //! Everything else goes to the store as before: give-backs, checks,
 //! usage reports, limiters that take receipts, lists, sharded limiters and
@@ -64,6 +76,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
 
 mod held;
 
@@ -94,7 +108,11 @@ pub const PLENTY_HITS: f64 = 32.0;
 /// more than [`LEASE_SHARE`] of a second of demand).
 pub const STORE_SHARE: u64 = 8;
 /// The furthest ahead a lease looks.
-pub const MAX_HORIZON_MICROS: u64 = 30_000_000;
+pub const MAX_HORIZON_MICROS: u64 = 60_000_000;
+/// An idle fixed-window lease taken while the store had plenty left is
+/// kept until its window ends when it holds at most the limit divided by
+/// this (a give-back costs a store call); a larger one goes back.
+pub const KEEP_DIVISOR: u64 = 100;
 /// Demand is counted in slots of this length: the current and the
 /// previous slot make the estimate.
 const SLOT_MICROS: u64 = 250_000;
@@ -151,8 +169,11 @@ pub struct Leasing {
 enum Step {
     Answer(Decision),
     /// Ask the store for a lease of this many hits, first giving back what
-    /// is left of the previous one.
-    Lease(u64, Option<Receipt>),
+    /// is left of the previous one; while the sender lives, other hits on
+    /// the limiter wait for this lease.
+    Lease(u64, Option<Receipt>, Option<watch::Sender<()>>),
+    /// Wait until the lease call in flight is over, then look again.
+    Wait(watch::Receiver<()>),
     /// Decide the hit in the store alone (near the limit).
     Alone(Option<Receipt>),
 }
@@ -219,24 +240,35 @@ impl Leasing {
         f(&mut bucket[i])
     }
 
-    fn step(&self, hit: &Hit<'_>, now: u64) -> Step {
+    /// What to do with `hit` now; `first` on its first look (its demand
+    /// is counted once, not again after waiting for a lease).
+    fn step(&self, hit: &Hit<'_>, now: u64, first: bool) -> Step {
         self.with_held(hit, |h| {
-            h.observe(now, hit.hits);
+            if first {
+                h.observe(now, hit.hits);
+            }
             if now < h.until && h.tokens >= hit.hits {
                 h.tokens -= hit.hits;
                 h.last_used = now;
                 self.counters.local.fetch_add(1, Ordering::Relaxed);
                 return Step::Answer(Decision::new(true, h.tokens, h.until.saturating_sub(now)));
             }
-            let unused = h.take_unused(now, &self.counters);
             if now < h.tight_until {
-                Step::Alone(unused)
-            } else {
-                Step::Lease(
-                    h.size(now, hit.hits, capacity(hit), horizon(hit, now)),
-                    unused,
-                )
+                return Step::Alone(h.take_unused(now, &self.counters));
             }
+            if let Some(rx) = h.in_flight() {
+                // A lease is on its way: one call for all the hits that
+                // run out meanwhile.
+                return Step::Wait(rx);
+            }
+            let unused = h.take_unused(now, &self.counters);
+            let size = h.size(now, hit.hits, capacity(hit), horizon(hit, now));
+            let asking = (size > hit.hits).then(|| {
+                let (tx, rx) = watch::channel(());
+                h.asking = Some(rx);
+                tx
+            });
+            Step::Lease(size, unused, asking)
         })
     }
 
@@ -270,20 +302,31 @@ impl Leasing {
 
     async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
         let generation = self.resets_seen();
-        let now = self.clock.now_micros();
-        let (size, unused) = match self.step(&hit, now) {
-            Step::Answer(d) => return Ok(d),
-            Step::Alone(unused) => {
-                self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                // What the old lease gives back goes beside the hit (each
-                // is safe in either order: a give-back only adds room).
-                let (_, d) = tokio::join!(
-                    self.give_back(&hit, unused),
-                    self.inner.hit(store_hit(&hit, hit.hits))
-                );
-                return d;
+        let mut now = self.clock.now_micros();
+        let mut first = true;
+        let (size, unused, asking) = loop {
+            match self.step(&hit, now, first) {
+                Step::Answer(d) => return Ok(d),
+                Step::Alone(unused) => {
+                    self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                    // What the old lease gives back goes beside the hit
+                    // (each is safe in either order: a give-back only adds
+                    // room).
+                    let (_, d) = tokio::join!(
+                        self.give_back(&hit, unused),
+                        self.inner.hit(store_hit(&hit, hit.hits))
+                    );
+                    return d;
+                }
+                Step::Lease(size, unused, asking) => break (size, unused, asking),
+                Step::Wait(mut rx) => {
+                    // Ends when the call in flight is over (its sender is
+                    // dropped), however it ends.
+                    let _ = rx.changed().await;
+                    first = false;
+                    now = self.clock.now_micros();
+                }
             }
-            Step::Lease(size, unused) => (size, unused),
         };
         let lease = if size > hit.hits {
             lease_hit(&hit, size)
@@ -301,6 +344,7 @@ impl Leasing {
                 h.tight_until = now.saturating_add(d.reset_micros);
                 h.store_left = 0;
             });
+            drop(asking);
             if size == hit.hits {
                 return Ok(d);
             }
@@ -337,8 +381,10 @@ impl Leasing {
             h.last_used = now;
             h.store_left = d.remaining;
             h.store_left_until = until;
+            h.plenty = d.remaining >= capacity(&hit) / 2;
             older
         });
+        drop(asking);
         self.give_back(&hit, older).await;
         Ok(Decision::new(
             true,
@@ -358,6 +404,7 @@ impl Leasing {
                 for h in bucket.iter_mut() {
                     if (h.tokens > 0 || h.receipt.is_some())
                         && now.saturating_sub(h.last_used) >= h.idle_after(now)
+                        && !h.kept_idle()
                         && let Some(r) = h.take_unused(now, &self.counters)
                     {
                         back.push((h.id.clone(), r));
