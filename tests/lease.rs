@@ -660,3 +660,33 @@ async fn small_idle_leases_are_kept_large_ones_given_back() {
         }
     }
 }
+
+/// A token bucket's hit admitted from a lease answers, as the store does,
+/// the time until the bucket is full again (not the lease's life).
+#[tokio::test(flavor = "current_thread")]
+async fn a_bucket_lease_answers_the_time_until_full() {
+    let clock = Arc::new(ManualClock::at_secs(4_000_000));
+    let leased_store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+    let plain: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+    let layer = Leasing::new(leased_store, clock.clone() as Arc<dyn Clock>);
+    let entries = vec![("user".to_string(), "full".to_string())];
+    // 100 a second, a burst of 100: a hit every 2 ms for 60 ms.
+    let shape = Shape {
+        limit: 100,
+        ..BUCKET
+    };
+    for i in 0..30 {
+        let a = layer.hit(hit_of(shape, &entries, true)).await.unwrap();
+        let b = plain.hit(hit_of(shape, &entries, false)).await.unwrap();
+        assert!(a.admitted && b.admitted);
+        // Within the time of two tokens (10 ms each).
+        assert!(
+            a.reset_micros.abs_diff(b.reset_micros) <= 20_000,
+            "hit {i}: leased {} µs, the bucket {} µs",
+            a.reset_micros,
+            b.reset_micros
+        );
+        clock.advance_micros(2_000);
+    }
+    assert!(layer.counts().local > 15, "{:?}", layer.counts());
+}

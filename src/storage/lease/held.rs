@@ -9,7 +9,7 @@ use super::{
     Counters, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE, LONG_MICROS, MAX_HORIZON_MICROS,
     MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS, SLOT_MICROS, STORE_SHARE,
 };
-use crate::limit::Algorithm;
+use crate::limit::{Algorithm, effective_burst};
 use crate::storage::Receipt;
 use crate::storage::limiter::LimiterId;
 
@@ -44,6 +44,8 @@ pub(super) struct Held {
     pub(super) asking: Option<watch::Receiver<()>>,
     /// The store had plenty left (half the limit) when the lease landed.
     pub(super) plenty: bool,
+    /// When the lease was asked (this replica's clock).
+    pub(super) leased_at: u64,
 }
 
 impl Held {
@@ -65,6 +67,7 @@ impl Held {
             last_used: 0,
             asking: None,
             plenty: false,
+            leased_at: 0,
         }
     }
 
@@ -151,6 +154,28 @@ impl Held {
             }
         }
         (wanted.ceil() as u64).clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
+    }
+
+    /// The reset of a hit admitted from the lease `now`: a fixed window's
+    /// end; for a token bucket, as the store answers, the time until the
+    /// bucket is full again, estimated from what the store had left when
+    /// the lease was taken, what it refilled since at the rate, and the
+    /// lease's unused tokens (which count as in the bucket).
+    pub(super) fn local_reset(&self, now: u64) -> u64 {
+        let life = self.until.saturating_sub(now);
+        if self.id.algorithm != Algorithm::TokenBucket {
+            return life;
+        }
+        let burst = effective_burst(self.id.burst, self.id.limit, self.id.window) as f64;
+        let window = self.id.window.micros() as f64;
+        let per_micro = self.id.limit as f64 / window;
+        let refilled = now.saturating_sub(self.leased_at) as f64 * per_micro;
+        let missing = burst - self.store_left as f64 - self.tokens as f64 - refilled;
+        if missing <= 0.0 {
+            0
+        } else {
+            (missing / per_micro).ceil() as u64
+        }
     }
 
     /// The lease call in flight on this limiter, if one is.

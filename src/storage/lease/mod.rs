@@ -251,7 +251,7 @@ impl Leasing {
                 h.tokens -= hit.hits;
                 h.last_used = now;
                 self.counters.local.fetch_add(1, Ordering::Relaxed);
-                return Step::Answer(Decision::new(true, h.tokens, h.until.saturating_sub(now)));
+                return Step::Answer(Decision::new(true, h.tokens, h.local_reset(now)));
             }
             if now < h.tight_until {
                 return Step::Alone(h.take_unused(now, &self.counters));
@@ -373,7 +373,7 @@ impl Leasing {
         let left = size - hit.hits;
         // A lease asked concurrently may have landed meanwhile: the older
         // one's unused hits go back.
-        let older = self.with_held(&hit, |h| {
+        let (older, reset) = self.with_held(&hit, |h| {
             let older = h.take_unused(now, &self.counters);
             h.tokens = left;
             h.receipt = d.receipt;
@@ -382,15 +382,12 @@ impl Leasing {
             h.store_left = d.remaining;
             h.store_left_until = until;
             h.plenty = d.remaining >= capacity(&hit) / 2;
-            older
+            h.leased_at = now;
+            (older, h.local_reset(now))
         });
         drop(asking);
         self.give_back(&hit, older).await;
-        Ok(Decision::new(
-            true,
-            d.remaining.saturating_add(left),
-            d.reset_micros,
-        ))
+        Ok(Decision::new(true, d.remaining.saturating_add(left), reset))
     }
 
     /// Gives back the unused hits of leases idle for [`IDLE_MICROS`], and
