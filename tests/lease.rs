@@ -690,3 +690,47 @@ async fn a_bucket_lease_answers_the_time_until_full() {
     }
     assert!(layer.counts().local > 15, "{:?}", layer.counts());
 }
+
+/// One replica flooding a limit does not starve another that asks for a
+/// tenth of it: the small one's first hit in each window takes a lease of
+/// its demand until the window ends, before the flood drains the window.
+/// Without leases the flood, asking first and fifty times as often,
+/// takes almost all of each window.
+#[tokio::test(flavor = "current_thread")]
+async fn a_flood_on_one_replica_does_not_starve_a_small_one() {
+    async fn shares(lease: bool) -> (u64, u64, u64) {
+        let clock = Arc::new(ManualClock::at_secs(5_000_000));
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+        let flood = Leasing::new(store.clone(), clock.clone() as Arc<dyn Clock>);
+        let small = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+        let entries = vec![("user".to_string(), "shared".to_string())];
+        // 1,000 a second; the flood asks 5,000 a second, the small
+        // replica 100 (one hit every 10 ms), over 6 s; the first second
+        // (no rates known yet) is not counted.
+        let (mut small_asked, mut small_admitted, mut all_admitted) = (0, 0, 0);
+        for ms in 0..6_000u64 {
+            let counted = ms >= 1_000;
+            for _ in 0..5 {
+                let d = flood.hit(hit_of(HOT, &entries, lease)).await.unwrap();
+                all_admitted += u64::from(d.admitted && counted);
+            }
+            if ms % 10 == 5 {
+                let d = small.hit(hit_of(HOT, &entries, lease)).await.unwrap();
+                small_asked += u64::from(counted);
+                small_admitted += u64::from(d.admitted && counted);
+                all_admitted += u64::from(d.admitted && counted);
+            }
+            clock.advance_micros(1_000);
+        }
+        (small_asked, small_admitted, all_admitted)
+    }
+    let (asked, leased, all) = shares(true).await;
+    let (_, plain, plain_all) = shares(false).await;
+    eprintln!(
+        "small replica: {leased} of {asked} admitted with leases, {plain} without; \
+         all: {all} and {plain_all} of 5 s x {LIMIT}"
+    );
+    assert!(all <= 5 * LIMIT && plain_all <= 5 * LIMIT);
+    assert!(leased * 100 >= asked * 95, "{leased} of {asked}");
+    assert!(plain * 2 < asked, "{plain} of {asked} without leases");
+}

@@ -96,6 +96,13 @@ impl Held {
     /// recent slots' rate, or the long-run rate when the limiter is hit
     /// less often than the slots see (0 until a second hit).
     pub(super) fn rate(&self, now: u64) -> f64 {
+        let (recent, long) = self.rates(now);
+        recent.map_or(long, |r| r.max(long))
+    }
+
+    /// The recent slots' rate (when they hold enough hits to tell one)
+    /// and the long-run rate, in hits per second.
+    fn rates(&self, now: u64) -> (Option<f64>, f64) {
         let slot = now / SLOT_MICROS;
         let counted = match slot.saturating_sub(self.slot) {
             0 => self.hits + self.previous,
@@ -106,12 +113,12 @@ impl Held {
         let long = self.seen as f64 / (age as f64 / 1e6);
         if counted < RECENT_HITS {
             // Too few for the slots to tell a rate.
-            return long;
+            return (None, long);
         }
         // The hit that opened the span is not a gap's worth of demand.
         let span = SLOT_MICROS + now % SLOT_MICROS;
         let recent = (counted - 1) as f64 / (span as f64 / 1e6);
-        recent.max(long)
+        (Some(recent), long)
     }
 
     /// The size of the next lease for a hit of `cost`, from this
@@ -132,8 +139,29 @@ impl Held {
         if rate > 0.0 {
             let secs_left = end.saturating_sub(now).min(MAX_HORIZON_MICROS) as f64 / 1e6;
             let current = now < self.store_left_until;
-            let store_left = if current { self.store_left } else { 0 };
-            wanted = wanted.max((rate * secs_left).min((store_left / STORE_SHARE) as f64));
+            let mut until_end = rate * secs_left;
+            let store_left = if current {
+                self.store_left
+            } else if self.id.algorithm == Algorithm::FixedWindow {
+                // A fixed window starts with its whole limit: a replica
+                // whose demand over a window (its recent rate, when the
+                // slots tell one) is within a lease's cap takes the rest
+                // of it at its first hit, so a flood on another replica
+                // does not starve it. A bucket's tokens are not known
+                // before a call.
+                let (recent, long) = self.rates(now);
+                let steady = recent.unwrap_or(long);
+                let window = self.id.window.micros() as f64 / 1e6;
+                if steady * window <= (limit / MAX_LEASE_DIVISOR) as f64 {
+                    until_end = steady * secs_left;
+                    limit
+                } else {
+                    0
+                }
+            } else {
+                0
+            };
+            wanted = wanted.max(until_end.min((store_left / STORE_SHARE) as f64));
             // A new window after one with plenty left is taken to have
             // plenty too (a lease too large for what others took
             // meanwhile is refused, and the hit decided alone).

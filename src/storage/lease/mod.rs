@@ -29,6 +29,10 @@
 //!   window ends, and where it is a small part of the limit (at most a
 //!   [`KEEP_DIVISOR`]-th) the demand until the window ends with a
 //!   margin, so a limiter hit a few times a window asks the store once.
+//!   A fixed window starts with its whole limit: a replica whose demand
+//!   over a window is within a lease's cap takes a lease of its demand
+//!   until the window ends at its first hit in it (within an eighth of
+//!   the limit), so a flood through another replica does not starve it.
 //!   Never more than [`MAX_LEASE_DIVISOR`]-th of the limit,
 //!   so no replica holds much of a limit it does not use; never less than
 //!   the hit's cost (a lease of the cost alone is no lease: the hit is
