@@ -122,17 +122,21 @@ impl Held {
     }
 
     /// The size of the next lease for a hit of `cost`, from this
-    /// replica's demand: [`LEASE_SHARE`] of a second of it, or, if more,
-    /// what of the demand until the window's `end` (this replica's clock)
-    /// is within an eighth of what the store had left at the last call
-    /// ([`STORE_SHARE`]), and while the store has plenty left (half the
-    /// limit) [`PLENTY_HITS`] of it, and where that is at most a
-    /// [`KEEP_DIVISOR`]-th of the limit the demand with a margin (twice it
-    /// and two hits, within [`PLENTY_HITS`] or a quarter more than it);
-    /// never looking further than
-    /// [`MAX_HORIZON_MICROS`]. At least the cost and at most a tenth of
-    /// the limit. Near the limit it shrinks to the cost: the last hits
-    /// are decided in the store.
+    /// replica's demand, at least the cost and at most a tenth of the
+    /// limit ([`MAX_LEASE_DIVISOR`]); the largest of:
+    /// - [`LEASE_SHARE`] of a second of demand;
+    /// - the demand until the window's `end` (this replica's clock, never
+    ///   further than [`MAX_HORIZON_MICROS`]) within an eighth of what the
+    ///   store had left at the last call ([`STORE_SHARE`]); at a fixed
+    ///   window's first call, of a replica whose demand over a window is
+    ///   within the cap, within an eighth of the whole limit;
+    /// - while the store has plenty left (half the limit), [`PLENTY_HITS`]
+    ///   of that demand, and where it is at most a [`KEEP_DIVISOR`]-th of
+    ///   the limit, the demand with a margin (twice it and two hits,
+    ///   within [`PLENTY_HITS`] or a quarter more than it).
+    ///
+    /// Near the limit it shrinks to the cost: the last hits are decided
+    /// in the store.
     pub(super) fn size(&self, now: u64, cost: u64, limit: u64, end: u64) -> u64 {
         let rate = self.rate(now);
         let mut wanted = rate * LEASE_SHARE;
