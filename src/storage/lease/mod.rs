@@ -160,9 +160,11 @@ struct Counters {
 pub struct Leasing {
     inner: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    /// By [`Limiter::fingerprint`]; each entry confirmed by its id. A std
-    /// mutex, never held across an `.await`.
-    held: Mutex<HashMap<u64, Vec<Held>>>,
+    /// By [`Limiter::fingerprint`] in [`SHARDS`] maps (picked by the
+    /// fingerprint), so the housekeeping walk holds up a sixteenth of the
+    /// limiters at a time; each entry confirmed by its id. Std mutexes,
+    /// never held across an `.await`.
+    held: Box<[HeldMap]>,
     /// The store's reset generation the leases were taken under.
     generation: AtomicU64,
     /// Resets through this replica so far.
@@ -208,7 +210,7 @@ impl Leasing {
         Self {
             inner,
             clock,
-            held: Mutex::new(HashMap::new()),
+            held: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             generation,
             resets: AtomicU64::new(0),
             counters: Counters::default(),
@@ -227,13 +229,15 @@ impl Leasing {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Vec<Held>>> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    /// The map of the limiters of `fingerprint`.
+    fn lock(&self, fingerprint: u64) -> MutexGuard<'_, HashMap<u64, Vec<Held>>> {
+        lock(&self.held[(fingerprint % SHARDS as u64) as usize])
     }
 
     fn with_held<T>(&self, hit: &Hit<'_>, f: impl FnOnce(&mut Held) -> T) -> T {
-        let mut map = self.lock();
-        let bucket = map.entry(hit.fingerprint()).or_default();
+        let fingerprint = hit.fingerprint();
+        let mut map = self.lock(fingerprint);
+        let bucket = map.entry(fingerprint).or_default();
         let i = match bucket.iter().position(|h| hit.is(&h.id)) {
             Some(i) => i,
             None => {
@@ -294,7 +298,9 @@ impl Leasing {
     fn follow_resets(&self) -> u64 {
         let now = self.inner.reset_generation();
         if self.generation.swap(now, Ordering::AcqRel) != now {
-            self.lock().clear();
+            for shard in self.held.iter() {
+                lock(shard).clear();
+            }
         }
         now
     }
@@ -399,8 +405,8 @@ impl Leasing {
     pub async fn give_back_idle(&self) {
         let now = self.clock.now_micros();
         let mut back = Vec::new();
-        {
-            let mut map = self.lock();
+        for shard in self.held.iter() {
+            let mut map = lock(shard);
             for bucket in map.values_mut() {
                 for h in bucket.iter_mut() {
                     if (h.tokens > 0 || h.receipt.is_some())
@@ -427,6 +433,16 @@ impl Leasing {
             self.give_back(&hit, Some(r)).await;
         }
     }
+}
+
+/// How many maps hold the limiters ([`Leasing::held`]).
+const SHARDS: usize = 16;
+
+/// Limiters by fingerprint, each confirmed by its id.
+type HeldMap = Mutex<HashMap<u64, Vec<Held>>>;
+
+fn lock(map: &HeldMap) -> MutexGuard<'_, HashMap<u64, Vec<Held>>> {
+    map.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `hit` as the store sees it, with `cost`: not leased further down.
