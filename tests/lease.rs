@@ -78,6 +78,12 @@ fn hit_of(shape: Shape, entries: &[(String, String)], lease: bool) -> Hit<'_> {
     }
 }
 
+/// A leased hit on `layer`, which must be admitted.
+async fn admit(layer: &Leasing, shape: Shape, entries: &[(String, String)]) {
+    let d = layer.hit(hit_of(shape, entries, true)).await.unwrap();
+    assert!(d.admitted, "{d:?}");
+}
+
 /// One token bucket of 1,000 a second (a burst of 1,000).
 const BUCKET: Shape = Shape {
     algorithm: Algorithm::TokenBucket,
@@ -591,13 +597,7 @@ async fn concurrent_hits_wait_for_one_lease() {
         ..COOL
     };
     // One hit first: the replica learns what the window has left.
-    assert!(
-        layer
-            .hit(hit_of(shape, &entries, true))
-            .await
-            .unwrap()
-            .admitted
-    );
+    admit(&layer, shape, &entries).await;
     let before = layer.counts();
     for _ in 0..5 {
         let burst = (0..50).map(|_| layer.hit(hit_of(shape, &entries, true)));
@@ -632,13 +632,7 @@ async fn small_idle_leases_are_kept_large_ones_given_back() {
         };
         // Ten hits a second for a second, then nothing for 15 s.
         for _ in 0..10 {
-            assert!(
-                layer
-                    .hit(hit_of(shape, &entries, true))
-                    .await
-                    .unwrap()
-                    .admitted
-            );
+            admit(&layer, shape, &entries).await;
             clock.advance_micros(100_000);
         }
         let held = layer.counts();

@@ -42,8 +42,6 @@ pub(super) struct Held {
     /// (answered or dropped). Hits that find no tokens meanwhile wait for
     /// it rather than ask for leases of their own.
     pub(super) asking: Option<watch::Receiver<()>>,
-    /// The store had plenty left (half the limit) when the lease landed.
-    pub(super) plenty: bool,
     /// When the lease was asked (this replica's clock).
     pub(super) leased_at: u64,
 }
@@ -66,7 +64,6 @@ impl Held {
             store_left_until: 0,
             last_used: 0,
             asking: None,
-            plenty: false,
             leased_at: 0,
         }
     }
@@ -219,11 +216,11 @@ impl Held {
     }
 
     /// Whether an idle lease is kept until its window ends
-    /// rather than given back: a fixed window's, taken while the store had
-    /// plenty left, holding at most [`KEEP_DIVISOR`]-th of the limit (a
+    /// rather than given back: a fixed window's, while the store had
+    /// plenty left (half the limit) at this replica's last call, holding at most [`KEEP_DIVISOR`]-th of the limit (a
     /// give-back is a store call; what such a lease strands is small).
     pub(super) fn kept_idle(&self) -> bool {
-        self.plenty
+        self.store_left >= self.id.limit / 2
             && self.id.algorithm == Algorithm::FixedWindow
             && self.tokens <= self.id.limit / KEEP_DIVISOR
     }

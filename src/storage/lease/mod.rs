@@ -391,7 +391,6 @@ impl Leasing {
             h.last_used = now;
             h.store_left = d.remaining;
             h.store_left_until = until;
-            h.plenty = d.remaining >= capacity(&hit) / 2;
             h.leased_at = now;
             (older, h.local_reset(now))
         });
