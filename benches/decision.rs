@@ -116,6 +116,7 @@ fn redis_keys(bencher: divan::Bencher, algorithm: Algorithm) {
         receipt: false,
         also: &[],
         lease: false,
+        ahead: tollgate::storage::Ahead::NONE,
     };
     bencher.bench_local(|| {
         let limiter = builder.limiter(divan::black_box(&hit));

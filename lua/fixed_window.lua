@@ -9,12 +9,15 @@
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
 --          take back what a receipt says a call recorded (undo): ARGV[3]
 --          hits in the window ARGV[7] (calendar: ARGV[11]), only while
---          that window is current
+--          that window is current or one of the three after it
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
---          response); 2 to answer each hit with a receipt; 0 or absent:
---          see below
+--          response); 2 to answer each hit with a receipt; 3 as 2, and
+--          an admitted hit also reserves ARGV[8] hits in each of the next
+--          ARGV[7] windows (at most 3; not with a calendar window nor
+--          further hits), window after window while each has room; 0 or
+--          absent: see below
 -- ARGV[7..10]  a calendar window's boundaries around the caller's clock,
 --          in microseconds, ascending: the start of the previous window,
 --          the start and end of the current one, the end of the next. The
@@ -28,7 +31,9 @@
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order; with receipts, each followed by {hits recorded, window
--- index, 0}. Undo returns {1}.
+-- index, windows reserved after it}. Undo returns {1}.
+-- The hash also holds a1, a2, a3: hits reserved in the three windows after
+-- window w; they are that window's count when it comes.
 -- Every counted hit stays counted in its window, admitted or not, except a
 -- cost above the limit, which can never pass and is not recorded unless
 -- ARGV[6] is 1.
@@ -63,11 +68,36 @@ else
   tail = 11
 end
 
-local st = redis.call('HMGET', KEYS[1], 'w', 'c')
-local current = tonumber(st[1]) == idx
-local count = 0
-if current then count = tonumber(st[2]) or 0 end
-local before = count
+local ahead, ahead_hits = 0, 0
+if ARGV[6] == '3' and w > 0 then
+  receipts = true
+  ahead = ARGV[7] + 0
+  ahead_hits = ARGV[8] + 0
+  tail = 9
+end
+
+local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'a1', 'a2', 'a3')
+local sw = tonumber(st[1])
+local current = sw == idx
+local count, a1, a2, a3 = 0, 0, 0, 0
+-- Reservations are read only where a lease made some.
+local reserved = st[3] and w > 0
+if current then
+  count = tonumber(st[2]) or 0
+  if reserved then
+    a1, a2, a3 = tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
+  end
+elseif reserved and sw and idx > sw and idx - sw <= 3 then
+  -- A window some of whose hits were reserved in an earlier one.
+  local s = idx - sw
+  count = tonumber(st[2 + s]) or 0
+  if s == 1 then
+    a1, a2 = tonumber(st[4]) or 0, tonumber(st[5]) or 0
+  elseif s == 2 then
+    a1 = tonumber(st[5]) or 0
+  end
+end
+local before, b1, b2, b3 = count, a1, a2, a3
 
 -- Straight-line code, no closures: this runs once per decision, and the
 -- interpreter's work here is a measurable share of Redis's CPU.
@@ -75,9 +105,17 @@ local out = {}
 local n = 0
 local i = 3
 if ARGV[4] == '2' then
-  if tonumber(ARGV[tail]) == idx then
-    count = count - tonumber(ARGV[3])
+  local at = tonumber(ARGV[tail])
+  local hits = tonumber(ARGV[3])
+  if at == idx then
+    count = count - hits
     if count < 0 then count = 0 end
+  elseif w > 0 and at == idx + 1 then
+    a1 = math.max(a1 - hits, 0)
+  elseif w > 0 and at == idx + 2 then
+    a2 = math.max(a2 - hits, 0)
+  elseif w > 0 and at == idx + 3 then
+    a3 = math.max(a3 - hits, 0)
   end
   out[1] = 1
   i = nil
@@ -114,15 +152,44 @@ while i and ARGV[i] do
   if i == 3 then i = tail else i = i + 2 end
 end
 
-if count ~= before then
-  if count == 0 then
+-- Reservations in the next windows, for an admitted lease.
+if ahead > 0 and out[1] == 1 then
+  local granted = 0
+  if ahead_hits > 0 and a1 + ahead_hits <= limit then
+    a1 = a1 + ahead_hits
+    granted = 1
+    if ahead >= 2 and a2 + ahead_hits <= limit then
+      a2 = a2 + ahead_hits
+      granted = 2
+      if ahead >= 3 and a3 + ahead_hits <= limit then
+        a3 = a3 + ahead_hits
+        granted = 3
+      end
+    end
+  end
+  out[6] = granted
+end
+
+local moved = a1 ~= b1 or a2 ~= b2 or a3 ~= b3
+if count ~= before or moved then
+  if count == 0 and a1 == 0 and a2 == 0 and a3 == 0 then
     redis.call('DEL', KEYS[1])
-  elseif current then
-    -- The window's first write set the expiry at its end; HSET keeps it.
-    redis.call('HSET', KEYS[1], 'c', string.format('%d', count))
+  elseif not reserved and not moved then
+    if current then
+      -- The window's first write set the expiry at its end; HSET keeps it.
+      redis.call('HSET', KEYS[1], 'c', string.format('%d', count))
+    else
+      redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count))
+      redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(reset / 1000)))
+    end
   else
-    redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count))
-    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(reset / 1000)))
+    -- The state and its reservations, kept until the last reserved
+    -- window ends.
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count),
+      'a1', string.format('%d', a1), 'a2', string.format('%d', a2), 'a3', string.format('%d', a3))
+    local last = 0
+    if a3 > 0 then last = 3 elseif a2 > 0 then last = 2 elseif a1 > 0 then last = 1 end
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((reset + last * w) / 1000)))
   end
 end
 

@@ -51,6 +51,7 @@ impl Fixture {
                 receipt: false,
                 also: &[],
                 lease: false,
+                ahead: tollgate::storage::Ahead::NONE,
             })
             .await
             .expect("the embedded store always answers")
@@ -279,6 +280,7 @@ async fn hit_user(store: &MemoryStore, i: usize, hits: u64) -> Decision {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: tollgate::storage::Ahead::NONE,
         })
         .await
         .expect("the embedded store always answers")
@@ -370,6 +372,7 @@ async fn expired_limiters_are_reclaimed() {
                     receipt: false,
                     also: &[],
                     lease: false,
+                    ahead: tollgate::storage::Ahead::NONE,
                 })
                 .await
                 .unwrap();
@@ -408,6 +411,7 @@ async fn four_buckets_weigh_only_the_oldest() {
                     receipt: false,
                     also: &[],
                     lease: false,
+                    ahead: tollgate::storage::Ahead::NONE,
                 })
                 .await
                 .expect("the embedded store always answers")

@@ -447,6 +447,7 @@ impl Fixture {
                 receipt: false,
                 also: &[],
                 lease: false,
+                ahead: tollgate::storage::Ahead::NONE,
             })
             .await
             .expect("the embedded store always answers")
@@ -549,6 +550,7 @@ async fn calendar_limiters_are_their_own() {
                 receipt: false,
                 also: &[],
                 lease: false,
+                ahead: tollgate::storage::Ahead::NONE,
             })
             .await
             .unwrap();

@@ -13,8 +13,8 @@ use tollgate::clock::SystemClock;
 use tollgate::limit::{Algorithm, Unit, Window as Span};
 use tollgate::storage::keys::{KeyBuilder, Role};
 use tollgate::storage::{
-    Coalescing, Cost, Decision, Hit, MemoryBounds, MemoryStore, Receipt, RedisConfig, RedisStore,
-    Store, StoreError,
+    Ahead, Coalescing, Cost, Decision, Hit, MemoryBounds, MemoryStore, Receipt, RedisConfig,
+    RedisStore, Store, StoreError,
 };
 
 use support::redis::{RedisCluster, RedisSentinel, RedisServer};
@@ -78,6 +78,7 @@ impl Limiter {
             receipt: self.receipt,
             also: &[],
             lease: false,
+            ahead: tollgate::storage::Ahead::NONE,
         }
     }
 
@@ -887,6 +888,7 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
         receipt: false,
         also: &[],
         lease: false,
+        ahead: tollgate::storage::Ahead::NONE,
     };
     let limiter = KeyBuilder::default().limiter(&hit);
     let (meta, log) = (limiter.key(Role::LogMeta), limiter.key(Role::LogSet));
@@ -1352,6 +1354,69 @@ async fn a_bucket_keeps_room_for_its_leases(store: &dyn Store) {
     );
 }
 
+/// A fixed window's lease may reserve hits in the next windows
+/// (`Hit::ahead`): each reservation is in its window's count at once, so
+/// that window starts with it; the store reserves window after window
+/// while each has room and says how many it reserved (the receipt's
+/// mark), and a receipt naming a window to come takes its reservation
+/// back.
+async fn a_lease_reserves_hits_ahead(store: &dyn Store) {
+    let c = ctx(store, Algorithm::FixedWindow);
+    let l = Limiter::receipts("ahead", Algorithm::FixedWindow, 10, Unit::Second);
+    let lease = |hits: u64, windows: u8, each: u64| Hit {
+        ahead: Ahead {
+            windows,
+            hits: each,
+        },
+        ..l.as_hit(hits, false)
+    };
+    early_in_a_second().await;
+    // The next three windows hold 4 each.
+    let a = store.hit(lease(2, 3, 4)).await.unwrap();
+    let r = a.receipt.expect("a lease has a receipt");
+    assert!(a.admitted, "{c}: {a:?}");
+    assert_eq!((r.hits, r.mark), (2, 3), "{c}: {r:?}");
+    let idx = r.at;
+    // 7 more would pass the limit in the next window: none is reserved.
+    let b = store.hit(lease(1, 3, 7)).await.unwrap();
+    assert!(b.admitted, "{c}: {b:?}");
+    assert_eq!(b.receipt.map(|r| r.mark), Some(0), "{c}: {b:?}");
+    // 5 more in two windows: 9 in each.
+    let d = store.hit(lease(1, 2, 5)).await.unwrap();
+    assert_eq!(d.receipt.map(|r| r.mark), Some(2), "{c}: {d:?}");
+    // The second window to come gives its 5 back: 4 again.
+    l.undo(
+        store,
+        Receipt {
+            hits: 5,
+            at: idx + 2,
+            mark: 0,
+            shard: 0,
+        },
+    )
+    .await;
+    let (l, c) = (&l, &c);
+    let admitted = |expected: u64, window: u64| async move {
+        // Into window `window`, early enough for 11 calls.
+        let start = (idx + window) * 1_000_000 + 30_000;
+        let now = wall_micros();
+        if now < start {
+            tokio::time::sleep(Duration::from_micros(start - now)).await;
+        }
+        let mut n = 0;
+        for _ in 0..11 {
+            n += u64::from(l.hit(store, 1).await.admitted);
+        }
+        assert_eq!(n, expected, "{c}: admitted in window {idx} + {window}");
+    };
+    // This window counted the three leases' 4 hits.
+    admitted(6, 0).await;
+    admitted(1, 1).await;
+    admitted(6, 2).await;
+    admitted(6, 3).await;
+    admitted(10, 4).await;
+}
+
 // ------------------------------------------------------------ the runners
 
 async fn run_suite(store: DynStore) {
@@ -1389,6 +1454,7 @@ async fn run_suite(store: DynStore) {
     // A counter with 10 buckets of 111 ms: the wait for a refused hit runs
     // through the bucket shifts until the full bucket is the oldest.
     timed.push(Box::pin(a_bucket_keeps_room_for_its_leases(&*store)));
+    timed.push(Box::pin(a_lease_reserves_hits_ahead(&*store)));
     timed.push(Box::pin(retry_after_reset_succeeds_on(
         &*store,
         Limiter::counter("retry10", 3, Unit::Second, 10),

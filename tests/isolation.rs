@@ -85,6 +85,7 @@ impl Placement<'_> {
                 receipt: false,
                 also: &[],
                 lease: false,
+                ahead: tollgate::storage::Ahead::NONE,
             })
             .key(Role::LogSet)
     }

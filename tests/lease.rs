@@ -75,6 +75,7 @@ fn hit_of(shape: Shape, entries: &[(String, String)], lease: bool) -> Hit<'_> {
         receipt: false,
         also: &[],
         lease,
+        ahead: tollgate::storage::Ahead::NONE,
     }
 }
 

@@ -69,6 +69,7 @@ fn hit(entries: &[(String, String)], algorithm: Algorithm, limit: u64) -> Hit<'_
         receipt: false,
         also: &[],
         lease: false,
+        ahead: tollgate::storage::Ahead::NONE,
     }
 }
 

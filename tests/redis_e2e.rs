@@ -278,6 +278,7 @@ async fn a_cluster_failover_under_load_is_answered_per_policy() {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: tollgate::storage::Ahead::NONE,
         })
         .key(Role::State);
     let r = c.should_rate_limit(ask("open")).await.unwrap().into_inner();

@@ -57,6 +57,7 @@ impl Limiter {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: tollgate::storage::Ahead::NONE,
         }
     }
 

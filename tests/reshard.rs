@@ -387,6 +387,7 @@ async fn a_batch_with_a_moved_and_a_migrating_slot() {
         receipt: false,
         also: &[],
         lease: false,
+        ahead: tollgate::storage::Ahead::NONE,
     };
     let domain: &'static str = Box::leak(domain.into_boxed_str());
     let entries: &'static [Vec<(String, String)>] = Box::leak(entries.into_boxed_slice());

@@ -112,6 +112,7 @@ fn hit<'a>(
         receipt: false,
         also: &[],
         lease: false,
+        ahead: tollgate::storage::Ahead::NONE,
     }
 }
 

@@ -367,6 +367,7 @@ fn hit_of<'a>(
         receipt: !limit.count_refused && !d.negative,
         also: &[],
         lease: limit.lease,
+        ahead: crate::storage::Ahead::NONE,
     }
 }
 

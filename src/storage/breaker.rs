@@ -496,6 +496,7 @@ mod tests {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: crate::storage::Ahead::NONE,
         }
     }
 

@@ -543,6 +543,7 @@ mod tests {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: crate::storage::Ahead::NONE,
         }
     }
 

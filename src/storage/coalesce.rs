@@ -205,6 +205,11 @@ fn end_flight(flights: &mut HashMap<u64, Vec<Flight>>, fingerprint: u64, at: usi
 
 impl Store for Coalescing {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        if !hit.ahead.is_none() {
+            // A lease reserving hits ahead goes alone: a batch carries
+            // costs, not reservations.
+            return self.shared.inner.hit(hit);
+        }
         let fingerprint = hit.fingerprint();
         let serial = {
             let mut flights = self.shared.lock();
@@ -305,6 +310,7 @@ mod tests {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: crate::storage::Ahead::NONE,
         }
     }
 

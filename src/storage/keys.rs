@@ -491,6 +491,7 @@ mod tests {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: crate::storage::Ahead::NONE,
         })
     }
 
@@ -581,6 +582,7 @@ mod tests {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: crate::storage::Ahead::NONE,
         };
         let b = KeyBuilder::default();
         let fixed = b.local(&hit(Algorithm::FixedWindow, Unit::Second));
@@ -667,6 +669,7 @@ mod tests {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: crate::storage::Ahead::NONE,
         };
         let b = KeyBuilder::default();
         let plain = b.limiter(&hit(Shard::NONE));

@@ -149,6 +149,7 @@ impl LimiterId {
             receipt: self.receipt,
             also: &self.also,
             lease: false,
+            ahead: crate::storage::Ahead::NONE,
         }
     }
 }

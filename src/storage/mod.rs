@@ -96,6 +96,39 @@ pub struct Hit<'a> {
     /// keep their room in the bucket while it lives, the answer's reset
     /// is its life) and [`Store::undo`] of it ends the lease.
     pub lease: bool,
+    /// A fixed window's lease (with a receipt, no further costs, not a
+    /// calendar window) may also reserve hits in the windows after the
+    /// current one: see [`Ahead`].
+    pub ahead: Ahead,
+}
+
+/// Hits a fixed window's lease reserves in each of the next `windows`
+/// windows (at most [`Ahead::MAX_WINDOWS`]), recorded in their counts at
+/// once, so a replica can spend them when those windows come without a
+/// store call. The store reserves window after window while each has
+/// room for `hits`, and stops at the first that has not (or when the
+/// hit itself is refused); the receipt's `mark` says how many it
+/// reserved. A reservation is taken back with [`Store::undo`] and a
+/// receipt naming its window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Ahead {
+    pub windows: u8,
+    pub hits: u64,
+}
+
+impl Ahead {
+    /// No reservation.
+    pub const NONE: Ahead = Ahead {
+        windows: 0,
+        hits: 0,
+    };
+    /// The most windows reserved ahead: the state keeps this many
+    /// counts after the current window's.
+    pub const MAX_WINDOWS: u8 = 3;
+
+    pub fn is_none(self) -> bool {
+        self.windows == 0 || self.hits == 0
+    }
 }
 
 /// A sub-limiter of a limit split over `count` shards (`rate_limit.shards`),
@@ -166,6 +199,7 @@ impl<'a> LeaseCall<'a> {
             receipt: false,
             also: &[],
             lease: false,
+            ahead: Ahead::NONE,
         }
     }
 }
@@ -227,7 +261,7 @@ impl Decision {
 ///
 /// | algorithm | `at` | `mark` |
 /// |---|---|---|
-/// | `fixed_window` | the window's index | 0 |
+/// | `fixed_window` | the window's index | windows reserved after it ([`Hit::ahead`]) |
 /// | `sliding_window_counter` | the bucket's index | 0 |
 /// | `sliding_window_log` | Redis: the member's sequence number; embedded: its time | the member's time (Redis: its score) |
 /// | `token_bucket` | when the tokens were taken (µs) | the bucket's debt right after (units of 1/k µs) |

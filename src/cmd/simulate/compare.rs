@@ -105,6 +105,7 @@ pub async fn run(who: Contender, bursty: bool, args: &SimulateArgs) -> Outcome {
         receipt: false,
         also: &[],
         lease: false,
+        ahead: tollgate::storage::Ahead::NONE,
     };
     let (times, bursts) = arrivals(bursty, args);
     let burst_times: std::collections::HashSet<u64> = if bursty {

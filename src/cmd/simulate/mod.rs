@@ -113,6 +113,7 @@ pub async fn run_load(buckets: u8, load: Load, args: &SimulateArgs) -> u64 {
         receipt: false,
         also: &[],
         lease: false,
+        ahead: tollgate::storage::Ahead::NONE,
     };
     let mut admitted = Vec::new();
     match load {

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use super::*;
 use crate::limit::{Span, bucket_scale, effective_burst, lease_period};
+use crate::storage::Ahead;
 
 /// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
 /// doubles, exact below 2^53): a usage report may carry any cost, and a
@@ -22,27 +23,73 @@ pub(super) fn fixed_window(
     hit: &Hit<'_>,
     window: &mut u64,
     count: &mut u64,
+    ahead: &mut [u64; AHEAD],
 ) -> (Decision, u64) {
     let Span { index: idx, end } = hit.window.span(now);
+    let fixed = hit.window.zone().is_none();
     if *window != idx {
+        // The hits reserved for this window by leases taken in an earlier
+        // one are its count (a calendar window reserves none).
+        let shift = idx.wrapping_sub(*window);
+        if fixed && idx > *window && shift <= AHEAD as u64 {
+            let s = shift as usize;
+            *count = ahead[s - 1];
+            ahead.rotate_left(s);
+            ahead[AHEAD - s..].fill(0);
+        } else {
+            *count = 0;
+            *ahead = [0; AHEAD];
+        }
         *window = idx;
-        *count = 0;
     }
     let limit = hit.limit;
     let reset = end - now;
+    let expires = |ahead: &[u64; AHEAD]| {
+        let last = ahead
+            .iter()
+            .rposition(|&a| a > 0)
+            .map_or(0, |j| j as u64 + 1);
+        end + last * hit.window.micros()
+    };
     if hit.negative {
         *count = count.saturating_sub(hit.hits);
-        return (decision(true, limit.saturating_sub(*count), reset), end);
+        return (
+            decision(true, limit.saturating_sub(*count), reset),
+            expires(ahead),
+        );
     }
     if hit.hits > limit && !hit.usage_reports {
-        return (decision(false, limit.saturating_sub(*count), reset), end);
+        return (
+            decision(false, limit.saturating_sub(*count), reset),
+            expires(ahead),
+        );
     }
     let before = *count;
     *count = count.saturating_add(hit.hits).min(MAX_COUNT);
     let admitted = *count <= limit;
     let d = decision(admitted, limit.saturating_sub(*count), reset);
-    (with_receipt(d, hit, *count - before, idx, 0), end)
+    // An admitted lease's reservations in the next windows, window after
+    // window while each has room (as lua/fixed_window.lua).
+    let mut granted = 0;
+    if admitted && fixed && hit.receipt && !hit.ahead.is_none() {
+        let wanted = usize::from(hit.ahead.windows.min(Ahead::MAX_WINDOWS));
+        for a in ahead.iter_mut().take(wanted) {
+            if a.saturating_add(hit.ahead.hits) > limit {
+                break;
+            }
+            *a += hit.ahead.hits;
+            granted += 1;
+        }
+    }
+    (
+        with_receipt(d, hit, *count - before, idx, granted),
+        expires(ahead),
+    )
 }
+
+/// Windows after the current one whose reserved hits a fixed window's
+/// state keeps ([`Ahead::MAX_WINDOWS`]).
+pub(super) const AHEAD: usize = Ahead::MAX_WINDOWS as usize;
 
 /// `n` epoch-aligned buckets of `w / (n - 1)` each: the current one, `n - 2`
 /// full ones, and the oldest, which weighs what is left of it in the

@@ -142,6 +142,8 @@ enum State {
     Fixed {
         window: u64,
         count: u64,
+        /// Hits reserved in the windows after `window`.
+        ahead: [u64; algorithms::AHEAD],
     },
     Counter {
         /// Index of the current bucket.
@@ -471,6 +473,7 @@ fn new_slot(algorithm: Algorithm) -> Slot {
             Algorithm::FixedWindow => State::Fixed {
                 window: 0,
                 count: 0,
+                ahead: [0; algorithms::AHEAD],
             },
             Algorithm::SlidingWindowCounter => State::Counter {
                 window: 0,
@@ -496,8 +499,12 @@ fn new_slot(algorithm: Algorithm) -> Slot {
 fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decision {
     let w = hit.window.micros();
     match &mut slot.state {
-        State::Fixed { window, count } => {
-            let (d, exp) = fixed_window(now, hit, window, count);
+        State::Fixed {
+            window,
+            count,
+            ahead,
+        } => {
+            let (d, exp) = fixed_window(now, hit, window, count, ahead);
             slot.expires_at = slot.expires_at.max(exp);
             d
         }
@@ -533,7 +540,11 @@ fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Receipt, now: u
     };
     let before = state_bytes(slot);
     match &mut slot.state {
-        State::Fixed { window, count } => undo::fixed_window(now, hit, r, *window, count),
+        State::Fixed {
+            window,
+            count,
+            ahead,
+        } => undo::fixed_window(now, hit, r, *window, count, ahead),
         State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
         State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
         State::Bucket {

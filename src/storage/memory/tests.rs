@@ -35,6 +35,7 @@ fn hit<'a>(entries: &'a [(String, String)], algorithm: Algorithm, limit: u64) ->
         receipt: false,
         also: &[],
         lease: false,
+        ahead: crate::storage::Ahead::NONE,
     }
 }
 

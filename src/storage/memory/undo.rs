@@ -9,13 +9,28 @@ use std::collections::VecDeque;
 use super::*;
 use crate::limit::bucket_scale;
 
-use super::algorithms::{Leased, drain};
+use super::algorithms::{AHEAD, Leased, drain};
 
 /// Fixed window: the count of the receipt's window, only while that
-/// window is the current one (a later window never counted the hit).
-pub(super) fn fixed_window(now: u64, hit: &Hit<'_>, r: &Receipt, window: u64, count: &mut u64) {
-    if window == r.at && hit.window.span(now).index == r.at {
+/// window is the current one (a later window never counted the hit), or
+/// the hits reserved in it, while it is still to come.
+pub(super) fn fixed_window(
+    now: u64,
+    hit: &Hit<'_>,
+    r: &Receipt,
+    window: u64,
+    count: &mut u64,
+    ahead: &mut [u64; AHEAD],
+) {
+    let idx = hit.window.span(now).index;
+    if window == r.at && idx == r.at {
         *count = count.saturating_sub(r.hits);
+    } else if hit.window.zone().is_none() && r.at > window && r.at >= idx {
+        // The state is rolled at its next hit: reservations count from
+        // its own window.
+        if let Some(a) = ahead.get_mut((r.at - window - 1) as usize) {
+            *a = a.saturating_sub(r.hits);
+        }
     }
 }
 

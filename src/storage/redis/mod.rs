@@ -67,7 +67,8 @@ use supervise::*;
 use crate::limit::{Algorithm, effective_burst};
 use crate::storage::keys::{self, KeyBuilder, Role};
 use crate::storage::{
-    BoxFuture, Cost, Decision, Hit, LeaseCall, NodeId, Receipt, Store, StoreError, StoreGauges,
+    Ahead, BoxFuture, Cost, Decision, Hit, LeaseCall, NodeId, Receipt, Store, StoreError,
+    StoreGauges,
 };
 
 /// Lua numbers are doubles: integers are exact up to 2^53.
@@ -245,8 +246,11 @@ impl RedisStore {
                 }
                 _ => i64::from(hit.buckets),
             },
-            // 2: answer with receipts (never asked with usage reports).
-            if hit.receipt {
+            // 2: answer with receipts (never asked with usage reports);
+            // 3: and reserve hits in the next windows.
+            if ahead(hit, calendar.is_some(), more) {
+                3
+            } else if hit.receipt {
                 2
             } else {
                 i64::from(hit.usage_reports)
@@ -254,6 +258,9 @@ impl RedisStore {
         ]);
         if let Some(bounds) = calendar {
             args.extend(bounds.map(|b| b.min(MAX_EXACT) as i64));
+        } else if ahead(hit, false, more) {
+            args.push(i64::from(hit.ahead.windows.min(Ahead::MAX_WINDOWS)));
+            args.push(hit.ahead.hits.min(MAX_EXACT) as i64);
         }
         for cost in more {
             args.push(cost.hits.min(MAX_EXACT) as i64);
@@ -423,6 +430,16 @@ impl RedisStore {
             Err(e) => Err(store_error(e, timeout)),
         }
     }
+}
+
+/// Whether a call reserves hits ahead ([`Hit::ahead`]): a fixed window's
+/// lease with a receipt, alone, on a window of fixed length.
+fn ahead(hit: &Hit<'_>, calendar: bool, more: &[Cost]) -> bool {
+    hit.algorithm == Algorithm::FixedWindow
+        && hit.receipt
+        && !hit.ahead.is_none()
+        && !calendar
+        && more.is_empty()
 }
 
 impl Store for RedisStore {

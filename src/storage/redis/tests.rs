@@ -57,6 +57,7 @@ async fn connect_succeeds_while_redis_is_down() {
                 receipt: false,
                 also: &[],
                 lease: false,
+                ahead: crate::storage::Ahead::NONE,
             })
             .await;
         assert!(result.is_err(), "{url}");
