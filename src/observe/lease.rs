@@ -10,7 +10,7 @@ use crate::storage::lease::LeaseCounts;
 
 pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
     type Pick = fn(&LeaseCounts) -> u64;
-    let all: [(&str, &str, Pick); 6] = [
+    let all: [(&str, &str, Pick); 7] = [
         ("tollgate.lease.taken", "Leases the store granted", |c| {
             c.taken
         }),
@@ -18,6 +18,11 @@ pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
             "tollgate.lease.taken_hits",
             "Hits the granted leases held",
             |c| c.taken_hits,
+        ),
+        (
+            "tollgate.lease.reserved_hits",
+            "Hits the granted leases reserved in the windows after their own (of the hits they held)",
+            |c| c.reserved_hits,
         ),
         (
             "tollgate.lease.returned_hits",

@@ -6,12 +6,13 @@ use std::sync::atomic::Ordering;
 use tokio::sync::watch;
 
 use super::{
-    Counters, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE, LONG_MICROS, MAX_HORIZON_MICROS,
-    MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS, SLOT_MICROS, STORE_SHARE,
+    AHEAD_WINDOW_MICROS, Counters, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE, LONG_MICROS,
+    MAX_HORIZON_MICROS, MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS, SLOT_MICROS,
+    STORE_SHARE,
 };
 use crate::limit::{Algorithm, effective_burst};
-use crate::storage::Receipt;
 use crate::storage::limiter::LimiterId;
+use crate::storage::{Ahead, Receipt};
 
 /// One limiter's lease on this replica.
 pub(super) struct Held {
@@ -44,6 +45,21 @@ pub(super) struct Held {
     pub(super) asking: Option<watch::Receiver<()>>,
     /// When the lease was asked (this replica's clock).
     pub(super) leased_at: u64,
+    /// Hits reserved in the windows after the lease's, in order.
+    pub(super) ahead: Vec<Reserved>,
+}
+
+/// Hits a lease reserved in a window to come ([`Ahead`]), spent once that
+/// window has begun.
+pub(super) struct Reserved {
+    pub(super) tokens: u64,
+    /// Spendable from `from` until `until` (this replica's clock): from
+    /// the window's start as seen from when the lease's answer came, to
+    /// its end as seen from when the lease was asked, so every hit spent
+    /// from it falls in its window.
+    pub(super) from: u64,
+    pub(super) until: u64,
+    pub(super) receipt: Receipt,
 }
 
 impl Held {
@@ -65,6 +81,79 @@ impl Held {
             last_used: 0,
             asking: None,
             leased_at: 0,
+            ahead: Vec::new(),
+        }
+    }
+
+    /// Moves to the hits reserved for the window that has begun, once the
+    /// lease of the one before is over (what that lease left is forgotten:
+    /// it counted in a window that is over); reservations whose window is
+    /// over are forgotten too.
+    pub(super) fn roll(&mut self, now: u64, counters: &Counters) {
+        if now < self.until || self.ahead.is_empty() {
+            return;
+        }
+        let mut lapsed = 0;
+        self.ahead.retain(|r| {
+            let live = now < r.until;
+            if !live {
+                lapsed += r.tokens;
+            }
+            live
+        });
+        if let Some(next) = self.ahead.first()
+            && next.from <= now
+        {
+            let next = self.ahead.remove(0);
+            lapsed += std::mem::take(&mut self.tokens);
+            self.tokens = next.tokens;
+            self.receipt = Some(next.receipt);
+            self.until = next.until;
+            self.last_used = now;
+            self.leased_at = now;
+        }
+        counters.expired_hits.fetch_add(lapsed, Ordering::Relaxed);
+    }
+
+    /// What the next lease reserves in the windows after the current one:
+    /// on a fixed window of at most [`AHEAD_WINDOW_MICROS`], when this
+    /// replica holds no reservation, the store had plenty left (half the
+    /// limit), and a window's demand with its margin (see [`Held::size`])
+    /// is at most a [`KEEP_DIVISOR`]-th of the limit: that much in each of
+    /// the next [`Ahead::MAX_WINDOWS`] windows, so a limiter hit a few
+    /// times a window asks the store once every few windows.
+    pub(super) fn ahead(&self, now: u64, limit: u64) -> Ahead {
+        let w = self.id.window.micros();
+        if self.id.algorithm != Algorithm::FixedWindow
+            || w > AHEAD_WINDOW_MICROS
+            || !self.ahead.is_empty()
+            || !self.plenty(now, limit)
+        {
+            return Ahead::NONE;
+        }
+        let demand = self.rate(now) * w as f64 / 1e6;
+        if demand <= 0.0 {
+            return Ahead::NONE;
+        }
+        let each = margin(demand).ceil() as u64;
+        if each > limit / KEEP_DIVISOR {
+            return Ahead::NONE;
+        }
+        Ahead {
+            windows: Ahead::MAX_WINDOWS,
+            hits: each,
+        }
+    }
+
+    /// Whether the store had plenty left (half the limit) at this
+    /// replica's last call; a new window after one with plenty left is
+    /// taken to have plenty too (a lease too large for what others took
+    /// meanwhile is refused, and the hit decided alone).
+    fn plenty(&self, now: u64, limit: u64) -> bool {
+        if now < self.store_left_until {
+            self.store_left >= limit / 2
+        } else {
+            self.store_left_until > 0 && self.store_left >= limit / 2
         }
     }
 
@@ -163,23 +252,13 @@ impl Held {
                 0
             };
             wanted = wanted.max(until_end.min((store_left / STORE_SHARE) as f64));
-            // A new window after one with plenty left is taken to have
-            // plenty too (a lease too large for what others took
-            // meanwhile is refused, and the hit decided alone).
-            let plenty = if current {
-                store_left >= limit / 2
-            } else {
-                self.store_left_until > 0 && self.store_left >= limit / 2
-            };
-            if plenty {
+            if self.plenty(now, limit) {
                 let demand = rate * secs_left;
                 wanted = wanted.max(PLENTY_HITS.min(demand));
                 // Where that is a small part of the limit, a margin on the
-                // demand until the window ends (twice it and two hits,
-                // within a quarter more or PLENTY_HITS), so a limiter hit
-                // a few times a window asks once.
-                let margin = (2.0 * demand + 2.0).min(PLENTY_HITS.max(1.25 * demand));
-                wanted = wanted.max(margin.min((limit / KEEP_DIVISOR) as f64));
+                // demand until the window ends, so a limiter hit a few
+                // times a window asks once.
+                wanted = wanted.max(margin(demand).min((limit / KEEP_DIVISOR) as f64));
             }
         }
         (wanted.ceil() as u64).clamp(cost, (limit / MAX_LEASE_DIVISOR).max(cost))
@@ -257,4 +336,10 @@ impl Held {
             ..r
         })
     }
+}
+
+/// A demand with its margin: twice it and two hits, within a quarter more
+/// or [`PLENTY_HITS`].
+fn margin(demand: f64) -> f64 {
+    (2.0 * demand + 2.0).min(PLENTY_HITS.max(1.25 * demand))
 }

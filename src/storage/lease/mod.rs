@@ -85,12 +85,14 @@ use tokio::sync::watch;
 
 mod held;
 
-use held::Held;
+use held::{Held, Reserved};
 
 use crate::clock::Clock;
 use crate::limit::{Algorithm, effective_burst, lease_period};
 use crate::storage::limiter::Limiter;
-use crate::storage::{BoxFuture, Cost, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
+use crate::storage::{
+    Ahead, BoxFuture, Cost, Decision, Hit, Receipt, Store, StoreError, StoreGauges,
+};
 
 /// Near the limit, a lease holds about this share of a second of the
 /// replica's demand.
@@ -113,6 +115,9 @@ pub const PLENTY_HITS: f64 = 32.0;
 pub const STORE_SHARE: u64 = 8;
 /// The furthest ahead a lease looks.
 pub const MAX_HORIZON_MICROS: u64 = 60_000_000;
+/// A lease reserves hits in the next windows ([`crate::storage::Ahead`])
+/// only on fixed windows at most this long.
+pub const AHEAD_WINDOW_MICROS: u64 = 60_000_000;
 /// An idle fixed-window lease taken while the store had plenty left is
 /// kept until its window ends when it holds at most the limit divided by
 /// this (a give-back costs a store call); a larger one goes back.
@@ -135,6 +140,8 @@ pub struct LeaseCounts {
     /// Leases the store granted, and the hits they held.
     pub taken: u64,
     pub taken_hits: u64,
+    /// Of those hits, the ones reserved in the windows after the lease's.
+    pub reserved_hits: u64,
     /// Unused hits given back to the store.
     pub returned_hits: u64,
     /// Unused hits forgotten at their window's end (they counted in it).
@@ -150,6 +157,7 @@ pub struct LeaseCounts {
 struct Counters {
     taken: AtomicU64,
     taken_hits: AtomicU64,
+    reserved_hits: AtomicU64,
     returned_hits: AtomicU64,
     expired_hits: AtomicU64,
     local: AtomicU64,
@@ -174,10 +182,11 @@ pub struct Leasing {
 
 enum Step {
     Answer(Decision),
-    /// Ask the store for a lease of this many hits, first giving back what
-    /// is left of the previous one; while the sender lives, other hits on
-    /// the limiter wait for this lease.
-    Lease(u64, Option<Receipt>, Option<watch::Sender<()>>),
+    /// Ask the store for a lease of this many hits (and reservations in
+    /// the next windows), first giving back what is left of the previous
+    /// one; while the sender lives, other hits on the limiter wait for
+    /// this lease.
+    Lease(u64, Ahead, Option<Receipt>, Option<watch::Sender<()>>),
     /// Wait until the lease call in flight is over, then look again.
     Wait(watch::Receiver<()>),
     /// Decide the hit in the store alone (near the limit).
@@ -222,6 +231,7 @@ impl Leasing {
         LeaseCounts {
             taken: c.taken.load(Ordering::Relaxed),
             taken_hits: c.taken_hits.load(Ordering::Relaxed),
+            reserved_hits: c.reserved_hits.load(Ordering::Relaxed),
             returned_hits: c.returned_hits.load(Ordering::Relaxed),
             expired_hits: c.expired_hits.load(Ordering::Relaxed),
             local: c.local.load(Ordering::Relaxed),
@@ -255,6 +265,7 @@ impl Leasing {
             if first {
                 h.observe(now, hit.hits);
             }
+            h.roll(now, &self.counters);
             if now < h.until && h.tokens >= hit.hits {
                 h.tokens -= hit.hits;
                 h.last_used = now;
@@ -271,12 +282,17 @@ impl Leasing {
             }
             let unused = h.take_unused(now, &self.counters);
             let size = h.size(now, hit.hits, capacity(hit), horizon(hit, now));
+            let ahead = if size > hit.hits {
+                h.ahead(now, capacity(hit))
+            } else {
+                Ahead::NONE
+            };
             let asking = (size > hit.hits).then(|| {
                 let (tx, rx) = watch::channel(());
                 h.asking = Some(rx);
                 tx
             });
-            Step::Lease(size, unused, asking)
+            Step::Lease(size, ahead, unused, asking)
         })
     }
 
@@ -314,7 +330,7 @@ impl Leasing {
         let generation = self.resets_seen();
         let mut now = self.clock.now_micros();
         let mut first = true;
-        let (size, unused, asking) = loop {
+        let (size, ahead, unused, asking) = loop {
             match self.step(&hit, now, first) {
                 Step::Answer(d) => return Ok(d),
                 Step::Alone(unused) => {
@@ -328,7 +344,7 @@ impl Leasing {
                     );
                     return d;
                 }
-                Step::Lease(size, unused, asking) => break (size, unused, asking),
+                Step::Lease(size, ahead, unused, asking) => break (size, ahead, unused, asking),
                 Step::Wait(mut rx) => {
                     // Ends when the call in flight is over (its sender is
                     // dropped), however it ends.
@@ -339,13 +355,17 @@ impl Leasing {
             }
         };
         let lease = if size > hit.hits {
-            lease_hit(&hit, size)
+            Hit {
+                ahead,
+                ..lease_hit(&hit, size)
+            }
         } else {
             store_hit(&hit, size)
         };
         self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
         let (_, d) = tokio::join!(self.give_back(&hit, unused), self.inner.hit(lease));
         let d = d?;
+        let answered = self.clock.now_micros();
         if !d.admitted {
             // Less than a lease is left in this window: what the refusal
             // recorded goes back, and the window's last hits are decided
@@ -374,8 +394,15 @@ impl Leasing {
             });
             return Ok(d);
         }
+        let reserved = reservations(&hit, &d, ahead, now, answered);
+        let reserved_hits: u64 = reserved.iter().map(|r| r.tokens).sum();
         self.counters.taken.fetch_add(1, Ordering::Relaxed);
-        self.counters.taken_hits.fetch_add(size, Ordering::Relaxed);
+        self.counters
+            .taken_hits
+            .fetch_add(size + reserved_hits, Ordering::Relaxed);
+        self.counters
+            .reserved_hits
+            .fetch_add(reserved_hits, Ordering::Relaxed);
         if self.resets_seen() != generation {
             // The lease may predate a reset: its hits are not used.
             return Ok(Decision::new(true, d.remaining, d.reset_micros));
@@ -392,6 +419,7 @@ impl Leasing {
             h.store_left = d.remaining;
             h.store_left_until = until;
             h.leased_at = now;
+            h.ahead.extend(reserved);
             (older, h.local_reset(now))
         });
         drop(asking);
@@ -418,6 +446,7 @@ impl Leasing {
                 }
                 bucket.retain(|h| {
                     h.tokens > 0
+                        || !h.ahead.is_empty()
                         || now < h.tight_until
                         || now.saturating_sub(h.last_seen) < FORGET_MICROS
                 });
@@ -465,6 +494,38 @@ fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
         receipt: true,
         ..*hit
     }
+}
+
+/// The hits a lease asked `now` and answered (`d`) at `answered`
+/// reserved in the windows after its own: as many windows as the
+/// receipt's mark says, `ahead.hits` each, window `j` spendable from the
+/// `j`-th window start after the answer (the store's reset counted from
+/// the answer, never before the window's start) to its end counted from
+/// the ask (never after it).
+fn reservations(
+    hit: &Hit<'_>,
+    d: &Decision,
+    ahead: Ahead,
+    now: u64,
+    answered: u64,
+) -> Vec<Reserved> {
+    let Some(r) = d.receipt.filter(|_| !ahead.is_none()) else {
+        return Vec::new();
+    };
+    let w = hit.window.micros();
+    (1..=r.mark.min(u64::from(Ahead::MAX_WINDOWS)))
+        .map(|j| Reserved {
+            tokens: ahead.hits,
+            from: answered.saturating_add(d.reset_micros + (j - 1) * w),
+            until: now.saturating_add(d.reset_micros + j * w),
+            receipt: Receipt {
+                hits: ahead.hits,
+                at: r.at + j,
+                mark: 0,
+                ..r
+            },
+        })
+        .collect()
 }
 
 /// The size leases are measured against: the fixed window's limit, the
@@ -521,6 +582,7 @@ impl Store for Leasing {
             h.tokens = 0;
             h.receipt = None;
             h.tight_until = 0;
+            h.ahead.clear();
         });
         self.inner.reset(hit)
     }
