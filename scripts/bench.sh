@@ -57,7 +57,8 @@
 #   LEASED=1     after the fixed window's and the token bucket's rows, a
 #                row "<algorithm> leased": the same rule with `lease: true`
 #                (decided from quota leased from Redis; its rb columns
-#                stay 0)
+#                stay 0); LEASED=only measures just the LEASE_UNIT rows
+#                and the leased ones (no plain-second or no_rule rows)
 #   LEASE_UNIT=minute  the leased row's window (default second); another
 #                unit adds a row "fixed_window/<unit>" without leases
 #                right before it, so the two compare on one window
@@ -281,6 +282,8 @@ measure_tollgate() {
                 tgc, rdc, (n > 0 ? sc / n : 0), (rdc > 0 ? tgc / rdc : 0), rbcpu, genc, over "/" err,
                 st[1], st[2], st[3], sr[1], sr[2]
         }')")
+    # Each row as it is measured too, so a run cut short keeps what it had.
+    echo "row: ${ROWS[-1]}" >&2
 }
 
 ROWS=()
@@ -310,10 +313,12 @@ for a in "${MEASURED[@]}"; do
     # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95...","p99_latency_ms","max..."
     IFS=, read -r _ rb_rate _ _ rb_p50 _ rb_p99 _ <<<"${rb//\"/}"
 
-    for i in "${!LABELS[@]}"; do
-        measure_tollgate "$i" "$a" "algo=$a,user=u"
-    done
-    if [[ ${LEASED:-0} == 1 && ($a == fixed_window || $a == token_bucket) ]]; then
+    if [[ ${LEASED:-0} != only ]]; then
+        for i in "${!LABELS[@]}"; do
+            measure_tollgate "$i" "$a" "algo=$a,user=u"
+        done
+    fi
+    if [[ ${LEASED:-0} =~ ^(1|only)$ && ($a == fixed_window || $a == token_bucket) ]]; then
         saved=("$rb_rate" "$rb_p50" "$rb_p99" "$rb_cpu")
         rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
         if [[ $LEASE_UNIT != second ]]; then
@@ -338,10 +343,12 @@ done
 
 # The gRPC floor: a descriptor that matches no rule is decided without a
 # store call, so this row is what tollgate costs before any store.
-for i in "${!LABELS[@]}"; do
-    rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
-    measure_tollgate "$i" no_rule "norule=u"
-done
+if [[ ${LEASED:-0} != only ]]; then
+    for i in "${!LABELS[@]}"; do
+        rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
+        measure_tollgate "$i" no_rule "norule=u"
+    done
+fi
 
 echo
 echo "C=$C KEYS=$KEYS CONNS=$CONNS SECS=$SECS RB_N=$RB_N STORE=${BENCH_STORE:-redis} ($(nproc 2>/dev/null || echo '?') cores, all shared)"
