@@ -86,14 +86,34 @@ impl Held {
     }
 
     /// Moves to the hits reserved for the window that has begun, once the
-    /// lease of the one before is over (what that lease left is forgotten:
-    /// it counted in a window that is over); reservations whose window is
-    /// over are forgotten too.
+    /// lease of the one before is over (what that lease left, and
+    /// reservations whose window is over, are forgotten: see
+    /// [`Held::lapse`]).
     pub(super) fn roll(&mut self, now: u64, counters: &Counters) {
         if now < self.until || self.ahead.is_empty() {
             return;
         }
+        self.lapse(now, counters);
+        if let Some(next) = self.ahead.first()
+            && next.from <= now
+        {
+            let next = self.ahead.remove(0);
+            self.tokens = next.tokens;
+            self.receipt = Some(next.receipt);
+            self.until = next.until;
+            self.last_used = now;
+            self.leased_at = now;
+        }
+    }
+
+    /// Forgets what is left of a lease whose window (or life) is over and
+    /// the reservations whose window is over: they counted in it.
+    pub(super) fn lapse(&mut self, now: u64, counters: &Counters) {
         let mut lapsed = 0;
+        if now >= self.until && self.tokens > 0 {
+            lapsed += std::mem::take(&mut self.tokens);
+            self.receipt = None;
+        }
         self.ahead.retain(|r| {
             let live = now < r.until;
             if !live {
@@ -101,17 +121,6 @@ impl Held {
             }
             live
         });
-        if let Some(next) = self.ahead.first()
-            && next.from <= now
-        {
-            let next = self.ahead.remove(0);
-            lapsed += std::mem::take(&mut self.tokens);
-            self.tokens = next.tokens;
-            self.receipt = Some(next.receipt);
-            self.until = next.until;
-            self.last_used = now;
-            self.leased_at = now;
-        }
         counters.expired_hits.fetch_add(lapsed, Ordering::Relaxed);
     }
 

@@ -450,6 +450,7 @@ impl Leasing {
             let mut map = lock(shard);
             for bucket in map.values_mut() {
                 for h in bucket.iter_mut() {
+                    h.lapse(now, &self.counters);
                     if (h.tokens > 0 || h.receipt.is_some())
                         && now.saturating_sub(h.last_used) >= h.idle_after(now)
                         && !h.kept_idle()
