@@ -12,7 +12,7 @@ use super::{
 };
 use crate::limit::{Algorithm, effective_burst};
 use crate::storage::limiter::LimiterId;
-use crate::storage::{Ahead, Receipt};
+use crate::storage::{Ahead, Decision, Hit, Receipt};
 
 /// One limiter's lease on this replica.
 pub(super) struct Held {
@@ -345,6 +345,38 @@ impl Held {
             ..r
         })
     }
+}
+
+/// The hits a lease asked `now` and answered (`d`) at `answered`
+/// reserved in the windows after its own: as many windows as the
+/// receipt's mark says, `ahead.hits` each, window `j` spendable from the
+/// `j`-th window start after the answer (the store's reset counted from
+/// the answer, never before the window's start) to its end counted from
+/// the ask (never after it).
+pub(super) fn reservations(
+    hit: &Hit<'_>,
+    d: &Decision,
+    ahead: Ahead,
+    now: u64,
+    answered: u64,
+) -> Vec<Reserved> {
+    let Some(r) = d.receipt.filter(|_| !ahead.is_none()) else {
+        return Vec::new();
+    };
+    let w = hit.window.micros();
+    (1..=r.mark.min(u64::from(Ahead::MAX_WINDOWS)))
+        .map(|j| Reserved {
+            tokens: ahead.hits,
+            from: answered.saturating_add(d.reset_micros + (j - 1) * w),
+            until: now.saturating_add(d.reset_micros + j * w),
+            receipt: Receipt {
+                hits: ahead.hits,
+                at: r.at + j,
+                mark: 0,
+                ..r
+            },
+        })
+        .collect()
 }
 
 /// A demand with its margin: twice it and two hits, within a quarter more

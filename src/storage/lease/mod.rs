@@ -99,7 +99,7 @@ use tokio::sync::watch;
 
 mod held;
 
-use held::{Held, Reserved};
+use held::{Held, reservations};
 
 use crate::clock::Clock;
 use crate::limit::{Algorithm, effective_burst, lease_period};
@@ -509,38 +509,6 @@ fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
         receipt: true,
         ..*hit
     }
-}
-
-/// The hits a lease asked `now` and answered (`d`) at `answered`
-/// reserved in the windows after its own: as many windows as the
-/// receipt's mark says, `ahead.hits` each, window `j` spendable from the
-/// `j`-th window start after the answer (the store's reset counted from
-/// the answer, never before the window's start) to its end counted from
-/// the ask (never after it).
-fn reservations(
-    hit: &Hit<'_>,
-    d: &Decision,
-    ahead: Ahead,
-    now: u64,
-    answered: u64,
-) -> Vec<Reserved> {
-    let Some(r) = d.receipt.filter(|_| !ahead.is_none()) else {
-        return Vec::new();
-    };
-    let w = hit.window.micros();
-    (1..=r.mark.min(u64::from(Ahead::MAX_WINDOWS)))
-        .map(|j| Reserved {
-            tokens: ahead.hits,
-            from: answered.saturating_add(d.reset_micros + (j - 1) * w),
-            until: now.saturating_add(d.reset_micros + j * w),
-            receipt: Receipt {
-                hits: ahead.hits,
-                at: r.at + j,
-                mark: 0,
-                ..r
-            },
-        })
-        .collect()
 }
 
 /// The size leases are measured against: the fixed window's limit, the

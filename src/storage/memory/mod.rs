@@ -68,6 +68,7 @@ mod lease;
 mod undo;
 
 use algorithms::{fixed_window, sliding_counter, sliding_log, token_bucket};
+use undo::take_back_in;
 
 const SHARDS: usize = 32;
 const SWEEP_EVERY: u64 = 1024;
@@ -529,32 +530,6 @@ fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decisi
             d
         }
     }
-}
-
-/// Takes back what `r` recorded on the limiter of `key` in `shard`
-/// (locked by the caller).
-fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Receipt, now: u64) {
-    let w = hit.window.micros();
-    let Some(slot) = shard.slots.get_mut(key) else {
-        return;
-    };
-    let before = state_bytes(slot);
-    match &mut slot.state {
-        State::Fixed {
-            window,
-            count,
-            ahead,
-        } => undo::fixed_window(now, hit, r, *window, count, ahead),
-        State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
-        State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
-        State::Bucket {
-            stamp,
-            debt,
-            scale,
-            leased,
-        } => undo::token_bucket(now, w, hit, r, stamp, debt, *scale, leased),
-    }
-    shard.held = shard.held.saturating_sub(before) + state_bytes(slot);
 }
 
 fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {

@@ -124,3 +124,29 @@ pub(super) fn token_bucket(
     let back = ahead.min(u128::from(r.hits) * u128::from(step));
     *debt = (u128::from(*debt).saturating_sub(back) as u64).max(leased.held() * step);
 }
+
+/// Takes back what `r` recorded on the limiter of `key` in `shard`
+/// (locked by the caller).
+pub(super) fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Receipt, now: u64) {
+    let w = hit.window.micros();
+    let Some(slot) = shard.slots.get_mut(key) else {
+        return;
+    };
+    let before = state_bytes(slot);
+    match &mut slot.state {
+        State::Fixed {
+            window,
+            count,
+            ahead,
+        } => undo::fixed_window(now, hit, r, *window, count, ahead),
+        State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
+        State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
+        State::Bucket {
+            stamp,
+            debt,
+            scale,
+            leased,
+        } => undo::token_bucket(now, w, hit, r, stamp, debt, *scale, leased),
+    }
+    shard.held = shard.held.saturating_sub(before) + state_bytes(slot);
+}

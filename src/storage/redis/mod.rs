@@ -61,7 +61,7 @@ pub(crate) use config::redact;
 use node::*;
 use redirect::*;
 use routing::*;
-use scripts::{Scripts, batch_id};
+use scripts::{Scripts, ahead, batch_id};
 use supervise::*;
 
 use crate::limit::{Algorithm, effective_burst};
@@ -187,20 +187,6 @@ impl RedisStore {
         let task = tokio::spawn(supervise(Arc::downgrade(&inner)));
         *inner.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
         Ok(RedisStore { inner })
-    }
-
-    /// Waits until the store is ready or `timeout` passes; returns readiness.
-    pub async fn wait_ready(&self, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if self.is_ready() {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
     }
 
     /// The script, keys and arguments of `hit`, followed by the further
@@ -430,16 +416,6 @@ impl RedisStore {
             Err(e) => Err(store_error(e, timeout)),
         }
     }
-}
-
-/// Whether a call reserves hits ahead ([`Hit::ahead`]): a fixed window's
-/// lease with a receipt, alone, on a window of fixed length.
-fn ahead(hit: &Hit<'_>, calendar: bool, more: &[Cost]) -> bool {
-    hit.algorithm == Algorithm::FixedWindow
-        && hit.receipt
-        && !hit.ahead.is_none()
-        && !calendar
-        && more.is_empty()
 }
 
 impl Store for RedisStore {

@@ -229,6 +229,16 @@ return out
     text
 }
 
+/// Whether a call reserves hits ahead ([`Hit::ahead`]): a fixed window's
+/// lease with a receipt, alone, on a window of fixed length.
+pub(super) fn ahead(hit: &Hit<'_>, calendar: bool, more: &[Cost]) -> bool {
+    hit.algorithm == Algorithm::FixedWindow
+        && hit.receipt
+        && !hit.ahead.is_none()
+        && !calendar
+        && more.is_empty()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

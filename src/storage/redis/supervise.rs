@@ -217,3 +217,19 @@ pub(super) async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), F
     inner.script_loads.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
+
+impl RedisStore {
+    /// Waits until the store is ready or `timeout` passes; returns readiness.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.is_ready() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
