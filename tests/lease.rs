@@ -654,6 +654,19 @@ async fn a_reset_forgets_the_lease() {
     assert_eq!(admitted, LIMIT, "the whole limit after the reset, no more");
 }
 
+/// A store on `redis`, ready, with a command timeout of `timeout_ms`.
+async fn redis_store(redis: &RedisServer, timeout_ms: u64) -> Arc<dyn Store> {
+    let store = RedisStore::connect(RedisConfig {
+        url: redis.url(),
+        command_timeout: Duration::from_millis(timeout_ms),
+        ..RedisConfig::default()
+    })
+    .await
+    .expect("valid settings");
+    assert!(store.wait_ready(Duration::from_secs(20)).await);
+    Arc::new(store)
+}
+
 /// Hits that find a replica's lease spent while its next lease is on the
 /// way wait for that one call rather than each ask for a lease of their
 /// own: bursts of 50 concurrent hits on a real Redis cost a store call
@@ -661,16 +674,9 @@ async fn a_reset_forgets_the_lease() {
 #[tokio::test(flavor = "current_thread")]
 async fn concurrent_hits_wait_for_one_lease() {
     let redis = RedisServer::start();
-    let store = RedisStore::connect(RedisConfig {
-        url: redis.url(),
-        command_timeout: Duration::from_millis(500),
-        ..RedisConfig::default()
-    })
-    .await
-    .expect("valid settings");
-    assert!(store.wait_ready(Duration::from_secs(20)).await);
+    let store = redis_store(&redis, 500).await;
     let clock: Arc<dyn Clock> = Arc::new(tollgate::clock::SystemClock);
-    let layer = Leasing::new(Arc::new(store), clock);
+    let layer = Leasing::new(store, clock);
     let entries = vec![("user".to_string(), "burst".to_string())];
     // 1,000 a minute: leases of at most 100 hits.
     let shape = Shape {
@@ -707,15 +713,7 @@ async fn concurrent_hits_wait_for_one_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_reserved_ahead_on_redis() {
     let redis = RedisServer::start();
-    let store = RedisStore::connect(RedisConfig {
-        url: redis.url(),
-        command_timeout: Duration::from_millis(2_000),
-        ..RedisConfig::default()
-    })
-    .await
-    .expect("valid settings");
-    assert!(store.wait_ready(Duration::from_secs(20)).await);
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store = redis_store(&redis, 2_000).await;
     let clock: Arc<dyn Clock> = Arc::new(tollgate::clock::SystemClock);
     let layer = Leasing::new(store.clone(), clock.clone());
     let shape = Shape {
