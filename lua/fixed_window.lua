@@ -9,13 +9,13 @@
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
 --          take back what a receipt says a call recorded (undo): ARGV[3]
 --          hits in the window ARGV[7] (calendar: ARGV[11]), only while
---          that window is current or one of the three after it
+--          that window is current or one of the seven after it
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
 --          response); 2 to answer each hit with a receipt; 3 as 2, and
 --          an admitted hit also reserves ARGV[8] hits in each of the next
---          ARGV[7] windows (at most 3; not with a calendar window nor
+--          ARGV[7] windows (at most 7; not with a calendar window nor
 --          further hits), window after window while each has room; 0 or
 --          absent: see below
 -- ARGV[7..10]  a calendar window's boundaries around the caller's clock,
@@ -32,8 +32,9 @@
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order; with receipts, each followed by {hits recorded, window
 -- index, windows reserved after it}. Undo returns {1}.
--- The hash also holds a1, a2, a3: hits reserved in the three windows after
--- window w; they are that window's count when it comes.
+-- The hash also holds, where a lease reserved hits ahead, `r<index>`: hits
+-- reserved in the window of that index (one of the seven after w), which
+-- are that window's count when it comes, and `r`: the last such index.
 -- Every counted hit stays counted in its window, admitted or not, except a
 -- cost above the limit, which can never pass and is not recorded unless
 -- ARGV[6] is 1.
@@ -76,28 +77,22 @@ if ARGV[6] == '3' and w > 0 then
   tail = 9
 end
 
-local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'a1', 'a2', 'a3')
+local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'r')
 local sw = tonumber(st[1])
 local current = sw == idx
-local count, a1, a2, a3 = 0, 0, 0, 0
--- Reservations are read only where a lease made some.
-local reserved = st[3] and w > 0
+local count = 0
+-- The last window holding hits reserved ahead (field `r`), if any: its
+-- reservations are in fields `r<index>`, read only where needed.
+local last = w > 0 and tonumber(st[3])
 if current then
   count = tonumber(st[2]) or 0
-  if reserved then
-    a1, a2, a3 = tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0
-  end
-elseif reserved and sw and idx > sw and idx - sw <= 3 then
+elseif last and sw and idx > sw and idx <= last then
   -- A window some of whose hits were reserved in an earlier one.
-  local s = idx - sw
-  count = tonumber(st[2 + s]) or 0
-  if s == 1 then
-    a1, a2 = tonumber(st[4]) or 0, tonumber(st[5]) or 0
-  elseif s == 2 then
-    a1 = tonumber(st[5]) or 0
-  end
+  count = tonumber(redis.call('HGET', KEYS[1], 'r' .. string.format('%d', idx))) or 0
 end
-local before, b1, b2, b3 = count, a1, a2, a3
+local before = count
+-- Reservations changed by this call: window index -> hits.
+local moved = nil
 
 -- Straight-line code, no closures: this runs once per decision, and the
 -- interpreter's work here is a measurable share of Redis's CPU.
@@ -110,12 +105,13 @@ if ARGV[4] == '2' then
   if at == idx then
     count = count - hits
     if count < 0 then count = 0 end
-  elseif w > 0 and at == idx + 1 then
-    a1 = math.max(a1 - hits, 0)
-  elseif w > 0 and at == idx + 2 then
-    a2 = math.max(a2 - hits, 0)
-  elseif w > 0 and at == idx + 3 then
-    a3 = math.max(a3 - hits, 0)
+  elseif last and at > idx and at <= last then
+    local f = 'r' .. string.format('%d', at)
+    local v = tonumber(redis.call('HGET', KEYS[1], f)) or 0
+    if v > 0 then
+      moved = {}
+      moved[at] = math.max(v - hits, 0)
+    end
   end
   out[1] = 1
   i = nil
@@ -153,43 +149,64 @@ while i and ARGV[i] do
 end
 
 -- Reservations in the next windows, for an admitted lease.
+local granted = 0
 if ahead > 0 and out[1] == 1 then
-  local granted = 0
-  if ahead_hits > 0 and a1 + ahead_hits <= limit then
-    a1 = a1 + ahead_hits
-    granted = 1
-    if ahead >= 2 and a2 + ahead_hits <= limit then
-      a2 = a2 + ahead_hits
-      granted = 2
-      if ahead >= 3 and a3 + ahead_hits <= limit then
-        a3 = a3 + ahead_hits
-        granted = 3
-      end
+  if ahead_hits > 0 then
+    local names = {}
+    for j = 1, ahead do names[j] = 'r' .. string.format('%d', idx + j) end
+    local have = redis.call('HMGET', KEYS[1], unpack(names))
+    moved = {}
+    for j = 1, ahead do
+      local v = (tonumber(have[j]) or 0) + ahead_hits
+      if v > limit then break end
+      moved[idx + j] = v
+      granted = j
     end
+    if granted == 0 then moved = nil end
   end
   out[6] = granted
 end
 
-local moved = a1 ~= b1 or a2 ~= b2 or a3 ~= b3
 if count ~= before or moved then
-  if count == 0 and a1 == 0 and a2 == 0 and a3 == 0 then
+  -- Reservations still to come after this call.
+  local until_ = last
+  if until_ and until_ <= idx then until_ = nil end
+  if granted > 0 and (not until_ or idx + granted > until_) then until_ = idx + granted end
+  if not current and last and sw then
+    -- Windows gone by since the stored one: their reservations (the
+    -- current window's now in its count) are dropped.
+    local gone = {}
+    for x = sw + 1, math.min(idx, last) do gone[#gone + 1] = 'r' .. string.format('%d', x) end
+    if not until_ then gone[#gone + 1] = 'r' end
+    if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+  end
+  if count == 0 and not until_ then
     redis.call('DEL', KEYS[1])
-  elseif not reserved and not moved then
-    if current then
-      -- The window's first write set the expiry at its end; HSET keeps it.
-      redis.call('HSET', KEYS[1], 'c', string.format('%d', count))
-    else
-      redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count))
+  elseif current then
+    -- The window's first write set the expiry at its end (or at the end
+    -- of the last reserved window); HSET keeps it.
+    redis.call('HSET', KEYS[1], 'c', string.format('%d', count))
+  else
+    redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count))
+    if not until_ then
       redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(reset / 1000)))
     end
-  else
-    -- The state and its reservations, kept until the last reserved
-    -- window ends.
-    redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count),
-      'a1', string.format('%d', a1), 'a2', string.format('%d', a2), 'a3', string.format('%d', a3))
-    local last = 0
-    if a3 > 0 then last = 3 elseif a2 > 0 then last = 2 elseif a1 > 0 then last = 1 end
-    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((reset + last * w) / 1000)))
+  end
+  if moved then
+    local set = {}
+    for x, v in pairs(moved) do
+      set[#set + 1] = 'r' .. string.format('%d', x)
+      set[#set + 1] = string.format('%d', v)
+    end
+    if granted > 0 then
+      set[#set + 1] = 'r'
+      set[#set + 1] = string.format('%d', until_)
+    end
+    redis.call('HSET', KEYS[1], unpack(set))
+    if granted > 0 then
+      -- Kept until the last reserved window ends.
+      redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((reset + (until_ - idx) * w) / 1000)))
+    end
   end
 end
 

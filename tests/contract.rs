@@ -1371,11 +1371,11 @@ async fn a_lease_reserves_hits_ahead(store: &dyn Store) {
         ..l.as_hit(hits, false)
     };
     early_in_a_second().await;
-    // The next three windows hold 4 each.
-    let a = store.hit(lease(2, 3, 4)).await.unwrap();
+    // The next seven windows (the most reserved) hold 4 each.
+    let a = store.hit(lease(2, 9, 4)).await.unwrap();
     let r = a.receipt.expect("a lease has a receipt");
     assert!(a.admitted, "{c}: {a:?}");
-    assert_eq!((r.hits, r.mark), (2, 3), "{c}: {r:?}");
+    assert_eq!((r.hits, r.mark), (2, 7), "{c}: {r:?}");
     let idx = r.at;
     // 7 more would pass the limit in the next window: none is reserved.
     let b = store.hit(lease(1, 3, 7)).await.unwrap();
@@ -1384,17 +1384,24 @@ async fn a_lease_reserves_hits_ahead(store: &dyn Store) {
     // 5 more in two windows: 9 in each.
     let d = store.hit(lease(1, 2, 5)).await.unwrap();
     assert_eq!(d.receipt.map(|r| r.mark), Some(2), "{c}: {d:?}");
-    // The second window to come gives its 5 back: 4 again.
-    l.undo(
-        store,
-        Receipt {
-            hits: 5,
-            at: idx + 2,
-            mark: 0,
-            shard: 0,
-        },
-    )
-    .await;
+    // 6 more fit in none of those two, so none is reserved (reservations
+    // stop at the first window without room).
+    let e = store.hit(lease(1, 4, 6)).await.unwrap();
+    assert_eq!(e.receipt.map(|r| r.mark), Some(0), "{c}: {e:?}");
+    // The second window to come gives its 5 back: 4 again; the sixth
+    // gives 3 of its 4 back.
+    for (hits, at) in [(5, idx + 2), (3, idx + 6)] {
+        l.undo(
+            store,
+            Receipt {
+                hits,
+                at,
+                mark: 0,
+                shard: 0,
+            },
+        )
+        .await;
+    }
     let (l, c) = (&l, &c);
     let admitted = |expected: u64, window: u64| async move {
         // Into window `window`, early enough for 11 calls.
@@ -1409,12 +1416,18 @@ async fn a_lease_reserves_hits_ahead(store: &dyn Store) {
         }
         assert_eq!(n, expected, "{c}: admitted in window {idx} + {window}");
     };
-    // This window counted the three leases' 4 hits.
-    admitted(6, 0).await;
+    // This window counted the four leases' own hits (5 in all).
+    admitted(5, 0).await;
     admitted(1, 1).await;
     admitted(6, 2).await;
+    // Window 4 is first touched a window after window 3 (what the store
+    // kept for it still counts).
     admitted(6, 3).await;
-    admitted(10, 4).await;
+    admitted(6, 5).await;
+    admitted(9, 6).await;
+    admitted(6, 7).await;
+    // Nothing reaches the eighth window after the lease's.
+    admitted(10, 8).await;
 }
 
 // ------------------------------------------------------------ the runners

@@ -124,7 +124,7 @@ impl Ahead {
     };
     /// The most windows reserved ahead: the state keeps this many
     /// counts after the current window's.
-    pub const MAX_WINDOWS: u8 = 3;
+    pub const MAX_WINDOWS: u8 = 7;
 
     pub fn is_none(self) -> bool {
         self.windows == 0 || self.hits == 0

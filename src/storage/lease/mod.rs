@@ -42,7 +42,7 @@
 //! - **Reserved ahead.** Where a window's demand with its margin is at
 //!   most a [`KEEP_DIVISOR`]-th of the limit, the store had plenty left
 //!   and the window is at most [`AHEAD_WINDOW_MICROS`], a lease also
-//!   reserves that much in each of the next three windows
+//!   reserves that much in each of the next seven windows
 //!   ([`Ahead`]): the store records it in those windows' counts at
 //!   once, window after window while each has room. A reservation is
 //!   spent once its window has begun, from the window's start as seen
@@ -50,7 +50,7 @@
 //!   early) to its end as seen from when the lease was asked (never
 //!   late), so every hit spent from it falls in the window it counted
 //!   in. A key hit a few times a window asks the store about once every
-//!   four windows instead of once in each.
+//!   eight windows instead of once in each.
 //! - **One call at a time.** Hits that find the lease spent while the
 //!   next is on its way wait for that call (it ends however it ends: an
 //!   answer, an error, or its request dropped) and are then decided from
@@ -85,7 +85,7 @@
 //!   idle replica's kept lease (at most a [`KEEP_DIVISOR`]-th of the
 //!   limit, taken while half of it was left) is bounded the same way, and
 //!   so are its reservations, which are not given back: at most a
-//!   [`KEEP_DIVISOR`]-th of the limit in each of the next three windows.
+//!   [`KEEP_DIVISOR`]-th of the limit in each of the next seven windows.
 //!
 //! Everything else goes to the store as before: give-backs, checks,
 //! usage reports, limiters that take receipts, lists, sharded limiters and
