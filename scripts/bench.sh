@@ -277,7 +277,7 @@ measure_tollgate() {
             rdc = (n > 0 ? rdt * tick / n : 0)
             genc = (n > 0 ? gen * 1000000 / n : 0)
             split(systg, st, " "); split(sysrd, sr, " ")
-            printf "%-23s %-6s %10.0f %10.0f %6.2f %8d %8d %8d %8d %8.1f %8.1f %6.3f %6.2f %8.1f %8.1f %9s %6s %6s %6s %6s %6s\n",
+            printf "%-23s %-6s %10.0f %10.0f %6.2f %8d %8d %8d %8d %8.1f %8.2f %7.4f %6.2f %8.1f %8.1f %9s %6s %6s %6s %6s %6s\n",
                 a, l, t, r, (r > 0 ? t / r : 0), tp50, tp99, rp50 * 1000, rp99 * 1000,
                 tgc, rdc, (n > 0 ? sc / n : 0), (rdc > 0 ? tgc / rdc : 0), rbcpu, genc, over "/" err,
                 st[1], st[2], st[3], sr[1], sr[2]
@@ -352,7 +352,7 @@ fi
 
 echo
 echo "C=$C KEYS=$KEYS CONNS=$CONNS SECS=$SECS RB_N=$RB_N STORE=${BENCH_STORE:-redis} ($(nproc 2>/dev/null || echo '?') cores, all shared)"
-printf "%-23s %-6s %10s %10s %6s %8s %8s %8s %8s %8s %8s %6s %6s %8s %8s %9s %6s %6s %6s %6s %6s\n" algorithm bin "tg dec/s" "rb call/s" ratio \
+printf "%-23s %-6s %10s %10s %6s %8s %8s %8s %8s %8s %8s %7s %6s %8s %8s %9s %6s %6s %6s %6s %6s\n" algorithm bin "tg dec/s" "rb call/s" ratio \
     "tg p50" "tg p99" "rb p50" "rb p99" "tg cpu" "rd cpu" "rd/dec" "cpu x" "rb cpu" "gen cpu" "ref/err" \
     "tg rd" "tg wr" "futex" "rd rd" "rd wr"
 printf '%s\n' "${ROWS[@]}"

@@ -10,7 +10,7 @@ use crate::storage::lease::LeaseCounts;
 
 pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
     type Pick = fn(&LeaseCounts) -> u64;
-    let all: [(&str, &str, Pick); 7] = [
+    let all: [(&str, &str, Pick); 8] = [
         ("tollgate.lease.taken", "Leases the store granted", |c| {
             c.taken
         }),
@@ -43,6 +43,11 @@ pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
             "tollgate.lease.store_calls",
             "Store calls for leased limiters: leases, give-backs and hits decided in the store near the limit",
             |c| c.store_calls,
+        ),
+        (
+            "tollgate.lease.walked_limiters",
+            "Leased limiters the housekeeping walk looked at (only where one may have a lease to give back or forget)",
+            |c| c.walked,
         ),
     ];
     for (name, description, pick) in all {

@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use tokio::sync::watch;
 
 use super::{
-    AHEAD_WINDOW_MICROS, Counters, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE, LONG_MICROS,
-    MAX_HORIZON_MICROS, MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS, SLOT_MICROS,
-    STORE_SHARE,
+    AHEAD_WINDOW_MICROS, Counters, FORGET_MICROS, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE,
+    LONG_MICROS, MAX_HORIZON_MICROS, MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS,
+    SLOT_MICROS, STORE_SHARE,
 };
 use crate::limit::{Algorithm, effective_burst};
 use crate::storage::limiter::LimiterId;
@@ -104,6 +104,24 @@ impl Held {
             self.last_used = now;
             self.leased_at = now;
         }
+    }
+
+    /// The earliest time the housekeeping walk may have anything to do
+    /// with this limiter: a lease or reservation to forget at its end, an
+    /// unused lease to give back (from [`IDLE_MICROS`] after its last use:
+    /// the shortest wait, as the demand it is sized from changes), or the
+    /// limiter to forget. Never later than the walk would act.
+    pub(super) fn due(&self) -> u64 {
+        let mut due = self
+            .tight_until
+            .max(self.last_seen.saturating_add(FORGET_MICROS));
+        if self.tokens > 0 || self.receipt.is_some() {
+            due = due.min(self.until);
+            if !self.kept_idle() {
+                due = due.min(self.last_used.saturating_add(IDLE_MICROS));
+            }
+        }
+        self.ahead.iter().fold(due, |d, r| d.min(r.until))
     }
 
     /// Forgets what is left of a lease whose window (or life) is over and

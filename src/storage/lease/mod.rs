@@ -97,8 +97,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
+mod counts;
 mod held;
 
+use counts::Counters;
+pub use counts::LeaseCounts;
 use held::{Held, reservations};
 
 use crate::clock::Clock;
@@ -148,36 +151,6 @@ const LONG_MICROS: u64 = 60_000_000;
 /// A limiter not hit for this long is forgotten (with its estimates).
 const FORGET_MICROS: u64 = 2 * LONG_MICROS;
 
-/// What the leasing layer did since start, for metrics.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseCounts {
-    /// Leases the store granted, and the hits they held.
-    pub taken: u64,
-    pub taken_hits: u64,
-    /// Of those hits, the ones reserved in the windows after the lease's.
-    pub reserved_hits: u64,
-    /// Unused hits given back to the store.
-    pub returned_hits: u64,
-    /// Unused hits forgotten at their window's end (they counted in it).
-    pub expired_hits: u64,
-    /// Hits admitted from a lease, without a store call.
-    pub local: u64,
-    /// Store calls made for leased limiters (leases, give-backs, and hits
-    /// decided in the store near the limit).
-    pub store_calls: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    taken: AtomicU64,
-    taken_hits: AtomicU64,
-    reserved_hits: AtomicU64,
-    returned_hits: AtomicU64,
-    expired_hits: AtomicU64,
-    local: AtomicU64,
-    store_calls: AtomicU64,
-}
-
 /// The leasing layer over any store. Cheap to share.
 pub struct Leasing {
     inner: Arc<dyn Store>,
@@ -187,6 +160,12 @@ pub struct Leasing {
     /// limiters at a time; each entry confirmed by its id. Std mutexes,
     /// never held across an `.await`.
     held: Box<[HeldMap]>,
+    /// Per map, the earliest time the housekeeping walk has anything to
+    /// do in it (see [`Held::due`]): lowered under the map's lock by
+    /// every change, recomputed by the walk, which skips a map until
+    /// then. With many limiters, each holding a small lease or
+    /// reservations until its window ends, most walks skip every map.
+    due: Box<[AtomicU64]>,
     /// The store's reset generation the leases were taken under.
     generation: AtomicU64,
     /// Resets through this replica so far.
@@ -234,6 +213,7 @@ impl Leasing {
             inner,
             clock,
             held: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            due: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
             generation,
             resets: AtomicU64::new(0),
             counters: Counters::default(),
@@ -241,26 +221,15 @@ impl Leasing {
     }
 
     pub fn counts(&self) -> LeaseCounts {
-        let c = &self.counters;
-        LeaseCounts {
-            taken: c.taken.load(Ordering::Relaxed),
-            taken_hits: c.taken_hits.load(Ordering::Relaxed),
-            reserved_hits: c.reserved_hits.load(Ordering::Relaxed),
-            returned_hits: c.returned_hits.load(Ordering::Relaxed),
-            expired_hits: c.expired_hits.load(Ordering::Relaxed),
-            local: c.local.load(Ordering::Relaxed),
-            store_calls: c.store_calls.load(Ordering::Relaxed),
-        }
+        self.counters.read()
     }
 
-    /// The map of the limiters of `fingerprint`.
-    fn lock(&self, fingerprint: u64) -> MutexGuard<'_, HashMap<u64, Vec<Held>>> {
-        lock(&self.held[(fingerprint % SHARDS as u64) as usize])
-    }
-
+    /// `f` on the limiter of `hit` (made if new), under its map's lock;
+    /// the walk's time for the map is brought forward to the limiter's.
     fn with_held<T>(&self, hit: &Hit<'_>, f: impl FnOnce(&mut Held) -> T) -> T {
         let fingerprint = hit.fingerprint();
-        let mut map = self.lock(fingerprint);
+        let shard = (fingerprint % SHARDS as u64) as usize;
+        let mut map = lock(&self.held[shard]);
         let bucket = map.entry(fingerprint).or_default();
         let i = match bucket.iter().position(|h| hit.is(&h.id)) {
             Some(i) => i,
@@ -269,7 +238,9 @@ impl Leasing {
                 bucket.len() - 1
             }
         };
-        f(&mut bucket[i])
+        let out = f(&mut bucket[i]);
+        self.due[shard].fetch_min(bucket[i].due(), Ordering::Relaxed);
+        out
     }
 
     /// What to do with `hit` now; `first` on its first look (its demand
@@ -446,9 +417,15 @@ impl Leasing {
     pub async fn give_back_idle(&self) {
         let now = self.clock.now_micros();
         let mut back = Vec::new();
-        for shard in self.held.iter() {
+        for (shard, due) in self.held.iter().zip(self.due.iter()) {
+            if now < due.load(Ordering::Relaxed) {
+                continue;
+            }
             let mut map = lock(shard);
+            let mut next = u64::MAX;
+            let mut walked = 0;
             for bucket in map.values_mut() {
+                walked += bucket.len() as u64;
                 for h in bucket.iter_mut() {
                     h.lapse(now, &self.counters);
                     if (h.tokens > 0 || h.receipt.is_some())
@@ -465,8 +442,14 @@ impl Leasing {
                         || now < h.tight_until
                         || now.saturating_sub(h.last_seen) < FORGET_MICROS
                 });
+                for h in bucket.iter() {
+                    next = next.min(h.due());
+                }
             }
             map.retain(|_, b| !b.is_empty());
+            // Under the lock: a change after this lowers it again.
+            due.store(next, Ordering::Relaxed);
+            self.counters.walked.fetch_add(walked, Ordering::Relaxed);
         }
         for (id, r) in back {
             let hit = id.hit(Cost {
