@@ -115,11 +115,13 @@ impl Held {
         let mut due = self
             .tight_until
             .max(self.last_seen.saturating_add(FORGET_MICROS));
-        if self.tokens > 0 || self.receipt.is_some() {
+        if self.tokens > 0 {
             due = due.min(self.until);
-            if !self.kept_idle() {
-                due = due.min(self.last_used.saturating_add(IDLE_MICROS));
-            }
+        }
+        // A spent lease's receipt (no tokens) is kept as it is unless it
+        // would be given back: it must not make the walk look every time.
+        if (self.tokens > 0 || self.receipt.is_some()) && !self.kept_idle() {
+            due = due.min(self.last_used.saturating_add(IDLE_MICROS));
         }
         self.ahead.iter().fold(due, |d, r| d.min(r.until))
     }
