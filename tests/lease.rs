@@ -710,6 +710,42 @@ async fn concurrent_hits_wait_for_one_lease() {
     assert!(after.local - before.local >= 250 - calls, "{after:?}");
 }
 
+/// Users as Envoy sends them: 500 limiters of a billion a minute, each
+/// hit at random about eight times a minute for six minutes, with the
+/// walk every 250 ms. Some leases are spent by a window's last hit and
+/// kept (receipt, no tokens) until it ends; still the walk looks at each
+/// limiter a few times a window, not at each of the window's 240 walks.
+#[tokio::test(flavor = "current_thread")]
+async fn random_users_leave_the_walk_idle() {
+    let shape = Shape {
+        limit: 1_000_000_000,
+        keys: 500,
+        ..QUIET
+    };
+    let clock = Arc::new(ManualClock::at_secs(1_000_020));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+    let entries: Vec<Vec<(String, String)>> = (0..shape.keys)
+        .map(|k| vec![("user".to_string(), format!("u{k}"))])
+        .collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let windows = 6;
+    for _ in 0..windows * 240 {
+        for e in &entries {
+            if rng.next_u32() % 30 == 0 {
+                admit(&layer, shape, e).await;
+            }
+        }
+        clock.advance_micros(250_000);
+        layer.give_back_idle().await;
+    }
+    let c = layer.counts();
+    let walked = c.walked as f64 / (shape.keys as u64 * windows) as f64;
+    eprintln!("the walk looked at each limiter {walked:.1} times a window; {c:?}");
+    assert!(walked < 6.0, "{walked:.1} looks per limiter and window");
+    assert!(c.local > c.store_calls * 4, "{c:?}");
+}
+
 /// On Redis: 50 limiters of 1,000 a second, each hit by one replica 4
 /// times a second, reserve their next windows' hits with their leases,
 /// so after the first second they cost the store well under one call per
