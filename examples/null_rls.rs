@@ -13,6 +13,12 @@ use tollgate::proto::{
 };
 use tonic::{Request, Response, Status};
 
+/// The same allocator as the tollgate binary, so the two compare on what
+/// they do, not on how they allocate.
+#[cfg(unix)]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 struct Null;
 
 #[tonic::async_trait]

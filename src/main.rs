@@ -5,6 +5,13 @@
 
 mod cmd;
 
+/// jemalloc: the service allocates a few small buffers per call, freed on
+/// other threads; glibc's malloc spent a quarter of a decision's CPU on
+/// them under load (docs/benchmarks.md, "The allocator").
+#[cfg(unix)]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     cmd::main()
 }
