@@ -65,6 +65,15 @@
 #   ZIPF=1.1     draw keys from a Zipf distribution of this exponent over
 #                KEYS keys (tollgate bench --zipf) instead of cycling
 #                through them (redis-benchmark still draws uniformly)
+#   LIMITADOR="redis cached"  also serve from limitador's engine (the
+#                `limitador` library, scripts/limitador-rls, built here
+#                unless LIMITADOR_BIN names it), one row per mode, labelled
+#                limitador / lim-cached, against the same Redis: `redis`
+#                counts every decision in Redis, `cached` counts locally
+#                and flushes later (it can pass a limit). Its one limit is
+#                a fixed window per `user` of LEASE_UNIT's length (or a
+#                second); it is measured on the fixed window's rows, not
+#                on the leased ones.
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -193,6 +202,41 @@ for i in "${!CMP_LABELS[@]}"; do
     start_tollgate "${CMP_BINS[$i]}" "${vars[@]}"
     LABELS+=("${CMP_LABELS[$i]}") BINS+=("${CMP_BINS[$i]}") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
 done
+# limitador's engine (LIMITADOR), started like tollgate and answering the
+# same `tollgate bench` load; its CPU is its process's.
+if [[ -n ${LIMITADOR:-} ]]; then
+    if [[ -z ${LIMITADOR_BIN:-} ]]; then
+        echo "building limitador-rls (release)..." >&2
+        [[ -f scripts/limitador-rls/Cargo.lock ]] || cp Cargo.lock scripts/limitador-rls/Cargo.lock
+        CARGO_TARGET_DIR=$ROOT/target timeout 1800 cargo build --release --quiet \
+            --manifest-path scripts/limitador-rls/Cargo.toml
+        LIMITADOR_BIN=$ROOT/target/release/limitador-rls
+    fi
+    case ${LEASE_UNIT:-second} in
+        second) lim_secs=1 ;; minute) lim_secs=60 ;; hour) lim_secs=3600 ;; day) lim_secs=86400 ;;
+        *) echo "bench.sh: LIMITADOR: no window for LEASE_UNIT=$LEASE_UNIT" >&2; exit 1 ;;
+    esac
+    for mode in $LIMITADOR; do
+        port=$(free_port)
+        "$LIMITADOR_BIN" "127.0.0.1:$port" "redis://127.0.0.1:$REDIS_PORT" "$lim_secs" "$mode" \
+            >"$WORK/limitador-$mode.log" 2>&1 &
+        PIDS+=($!)
+        pid=$!
+        deadline=$((SECONDS + 20))
+        until "$BIN" check --addr "127.0.0.1:$port" --domain bench \
+            --descriptor user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'; do
+            if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
+                echo "bench.sh: limitador-rls ($mode) did not start answering:" >&2
+                cat "$WORK/limitador-$mode.log" >&2
+                exit 1
+            fi
+            sleep 0.1
+        done
+        label=limitador
+        [[ $mode == cached ]] && label=lim-cached
+        LABELS+=("$label") BINS+=("$BIN") PORTS+=("$port") TG_PIDS+=("$pid")
+    done
+fi
 # shellcheck disable=SC2086
 start_tollgate "$BIN" ${SERVE_ENV:-}
 LABELS+=(new) BINS+=("$BIN") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
@@ -327,6 +371,7 @@ for a in "${MEASURED[@]}"; do
             done
         fi
         for i in "${!LABELS[@]}"; do
+            [[ ${LABELS[$i]} == limitador || ${LABELS[$i]} == lim-cached ]] && continue
             measure_tollgate "$i" "$a leased" "algo=${a}_leased,user=u"
         done
         rb_rate=${saved[0]} rb_p50=${saved[1]} rb_p99=${saved[2]} rb_cpu=${saved[3]}
