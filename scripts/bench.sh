@@ -67,7 +67,8 @@
 #                through them (redis-benchmark still draws uniformly)
 #   LIMITADOR="redis cached"  also serve from limitador's engine (the
 #                `limitador` library, scripts/limitador-rls, built here
-#                unless LIMITADOR_BIN names it), one row per mode, labelled
+#                unless LIMITADOR_BIN names it; apt-get install
+#                librocksdb-dev libclang-dev first), one row per mode, labelled
 #                limitador / lim-cached, against the same Redis: `redis`
 #                counts every decision in Redis, `cached` counts locally
 #                and flushes later (it can pass a limit). Its one limit is
@@ -208,6 +209,10 @@ if [[ -n ${LIMITADOR:-} ]]; then
     if [[ -z ${LIMITADOR_BIN:-} ]]; then
         echo "building limitador-rls (release)..." >&2
         [[ -f scripts/limitador-rls/Cargo.lock ]] || cp Cargo.lock scripts/limitador-rls/Cargo.lock
+        # The library needs its disk_storage feature to compile (RocksDB):
+        # Debian's librocksdb-dev and libclang-dev spare building RocksDB.
+        lib=/usr/lib/$(uname -m)-linux-gnu
+        [[ -e $lib/librocksdb.so ]] && export ROCKSDB_LIB_DIR=$lib SNAPPY_LIB_DIR=$lib
         CARGO_TARGET_DIR=$ROOT/target timeout 1800 cargo build --release --quiet \
             --manifest-path scripts/limitador-rls/Cargo.toml
         LIMITADOR_BIN=$ROOT/target/release/limitador-rls
