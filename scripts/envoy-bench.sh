@@ -25,7 +25,8 @@
 #              embedded store assigning it: the request never waits for
 #              tollgate (its "svc us" is per request too, mostly idle)
 #   limitador  limitador on the same redis-server, when LIMITADOR_BIN names
-#              a limitador-server binary
+#              a limitador-server binary, or target/release/limitador-rls
+#              (its library behind an RLS front, scripts/limitador-rls)
 # Columns: requests/s, latency p50/p99 (wrk, milliseconds), and CPU
 # microseconds per request of the front Envoy, the service and Redis, read
 # from /proc/<pid>/stat around each run; "of null" is requests/s over the
@@ -200,8 +201,16 @@ PORT_rlqs=$PORT_memory PID_rlqs=$PID_memory
 PORT_null=$NULL_PORT PID_null=$NULL_PID
 if [[ -n ${LIMITADOR_BIN:-} ]]; then
     LPORT=$(free_port)
-    "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$LPORT" --http-port "$(free_port)" \
-        "$WORK/limitador.yaml" redis "redis://127.0.0.1:$REDIS_PORT" >"$WORK/limitador.log" 2>&1 &
+    if [[ $(basename "$LIMITADOR_BIN") == limitador-rls ]]; then
+        # scripts/limitador-rls (limitador's library behind an RLS front;
+        # built by `scripts/bench.sh LIMITADOR=redis`): the rule's window.
+        case $UNIT in second) lsecs=1 ;; minute) lsecs=60 ;; hour) lsecs=3600 ;; *) lsecs=86400 ;; esac
+        "$LIMITADOR_BIN" "127.0.0.1:$LPORT" "redis://127.0.0.1:$REDIS_PORT" "$lsecs" \
+            >"$WORK/limitador.log" 2>&1 &
+    else
+        "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$LPORT" --http-port "$(free_port)" \
+            "$WORK/limitador.yaml" redis "redis://127.0.0.1:$REDIS_PORT" >"$WORK/limitador.log" 2>&1 &
+    fi
     PIDS+=($!)
     PORT_limitador=$LPORT PID_limitador=$!
     SETUPS+=(limitador)
