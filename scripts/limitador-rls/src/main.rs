@@ -20,6 +20,11 @@ use tollgate::proto::{
 };
 use tonic::{Request, Response, Status};
 
+/// The same allocator as the tollgate binary, so the two compare on what
+/// they do, not on how they allocate.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 struct Limitador(Arc<AsyncRateLimiter>);
 
 fn text(b: &[u8]) -> String {
