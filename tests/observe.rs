@@ -251,6 +251,38 @@ async fn metrics_count_each_rule_exactly() {
     t.stop().await;
 }
 
+/// A hit decided from a lease reaches no store: the lease metrics count
+/// it, and the store's timer does not (it times the calls that asked for
+/// leases, each once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_from_a_lease_is_counted_but_not_timed_as_a_store_call() {
+    const LEASED: &str = r#"
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 100000, algorithm: fixed_window, lease: true}
+"#;
+    let t = Tollgate::start(&[("api.yaml", LEASED)], &[]).await;
+    let mut c = t.client().await;
+    for _ in 0..60 {
+        let r = c.should_rate_limit(req("api", &[("tenant", "t1")])).await;
+        assert_eq!(r.unwrap().into_inner().overall_code, Code::Ok as i32);
+    }
+    let page = scrape(&t).await;
+    let local = value(&page, "tollgate_lease_local_decisions_total", &[]);
+    let timed = value(
+        &page,
+        "tollgate_store_duration_seconds_count",
+        &[("backend", "memory"), ("node", "sole"), ("outcome", "ok")],
+    );
+    assert!(
+        value(&page, "tollgate_lease_taken_total", &[]) >= 1.0,
+        "{page}"
+    );
+    assert!(local >= 30.0, "most hits decided from leases: {local}");
+    assert_eq!(local + timed, 60.0, "every hit either local or timed once");
+}
+
 /// Scrapes until `done` holds (10 s at most).
 async fn eventually(t: &Tollgate, done: impl Fn(&str) -> bool) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

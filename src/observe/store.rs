@@ -1,5 +1,7 @@
 //! A store wrapper that times every call, counts failures by node and kind,
-//! and, inside a sampled trace, records the call as a child span.
+//! and, inside a sampled trace, records the call as a child span. A hit
+//! decided from a lease ([`Store::decide_here`]) reaches no store and is
+//! neither timed nor traced.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +38,10 @@ fn outcome(result: &Result<Decision, StoreError>) -> &'static str {
 impl Store for ObservedStore {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
+            // A decision from a lease is no store call: not timed.
+            if let Some(d) = self.inner.decide_here(&hit) {
+                return Ok(d);
+            }
             let node = self.inner.node(&hit);
             let backend = self.inner.kind();
             // The engine runs inside the request span's context (see

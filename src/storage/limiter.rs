@@ -41,14 +41,13 @@ pub trait Limiter {
     fn to_id(&self) -> LimiterId;
 }
 
-/// Hashes the parts of an identity. Fixed keys (std's SipHash with zero
-/// keys): a fingerprint is only a lookup shortcut, always confirmed by
-/// comparing the parts, so a collision costs a miss, never a wrong answer.
+/// Hashes the parts of an identity. Fixed seed (foldhash's, a few times
+/// faster than std's SipHash on every leased decision): a fingerprint is
+/// only a lookup shortcut, always confirmed by comparing the parts, so a
+/// collision costs a miss, never a wrong answer.
 fn fingerprint_of(parts: impl std::hash::Hash) -> u64 {
-    use std::hash::Hasher;
-    let mut h = std::hash::DefaultHasher::new();
-    parts.hash(&mut h);
-    h.finish()
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(parts)
 }
 
 impl Limiter for Hit<'_> {

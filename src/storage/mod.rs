@@ -496,6 +496,15 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// Decides `hit` at once without a store call when a layer holds what
+    /// it needs (the leasing layer: a lease that covers it); `None`
+    /// otherwise, having changed nothing a [`Store::hit`] would not, which
+    /// the caller then makes. So the observing layer times only calls
+    /// that reach a store. Must be cheap and never wait.
+    fn decide_here(&self, hit: &Hit<'_>) -> Option<Decision> {
+        self.wrapped().and_then(|w| w.decide_here(hit))
+    }
+
     /// A number that changes when a limiter of a store shared with other
     /// replicas was reset (by any replica), as this replica last read it:
     /// the over-limit cache forgets every refusal it holds when it moves.
