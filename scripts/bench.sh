@@ -75,6 +75,11 @@
 #                a fixed window per `user` of LEASE_UNIT's length (or a
 #                second); it is measured on the fixed window's rows, not
 #                on the leased ones.
+#   NULL=1       also serve the null service (examples/null_rls.rs, built
+#                here unless NULL_BIN names it: a bare gRPC server answering
+#                OK, no decision), labelled null and measured where
+#                limitador is: the most any service answers this load tool
+#                on this machine
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
@@ -242,6 +247,28 @@ if [[ -n ${LIMITADOR:-} ]]; then
         LABELS+=("$label") BINS+=("$BIN") PORTS+=("$port") TG_PIDS+=("$pid")
     done
 fi
+# The null service (NULL=1): the ceiling of this load on this machine.
+if [[ ${NULL:-0} == 1 ]]; then
+    if [[ -z ${NULL_BIN:-} ]]; then
+        cargo build --release --quiet --example null_rls
+        NULL_BIN=$ROOT/target/release/examples/null_rls
+    fi
+    port=$(free_port)
+    "$NULL_BIN" "127.0.0.1:$port" >"$WORK/null.log" 2>&1 &
+    PIDS+=($!)
+    pid=$!
+    deadline=$((SECONDS + 20))
+    until "$BIN" check --addr "127.0.0.1:$port" --domain bench \
+        --descriptor user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'; do
+        if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
+            echo "bench.sh: the null service did not start answering:" >&2
+            cat "$WORK/null.log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+    LABELS+=(null) BINS+=("$BIN") PORTS+=("$port") TG_PIDS+=("$pid")
+fi
 # shellcheck disable=SC2086
 start_tollgate "$BIN" ${SERVE_ENV:-}
 LABELS+=(new) BINS+=("$BIN") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
@@ -376,7 +403,7 @@ for a in "${MEASURED[@]}"; do
             done
         fi
         for i in "${!LABELS[@]}"; do
-            [[ ${LABELS[$i]} == limitador || ${LABELS[$i]} == lim-cached ]] && continue
+            [[ ${LABELS[$i]} =~ ^(limitador|lim-cached|null)$ ]] && continue
             measure_tollgate "$i" "$a leased" "algo=${a}_leased,user=u"
         done
         rb_rate=${saved[0]} rb_p50=${saved[1]} rb_p99=${saved[2]} rb_cpu=${saved[3]}
