@@ -208,6 +208,21 @@ for i in "${!CMP_LABELS[@]}"; do
     start_tollgate "${CMP_BINS[$i]}" "${vars[@]}"
     LABELS+=("${CMP_LABELS[$i]}") BINS+=("${CMP_BINS[$i]}") PORTS+=("$GRPC_PORT") TG_PIDS+=("$TOLLGATE_PID")
 done
+# Waits until the server $1 (pid) on port $2 answers a decision; else
+# prints its log ($4) under its name ($3) and stops the script.
+await_answers() {
+    local pid=$1 port=$2 name=$3 log=$4
+    local deadline=$((SECONDS + 20))
+    until "$BIN" check --addr "127.0.0.1:$port" --domain bench \
+        --descriptor user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'; do
+        if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
+            echo "bench.sh: $name did not start answering:" >&2
+            cat "$log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+}
 # limitador's engine (LIMITADOR), started like tollgate and answering the
 # same `tollgate bench` load; its CPU is its process's.
 if [[ -n ${LIMITADOR:-} ]]; then
@@ -232,16 +247,7 @@ if [[ -n ${LIMITADOR:-} ]]; then
             >"$WORK/limitador-$mode.log" 2>&1 &
         PIDS+=($!)
         pid=$!
-        deadline=$((SECONDS + 20))
-        until "$BIN" check --addr "127.0.0.1:$port" --domain bench \
-            --descriptor user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'; do
-            if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
-                echo "bench.sh: limitador-rls ($mode) did not start answering:" >&2
-                cat "$WORK/limitador-$mode.log" >&2
-                exit 1
-            fi
-            sleep 0.1
-        done
+        await_answers "$pid" "$port" "limitador-rls ($mode)" "$WORK/limitador-$mode.log"
         label=limitador
         [[ $mode == cached ]] && label=lim-cached
         LABELS+=("$label") BINS+=("$BIN") PORTS+=("$port") TG_PIDS+=("$pid")
@@ -257,16 +263,7 @@ if [[ ${NULL:-0} == 1 ]]; then
     "$NULL_BIN" "127.0.0.1:$port" >"$WORK/null.log" 2>&1 &
     PIDS+=($!)
     pid=$!
-    deadline=$((SECONDS + 20))
-    until "$BIN" check --addr "127.0.0.1:$port" --domain bench \
-        --descriptor user=probe --timeout-ms 500 2>/dev/null | grep -q '^overall: OK'; do
-        if ! kill -0 "$pid" 2>/dev/null || ((SECONDS >= deadline)); then
-            echo "bench.sh: the null service did not start answering:" >&2
-            cat "$WORK/null.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
+    await_answers "$pid" "$port" "the null service" "$WORK/null.log"
     LABELS+=(null) BINS+=("$BIN") PORTS+=("$port") TG_PIDS+=("$pid")
 fi
 # shellcheck disable=SC2086
