@@ -930,3 +930,55 @@ async fn a_flood_on_one_replica_does_not_starve_a_small_one() {
     assert!(leased * 100 >= asked * 95, "{leased} of {asked}");
     assert!(plain * 2 < asked, "{plain} of {asked} without leases");
 }
+
+/// The walk looks only at limiters whose time has come: 64 busy limiters
+/// (1,000 a minute, each hit every 2 s: leases of tens of hits, given
+/// back only after a few of their gaps) among 20,000 quiet ones (a
+/// billion a minute, each hit once a minute: small leases kept until
+/// their window ends), the walk every 250 ms for six minutes. A busy
+/// limiter spends its lease for a minute, so some limiter is nearly always
+/// waiting to be looked at; still each limiter is looked at a few times a
+/// window, not at each of the window's 240 walks.
+#[tokio::test(flavor = "current_thread")]
+async fn a_busy_limiter_does_not_make_the_walk_look_at_quiet_ones() {
+    let busy = Shape {
+        limit: 1_000,
+        keys: 64,
+        ..QUIET
+    };
+    let quiet = Shape {
+        limit: 1_000_000_000,
+        keys: 20_000,
+        ..QUIET
+    };
+    let clock = Arc::new(ManualClock::at_secs(1_000_020));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+    let users = |shape: Shape, name: &str| -> Vec<Vec<(String, String)>> {
+        (0..shape.keys)
+            .map(|k| vec![("user".to_string(), format!("{name}{k}"))])
+            .collect()
+    };
+    let (busy_users, quiet_users) = (users(busy, "b"), users(quiet, "q"));
+    let windows = 6;
+    for tick in 0..windows * 240 {
+        for (k, e) in busy_users.iter().enumerate() {
+            if (tick + k) % 8 == 0 {
+                admit(&layer, busy, e).await;
+            }
+        }
+        for (k, e) in quiet_users.iter().enumerate() {
+            if (tick + k) % 240 == 0 {
+                admit(&layer, quiet, e).await;
+            }
+        }
+        clock.advance_micros(250_000);
+        layer.give_back_idle().await;
+    }
+    let c = layer.counts();
+    let limiters = (busy.keys + quiet.keys) as u64;
+    let walked = c.walked as f64 / (limiters * windows as u64) as f64;
+    eprintln!("the walk looked at each limiter {walked:.1} times a window; {c:?}");
+    assert!(walked < 6.0, "{walked:.1} looks per limiter and window");
+    assert!(c.local > c.store_calls, "{c:?}");
+}

@@ -47,6 +47,9 @@ pub(super) struct Held {
     pub(super) leased_at: u64,
     /// Hits reserved in the windows after the lease's, in order.
     pub(super) ahead: Vec<Reserved>,
+    /// When the housekeeping walk looks at this limiter next: the time of
+    /// its one live entry in its map's queue (`u64::MAX`: none).
+    pub(super) queued: u64,
 }
 
 /// Hits a lease reserved in a window to come ([`Ahead`]), spent once that
@@ -82,6 +85,7 @@ impl Held {
             asking: None,
             leased_at: 0,
             ahead: Vec::new(),
+            queued: u64::MAX,
         }
     }
 
@@ -107,11 +111,11 @@ impl Held {
     }
 
     /// The earliest time the housekeeping walk may have anything to do
-    /// with this limiter: a lease or reservation to forget at its end, an
-    /// unused lease to give back (from [`IDLE_MICROS`] after its last use:
-    /// the shortest wait, as the demand it is sized from changes), or the
-    /// limiter to forget. Never later than the walk would act.
-    pub(super) fn due(&self) -> u64 {
+    /// with this limiter, as its demand stands at `now`: a lease or
+    /// reservation to forget at its end, an unused lease to give back
+    /// (after [`Held::idle_after`] without a use), or the limiter to
+    /// forget.
+    pub(super) fn due(&self, now: u64) -> u64 {
         let mut due = self
             .tight_until
             .max(self.last_seen.saturating_add(FORGET_MICROS));
@@ -121,7 +125,7 @@ impl Held {
         // A spent lease's receipt (no tokens) is kept as it is unless it
         // would be given back: it must not make the walk look every time.
         if (self.tokens > 0 || self.receipt.is_some()) && !self.kept_idle() {
-            due = due.min(self.last_used.saturating_add(IDLE_MICROS));
+            due = due.min(self.last_used.saturating_add(self.idle_after(now)));
         }
         self.ahead.iter().fold(due, |d, r| d.min(r.until))
     }

@@ -91,26 +91,24 @@
 //! usage reports, limiters that take receipts, lists, sharded limiters and
 //! the sliding windows (load refuses `lease: true` on them).
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
-use smallvec::SmallVec;
 use tokio::sync::watch;
 
 mod counts;
 mod held;
+mod walk;
 
 use counts::Counters;
 pub use counts::LeaseCounts;
 use held::{Held, reservations};
+use walk::{HeldMap, SHARDS, lock};
 
 use crate::clock::Clock;
 use crate::limit::{Algorithm, effective_burst, lease_period};
 use crate::storage::limiter::Limiter;
-use crate::storage::{
-    Ahead, BoxFuture, Cost, Decision, Hit, Receipt, Store, StoreError, StoreGauges,
-};
+use crate::storage::{Ahead, BoxFuture, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
 
 /// Near the limit, a lease holds about this share of a second of the
 /// replica's demand.
@@ -157,15 +155,15 @@ pub struct Leasing {
     inner: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     /// By [`Limiter::fingerprint`] in [`SHARDS`] maps (picked by the
-    /// fingerprint), so the housekeeping walk holds up a sixteenth of the
-    /// limiters at a time; each entry confirmed by its id. Std mutexes,
-    /// never held across an `.await`.
+    /// fingerprint), each with its walk queue (see [`walk`]), so the
+    /// housekeeping walk holds up a sixteenth of the limiters at a time;
+    /// each entry confirmed by its id. Std mutexes, never held across an
+    /// `.await`.
     held: Box<[HeldMap]>,
-    /// Per map, the earliest time the housekeeping walk has anything to
-    /// do in it (see [`Held::due`]): lowered under the map's lock by
-    /// every change, recomputed by the walk, which skips a map until
-    /// then. With many limiters, each holding a small lease or
-    /// reservations until its window ends, most walks skip every map.
+    /// Per map, the earliest time in its walk queue (see [`Held::due`]):
+    /// lowered by every change that queues a limiter, set by the walk
+    /// under the map's lock, which skips a map until then without
+    /// taking its lock.
     due: Box<[AtomicU64]>,
     /// The store's reset generation the leases were taken under.
     generation: AtomicU64,
@@ -213,10 +211,8 @@ impl Leasing {
         Self {
             inner,
             clock,
-            held: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::default()))
-                .collect(),
-            due: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
+            held: (0..SHARDS).map(|_| HeldMap::default()).collect(),
+            due: Leasing::new_due(),
             generation,
             resets: AtomicU64::new(0),
             counters: Counters::default(),
@@ -227,29 +223,23 @@ impl Leasing {
         self.counters.read()
     }
 
-    /// `f` on the limiter of `hit` (made if new), under its map's lock;
-    /// the walk's time for the map is brought forward to the limiter's.
-    fn with_held<T>(&self, hit: &Hit<'_>, f: impl FnOnce(&mut Held) -> T) -> T {
+    /// `f` on the limiter of `hit` (made if new), under its map's lock, at
+    /// `now`; the limiter is queued for the walk when its time came
+    /// forward, and the map's time with it.
+    fn with_held<T>(&self, hit: &Hit<'_>, now: u64, f: impl FnOnce(&mut Held) -> T) -> T {
         let fingerprint = hit.fingerprint();
         let shard = (fingerprint % SHARDS as u64) as usize;
-        let mut map = lock(&self.held[shard]);
-        let bucket = map.entry(fingerprint).or_default();
-        let i = match bucket.iter().position(|h| hit.is(&h.id)) {
-            Some(i) => i,
-            None => {
-                bucket.push(Held::new(hit.to_id()));
-                bucket.len() - 1
-            }
-        };
-        let out = f(&mut bucket[i]);
-        self.due[shard].fetch_min(bucket[i].due(), Ordering::Relaxed);
+        let (out, due) = lock(&self.held[shard]).with(fingerprint, hit, now, f);
+        if due != u64::MAX {
+            self.due[shard].fetch_min(due, Ordering::Relaxed);
+        }
         out
     }
 
     /// What to do with `hit` now; `first` on its first look (its demand
     /// is counted once, not again after waiting for a lease).
     fn step(&self, hit: &Hit<'_>, now: u64, first: bool) -> Step {
-        self.with_held(hit, |h| {
+        self.with_held(hit, now, |h| {
             if first {
                 h.observe(now, hit.hits);
             }
@@ -366,7 +356,7 @@ impl Leasing {
             // Less than a lease is left in this window: what the refusal
             // recorded goes back, and the window's last hits are decided
             // in the store alone.
-            self.with_held(&hit, |h| {
+            self.with_held(&hit, answered, |h| {
                 h.tight_until = now.saturating_add(d.reset_micros);
                 h.store_left = 0;
             });
@@ -384,7 +374,7 @@ impl Leasing {
         let until = now.saturating_add(d.reset_micros);
         if size == hit.hits {
             // No lease: the hit was decided in the store.
-            self.with_held(&hit, |h| {
+            self.with_held(&hit, answered, |h| {
                 h.store_left = d.remaining;
                 h.store_left_until = until;
             });
@@ -406,7 +396,7 @@ impl Leasing {
         let left = size - hit.hits;
         // A lease asked concurrently may have landed meanwhile: the older
         // one's unused hits go back.
-        let (older, reset) = self.with_held(&hit, |h| {
+        let (older, reset) = self.with_held(&hit, answered, |h| {
             let older = h.take_unused(now, &self.counters);
             h.tokens = left;
             h.receipt = d.receipt;
@@ -422,68 +412,6 @@ impl Leasing {
         self.give_back(&hit, older).await;
         Ok(Decision::new(true, d.remaining.saturating_add(left), reset))
     }
-
-    /// Gives back the unused hits of leases idle for [`IDLE_MICROS`], and
-    /// forgets limiters with nothing in force.
-    pub async fn give_back_idle(&self) {
-        let now = self.clock.now_micros();
-        let mut back = Vec::new();
-        for (shard, due) in self.held.iter().zip(self.due.iter()) {
-            if now < due.load(Ordering::Relaxed) {
-                continue;
-            }
-            let mut map = lock(shard);
-            let mut next = u64::MAX;
-            let mut walked = 0;
-            for bucket in map.values_mut() {
-                walked += bucket.len() as u64;
-                for h in bucket.iter_mut() {
-                    h.lapse(now, &self.counters);
-                    if (h.tokens > 0 || h.receipt.is_some())
-                        && now.saturating_sub(h.last_used) >= h.idle_after(now)
-                        && !h.kept_idle()
-                        && let Some(r) = h.take_unused(now, &self.counters)
-                    {
-                        back.push((h.id.clone(), r));
-                    }
-                }
-                bucket.retain(|h| {
-                    h.tokens > 0
-                        || !h.ahead.is_empty()
-                        || now < h.tight_until
-                        || now.saturating_sub(h.last_seen) < FORGET_MICROS
-                });
-                for h in bucket.iter() {
-                    next = next.min(h.due());
-                }
-            }
-            map.retain(|_, b| !b.is_empty());
-            // Under the lock: a change after this lowers it again.
-            due.store(next, Ordering::Relaxed);
-            self.counters.walked.fetch_add(walked, Ordering::Relaxed);
-        }
-        for (id, r) in back {
-            let hit = id.hit(Cost {
-                hits: r.hits,
-                negative: false,
-            });
-            self.give_back(&hit, Some(r)).await;
-        }
-    }
-}
-
-/// How many maps hold the limiters ([`Leasing::held`]).
-const SHARDS: usize = 16;
-
-/// Limiters by fingerprint, each confirmed by its id; a fingerprint's
-/// limiter is kept in the map's own slot (a second one, on a collision,
-/// beside it), one memory read fewer on every decision.
-type Bucket = SmallVec<[Held; 1]>;
-type Limiters = HashMap<u64, Bucket, foldhash::fast::FixedState>;
-type HeldMap = Mutex<Limiters>;
-
-fn lock(map: &HeldMap) -> MutexGuard<'_, Limiters> {
-    map.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `hit` as the store sees it, with `cost`: not leased further down.
@@ -561,7 +489,7 @@ impl Store for Leasing {
         }
         self.follow_resets();
         let now = self.clock.now_micros();
-        self.with_held(hit, |h| {
+        self.with_held(hit, now, |h| {
             h.roll(now, &self.counters);
             let d = self.spend(h, hit, now)?;
             h.observe(now, hit.hits);
@@ -575,7 +503,7 @@ impl Store for Leasing {
     fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
         self.resets.fetch_add(1, Ordering::AcqRel);
         let leased = Hit { lease: true, ..hit };
-        self.with_held(&leased, |h| {
+        self.with_held(&leased, self.clock.now_micros(), |h| {
             h.tokens = 0;
             h.receipt = None;
             h.tight_until = 0;

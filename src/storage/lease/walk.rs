@@ -1,0 +1,160 @@
+//! Where the leasing layer keeps its limiters, and the housekeeping walk
+//! that gives idle leases back and forgets limiters with nothing in force.
+//!
+//! Each of the [`SHARDS`] maps keeps, beside its limiters, a queue of when
+//! each limiter has something due ([`Held::due`]), earliest first. A
+//! change that brings a limiter's time forward queues it again (its older
+//! entry goes stale and is skipped); the walk looks only at the limiters
+//! whose time has come, then queues each at its next time. So the walk's
+//! work follows the leases that end or go idle, not the limiters held: a
+//! replica holding leases of 100,000 users looks at each about once a
+//! window, not at every tick.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use smallvec::SmallVec;
+
+use super::held::Held;
+use super::{FORGET_MICROS, Leasing};
+use crate::storage::limiter::Limiter;
+use crate::storage::{Cost, Hit};
+
+/// How many maps hold the limiters ([`Leasing::held`]).
+pub(super) const SHARDS: usize = 16;
+
+/// Limiters by fingerprint, each confirmed by its id; a fingerprint's
+/// limiter is kept in the map's own slot (a second one, on a collision,
+/// beside it), one memory read fewer on every decision.
+type Bucket = SmallVec<[Held; 1]>;
+type Limiters = HashMap<u64, Bucket, foldhash::fast::FixedState>;
+
+/// One map of limiters and its walk queue.
+#[derive(Default)]
+pub(super) struct Shard {
+    limiters: Limiters,
+    /// (when, fingerprint): a limiter's live entry is the one whose time
+    /// is its [`Held::queued`]; others are stale.
+    queue: BinaryHeap<Reverse<(u64, u64)>>,
+}
+
+pub(super) type HeldMap = Mutex<Shard>;
+
+pub(super) fn lock(map: &HeldMap) -> MutexGuard<'_, Shard> {
+    map.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shard {
+    /// `f` on the limiter of `hit` (made if new); it is queued again when
+    /// its time came forward. Returns `f`'s answer and the time the map's
+    /// walk must come by (`u64::MAX`: no sooner than before).
+    pub(super) fn with<T>(
+        &mut self,
+        fingerprint: u64,
+        hit: &Hit<'_>,
+        now: u64,
+        f: impl FnOnce(&mut Held) -> T,
+    ) -> (T, u64) {
+        let bucket = self.limiters.entry(fingerprint).or_default();
+        let i = match bucket.iter().position(|h| hit.is(&h.id)) {
+            Some(i) => i,
+            None => {
+                bucket.push(Held::new(hit.to_id()));
+                bucket.len() - 1
+            }
+        };
+        let h = &mut bucket[i];
+        let out = f(h);
+        let due = h.due(now);
+        if due < h.queued {
+            h.queued = due;
+            self.queue.push(Reverse((due, fingerprint)));
+            return (out, due);
+        }
+        (out, u64::MAX)
+    }
+
+    /// Forgets every limiter.
+    pub(super) fn clear(&mut self) {
+        self.limiters.clear();
+        self.queue.clear();
+    }
+
+    /// The earliest queued time (`u64::MAX`: nothing queued).
+    fn next(&self) -> u64 {
+        self.queue.peek().map_or(u64::MAX, |Reverse((t, _))| *t)
+    }
+}
+
+impl Leasing {
+    /// Gives back the unused hits of leases idle for a few of their
+    /// limiter's gaps between hits (see [`Held::idle_after`]), forgets
+    /// what ended, and forgets limiters with nothing in force: only those
+    /// whose queued time has come.
+    pub async fn give_back_idle(&self) {
+        let now = self.clock.now_micros();
+        let mut back = Vec::new();
+        for (shard, due) in self.held.iter().zip(self.due.iter()) {
+            if now < due.load(Ordering::Relaxed) {
+                continue;
+            }
+            let mut map = lock(shard);
+            let map = &mut *map;
+            let mut walked = 0;
+            while let Some(&Reverse((at, fingerprint))) = map.queue.peek() {
+                if at > now {
+                    break;
+                }
+                map.queue.pop();
+                let Some(bucket) = map.limiters.get_mut(&fingerprint) else {
+                    continue;
+                };
+                for h in bucket.iter_mut().filter(|h| h.queued == at) {
+                    walked += 1;
+                    h.queued = u64::MAX;
+                    h.lapse(now, &self.counters);
+                    if (h.tokens > 0 || h.receipt.is_some())
+                        && now.saturating_sub(h.last_used) >= h.idle_after(now)
+                        && !h.kept_idle()
+                        && let Some(r) = h.take_unused(now, &self.counters)
+                    {
+                        back.push((h.id.clone(), r));
+                    }
+                }
+                bucket.retain(|h| {
+                    h.queued != u64::MAX
+                        || h.tokens > 0
+                        || !h.ahead.is_empty()
+                        || now < h.tight_until
+                        || now.saturating_sub(h.last_seen) < FORGET_MICROS
+                });
+                for h in bucket.iter_mut().filter(|h| h.queued == u64::MAX) {
+                    // Never now again: at the next tick at the soonest.
+                    let next = h.due(now).max(now + 1);
+                    h.queued = next;
+                    map.queue.push(Reverse((next, fingerprint)));
+                }
+                if bucket.is_empty() {
+                    map.limiters.remove(&fingerprint);
+                }
+            }
+            // Under the lock: a change after this lowers it again.
+            due.store(map.next(), Ordering::Relaxed);
+            self.counters.walked.fetch_add(walked, Ordering::Relaxed);
+        }
+        for (id, r) in back {
+            let hit = id.hit(Cost {
+                hits: r.hits,
+                negative: false,
+            });
+            self.give_back(&hit, Some(r)).await;
+        }
+    }
+
+    /// Per map, the earliest time the walk has anything to do in it.
+    pub(super) fn new_due() -> Box<[AtomicU64]> {
+        (0..SHARDS).map(|_| AtomicU64::new(u64::MAX)).collect()
+    }
+}
