@@ -97,6 +97,22 @@ fn hit_of(shape: Shape, entries: &[(String, String)], lease: bool) -> Hit<'_> {
 }
 
 /// A leased hit on `layer`, which must be admitted.
+/// One replica's leasing layer over the embedded store, on a virtual
+/// clock.
+fn one_replica() -> (Arc<ManualClock>, Leasing) {
+    let clock = Arc::new(ManualClock::at_secs(1_000_020));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+    (clock, layer)
+}
+
+/// The shape's users, `<name><index>`, one entry each.
+fn users(shape: Shape, name: &str) -> Vec<Vec<(String, String)>> {
+    (0..shape.keys)
+        .map(|k| vec![("user".to_string(), format!("{name}{k}"))])
+        .collect()
+}
+
 async fn admit(layer: &Leasing, shape: Shape, entries: &[(String, String)]) {
     let d = layer.hit(hit_of(shape, entries, true)).await.unwrap();
     assert!(d.admitted, "{d:?}");
@@ -405,12 +421,8 @@ async fn limiters_hit_a_few_times_a_window_ask_once_in_several() {
         keys: 200,
         ..QUIET
     };
-    let clock = Arc::new(ManualClock::at_secs(1_000_020));
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
-    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
-    let entries: Vec<Vec<(String, String)>> = (0..shape.keys)
-        .map(|k| vec![("user".to_string(), format!("u{k}"))])
-        .collect();
+    let (clock, layer) = one_replica();
+    let entries = users(shape, "u");
     let windows = 12;
     // Each limiter at 0, 20 and 40 s into a minute, offset by its index.
     for second in 0..windows * 60 {
@@ -722,12 +734,8 @@ async fn random_users_leave_the_walk_idle() {
         keys: 500,
         ..QUIET
     };
-    let clock = Arc::new(ManualClock::at_secs(1_000_020));
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
-    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
-    let entries: Vec<Vec<(String, String)>> = (0..shape.keys)
-        .map(|k| vec![("user".to_string(), format!("u{k}"))])
-        .collect();
+    let (clock, layer) = one_replica();
+    let entries = users(shape, "u");
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let windows = 6;
     for _ in 0..windows * 240 {
@@ -951,14 +959,7 @@ async fn a_busy_limiter_does_not_make_the_walk_look_at_quiet_ones() {
         keys: 20_000,
         ..QUIET
     };
-    let clock = Arc::new(ManualClock::at_secs(1_000_020));
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
-    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
-    let users = |shape: Shape, name: &str| -> Vec<Vec<(String, String)>> {
-        (0..shape.keys)
-            .map(|k| vec![("user".to_string(), format!("{name}{k}"))])
-            .collect()
-    };
+    let (clock, layer) = one_replica();
     let (busy_users, quiet_users) = (users(busy, "b"), users(quiet, "q"));
     let windows = 6;
     for tick in 0..windows * 240 {
