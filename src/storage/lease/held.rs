@@ -122,12 +122,20 @@ impl Held {
         if self.tokens > 0 {
             due = due.min(self.until);
         }
-        // A spent lease's receipt (no tokens) is kept as it is unless it
-        // would be given back: it must not make the walk look every time.
-        if (self.tokens > 0 || self.receipt.is_some()) && !self.kept_idle() {
-            due = due.min(self.last_used.saturating_add(self.idle_after(now)));
+        if let Some(back) = self.back_when_idle(now) {
+            due = due.min(back);
         }
         self.ahead.iter().fold(due, |d, r| d.min(r.until))
+    }
+
+    /// When the lease goes back if unused until then, as its demand
+    /// stands at `now`: [`Held::idle_after`] after its last use; `None`
+    /// when there is nothing to give back or it is kept idle. A spent
+    /// lease's receipt (no tokens) is kept as it is unless it would be
+    /// given back: it must not make the walk look every time.
+    pub(super) fn back_when_idle(&self, now: u64) -> Option<u64> {
+        ((self.tokens > 0 || self.receipt.is_some()) && !self.kept_idle())
+            .then(|| self.last_used.saturating_add(self.idle_after(now)))
     }
 
     /// Forgets what is left of a lease whose window (or life) is over and

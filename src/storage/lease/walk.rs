@@ -115,9 +115,7 @@ impl Leasing {
                     walked += 1;
                     h.queued = u64::MAX;
                     h.lapse(now, &self.counters);
-                    if (h.tokens > 0 || h.receipt.is_some())
-                        && now.saturating_sub(h.last_used) >= h.idle_after(now)
-                        && !h.kept_idle()
+                    if h.back_when_idle(now).is_some_and(|back| now >= back)
                         && let Some(r) = h.take_unused(now, &self.counters)
                     {
                         back.push((h.id.clone(), r));
