@@ -34,7 +34,12 @@
 -- index, windows reserved after it}. Undo returns {1}.
 -- The hash also holds, where a lease reserved hits ahead, `r<index>`: hits
 -- reserved in the window of that index (one of the seven after w), which
--- are that window's count when it comes, and `r`: the last such index.
+-- are that window's count when it comes, and `r`: the last such index;
+-- and where quota streams' shares spend the same limit
+-- (lua/rlqs_lease.lua), `q<index>`: the hits they hold of that window (a
+-- double), and `q`: the last such index. A hit is admitted only while the
+-- window's count plus what the shares hold of it stays within the limit,
+-- and the hash is kept until the last window the shares hold ends.
 -- Every counted hit stays counted in its window, admitted or not, except a
 -- cost above the limit, which can never pass and is not recorded unless
 -- ARGV[6] is 1.
@@ -77,7 +82,7 @@ if ARGV[6] == '3' and w > 0 then
   tail = 9
 end
 
-local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'r')
+local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'r', 'q')
 local sw = tonumber(st[1])
 local current = sw == idx
 local count = 0
@@ -91,6 +96,14 @@ elseif last and sw and idx > sw and idx <= last then
   count = tonumber(redis.call('HGET', KEYS[1], 'r' .. string.format('%d', idx))) or 0
 end
 local before = count
+-- What quota streams' shares hold of this window, rounded up (the
+-- tolerance absorbs the doubles' rounding, never a whole hit).
+local ql = w > 0 and tonumber(st[4])
+local shared = 0
+if ql and ql >= idx then
+  shared = tonumber(redis.call('HGET', KEYS[1], 'q' .. string.format('%d', idx))) or 0
+  shared = math.max(math.ceil(shared - 1e-6), 0)
+end
 -- Reservations changed by this call: window index -> hits.
 local moved = nil
 
@@ -129,10 +142,10 @@ while i and ARGV[i] do
     -- Recorded usage saturates at 2^53 (doubles stay exact below it).
     count = count + hits
     if count > 9007199254740992 then count = 9007199254740992 end
-    if count > limit then admitted = 0 end
+    if count + shared > limit then admitted = 0 end
   end
   local left = 0
-  if count < limit then left = limit - count end
+  if count + shared < limit then left = limit - count - shared end
   out[n + 1] = admitted
   out[n + 2] = left
   out[n + 3] = reset
@@ -153,12 +166,16 @@ local granted = 0
 if ahead > 0 and out[1] == 1 then
   if ahead_hits > 0 then
     local names = {}
-    for j = 1, ahead do names[j] = 'r' .. string.format('%d', idx + j) end
+    for j = 1, ahead do
+      names[j] = 'r' .. string.format('%d', idx + j)
+      names[ahead + j] = 'q' .. string.format('%d', idx + j)
+    end
     local have = redis.call('HMGET', KEYS[1], unpack(names))
     moved = {}
     for j = 1, ahead do
       local v = (tonumber(have[j]) or 0) + ahead_hits
-      if v > limit then break end
+      local held = math.max(math.ceil((tonumber(have[ahead + j]) or 0) - 1e-6), 0)
+      if v + held > limit then break end
       moved[idx + j] = v
       granted = j
     end
@@ -172,6 +189,10 @@ if count ~= before or moved then
   local until_ = last
   if until_ and until_ <= idx then until_ = nil end
   if granted > 0 and (not until_ or idx + granted > until_) then until_ = idx + granted end
+  -- The last window the hash must outlive: reserved ahead, or held by
+  -- shares.
+  local keep = until_
+  if ql and ql >= idx and (not keep or ql > keep) then keep = ql end
   if not current and last and sw then
     -- Windows gone by since the stored one: their reservations (the
     -- current window's now in its count) are dropped.
@@ -180,7 +201,7 @@ if count ~= before or moved then
     if not until_ then gone[#gone + 1] = 'r' end
     if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
   end
-  if count == 0 and not until_ then
+  if count == 0 and not keep then
     redis.call('DEL', KEYS[1])
   elseif current then
     -- The window's first write set the expiry at its end (or at the end
@@ -188,7 +209,7 @@ if count ~= before or moved then
     redis.call('HSET', KEYS[1], 'c', string.format('%d', count))
   else
     redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', string.format('%d', count))
-    if not until_ then
+    if not keep or keep == idx then
       redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(reset / 1000)))
     end
   end
@@ -205,7 +226,7 @@ if count ~= before or moved then
     redis.call('HSET', KEYS[1], unpack(set))
     if granted > 0 then
       -- Kept until the last reserved window ends.
-      redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((reset + (until_ - idx) * w) / 1000)))
+      redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil((reset + (keep - idx) * w) / 1000)))
     end
   end
 end

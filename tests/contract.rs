@@ -1285,6 +1285,7 @@ async fn a_reset_gives_the_whole_limit_back(store: &dyn Store, algorithm: Algori
             fill_secs: 60,
             hold_micros: 60_000_000,
         },
+        counted: None,
     };
     store.lease(lease("one")).await.unwrap();
     let grant = store.lease(lease("two")).await.unwrap();

@@ -59,6 +59,7 @@ async fn lease(store: &dyn Store, domain: &str, case: &str, step: &Step, terms: 
                 elapsed_secs: step.elapsed_secs,
             },
             terms,
+            counted: None,
         })
         .await
         .expect("a lease")
@@ -168,6 +169,7 @@ fn the_ledger_key_shares_the_limiters_slot() {
             fill_secs: 60,
             hold_micros: 16_000_000,
         },
+        counted: None,
     };
     let keys = KeyBuilder::default().limiter(&call.limiter());
     let lease = keys.key(Role::Lease);

@@ -138,6 +138,17 @@ pub fn fair_target(demands: &[u64], me: usize, capacity: u64) -> u64 {
     mine + left / n
 }
 
+/// What requests decided one at a time ask of a limit a ledger shares
+/// ([`Ledger::report_beside`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beside {
+    /// Their demand, in tokens per fill ([`window::counted_demand`]).
+    pub demand: u64,
+    /// The most tokens per fill the windows leave a new share
+    /// ([`window::room`]).
+    pub room: u64,
+}
+
 /// The shares of one limiter, by holder (a stream of one replica).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ledger {
@@ -176,6 +187,30 @@ impl Ledger {
     /// as far as the others' shares in force leave room, and holds the
     /// grant until `now + terms.hold_micros`.
     pub fn report(&mut self, holder: &str, report: Report, terms: Terms, now_micros: u64) -> Grant {
+        self.report_beside(holder, report, terms, now_micros, None)
+    }
+
+    /// The share `holder` has in force at `now`, if any.
+    pub fn share(&self, holder: &str, now_micros: u64) -> Option<Share> {
+        self.shares
+            .get(holder)
+            .filter(|s| s.expires_micros > now_micros)
+            .copied()
+    }
+
+    /// [`Ledger::report`] on a limit that requests decided one at a time
+    /// count too ([`window`]): `beside` is their demand, which takes part
+    /// in the water-filling as one more holder that is never granted a
+    /// share (it spends the count directly), and the room the limit's
+    /// windows leave, which caps the grant.
+    pub fn report_beside(
+        &mut self,
+        holder: &str,
+        report: Report,
+        terms: Terms,
+        now_micros: u64,
+        beside: Option<Beside>,
+    ) -> Grant {
         self.expire(now_micros);
         let demand = next_demand(
             self.shares.get(holder).map(|s| s.demand),
@@ -204,9 +239,14 @@ impl Ledger {
                 demands.push(share.demand);
             }
         }
+        if let Some(b) = beside {
+            // Last, as lua/rlqs_lease.lua places it: ties in demand go to
+            // the streams first.
+            demands.push(b.demand);
+        }
         let target = fair_target(&demands, me, terms.capacity);
         let room = terms.capacity.saturating_sub(others);
-        let tokens = target.min(room);
+        let tokens = target.min(room).min(beside.map_or(u64::MAX, |b| b.room));
         self.shares.insert(
             holder.to_owned(),
             Share {
@@ -222,6 +262,8 @@ impl Ledger {
         }
     }
 }
+
+pub mod window;
 
 #[cfg(test)]
 mod tests;

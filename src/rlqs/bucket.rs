@@ -1,7 +1,7 @@
 //! One bucket of a usage report: its id to the rule RLS would apply, and
 //! the rule (with the ledger's grant) to the assignment Envoy enforces.
 
-use crate::limit::{FailurePolicy, Window};
+use crate::limit::{Algorithm, FailurePolicy, Window};
 use crate::quota;
 use crate::rules::{LimitSpec, Rule};
 use crate::storage::keys::identity_entries;
@@ -103,6 +103,29 @@ pub enum Plan {
     Shadow,
     /// A limit shared by lease.
     Leased { limit: u64, window: Window },
+}
+
+/// How requests decided one at a time count `limit` per `window` of
+/// `rule`, when the ledger's shares are to keep one count with them
+/// ([`quota::window`]): a fixed window (the rule's algorithm, else
+/// `default`), epoch-aligned, not sharded (shards count in other slots),
+/// and a share held `hold_micros` covers few enough windows. `None`: the
+/// ledger bounds the shares on its own.
+pub fn counted(
+    rule: &Rule,
+    default: Algorithm,
+    limit: u64,
+    window: Window,
+    hold_micros: u64,
+) -> Option<quota::window::Counted> {
+    let fixed = rule.algorithm.unwrap_or(default) == Algorithm::FixedWindow;
+    let whole = rule.shards.unwrap_or(1) <= 1;
+    let w = window.micros();
+    (fixed && whole && window.zone().is_none() && quota::window::Counted::fits(w, hold_micros))
+        .then_some(quota::window::Counted {
+            limit,
+            window_micros: w,
+        })
 }
 
 pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {

@@ -223,6 +223,7 @@ async fn answer(
     let hold_micros =
         (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
     let store = inner.engine.store();
+    let default_algorithm = inner.engine.options().default_algorithm;
     type Lease<'a> =
         crate::storage::BoxFuture<'a, Option<Result<Vec<(Grant, Window)>, StoreError>>>;
     let leases: Vec<Lease<'_>> = items
@@ -252,18 +253,17 @@ async fn answer(
                 };
                 // A `rate_limits:` list: a share of every limit's ledger.
                 let more = item.rule.map_or(&[][..], |r| r.more.as_slice());
-                let limits =
-                    std::iter::once((limit, window)).chain(more.iter().filter_map(
-                        |r| match r.limit {
-                            LimitSpec::PerUnit {
-                                requests_per_unit,
-                                window,
-                            } => Some((u64::from(requests_per_unit), window)),
-                            LimitSpec::Unlimited => None,
-                        },
-                    ));
+                let limits = std::iter::once((item.rule, limit, window)).chain(
+                    more.iter().filter_map(|r| match r.limit {
+                        LimitSpec::PerUnit {
+                            requests_per_unit,
+                            window,
+                        } => Some((Some(r), u64::from(requests_per_unit), window)),
+                        LimitSpec::Unlimited => None,
+                    }),
+                );
                 let mut grants = Vec::with_capacity(1 + more.len());
-                for (limit, window) in limits {
+                for (rule, limit, window) in limits {
                     let terms = Terms {
                         capacity: quota::capacity(limit, window),
                         fill_secs: quota::fill_secs(window),
@@ -276,6 +276,9 @@ async fn answer(
                         holder,
                         report,
                         terms,
+                        counted: rule.and_then(|r| {
+                            bucket::counted(r, default_algorithm, limit, window, hold_micros)
+                        }),
                     };
                     match store.lease(call).await {
                         Ok(grant) => grants.push((grant, window)),

@@ -141,6 +141,7 @@ mod tests {
                 fill_secs: 1,
                 hold_micros: 1_000_000,
             },
+            counted: None,
         }
     }
 

@@ -178,6 +178,11 @@ pub struct LeaseCall<'a> {
     pub holder: &'a str,
     pub report: quota::Report,
     pub terms: quota::Terms,
+    /// The limit as requests decided one at a time count it, when they
+    /// count it in fixed windows in the limiter's own state: shares and
+    /// those requests then keep one count ([`quota::window`]). `None`: the
+    /// ledger bounds the shares alone.
+    pub counted: Option<quota::window::Counted>,
 }
 
 impl<'a> LeaseCall<'a> {

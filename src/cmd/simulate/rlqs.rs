@@ -290,6 +290,14 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
         fill_secs: quota::fill_secs(window),
         hold_micros: args.ttl * SEC + HOLD_MARGIN.as_micros() as u64,
     };
+    // As the server leases a fixed window's limit: shares and requests
+    // decided one at a time keep one count (here only shares spend it).
+    let counted = quota::window::Counted::fits(window.micros(), terms.hold_micros).then_some(
+        quota::window::Counted {
+            limit: args.limit,
+            window_micros: window.micros(),
+        },
+    );
     let mut events: BinaryHeap<Reverse<(u64, Event)>> = BinaryHeap::new();
     let mut pending: Vec<Assignment> = Vec::new();
     let mut admitted: Vec<u64> = Vec::new();
@@ -359,6 +367,7 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
                                 },
                             },
                             terms,
+                            counted,
                         })
                         .await;
                     if let Ok(grant) = grant {

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use super::*;
 use crate::limit::{Span, bucket_scale, effective_burst, lease_period};
+use crate::quota::window::Held;
 use crate::storage::Ahead;
 
 /// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
@@ -17,13 +18,16 @@ pub(super) const MAX_COUNT: u64 = 1 << 53;
 /// second of the local day, week, month or year). Every counted hit stays
 /// counted, admitted or not (as the reference service does), except a
 /// cost above the limit, which can never pass and is not recorded unless
-/// the limiter takes usage reports.
+/// the limiter takes usage reports. What quota streams' shares hold of a
+/// window (`held`, [`crate::quota::window`]) is spent with its count: a
+/// hit is admitted only while both stay within the limit.
 pub(super) fn fixed_window(
     now: u64,
     hit: &Hit<'_>,
     window: &mut u64,
     count: &mut u64,
     ahead: &mut [u64; AHEAD],
+    held: &mut Option<Box<Held>>,
 ) -> (Decision, u64) {
     let Span { index: idx, end } = hit.window.span(now);
     let fixed = hit.window.zone().is_none();
@@ -41,7 +45,17 @@ pub(super) fn fixed_window(
             *ahead = [0; AHEAD];
         }
         *window = idx;
+        if let Some(h) = held {
+            h.forget_before(idx);
+            if h.is_empty() {
+                *held = None;
+            }
+        }
     }
+    let w = hit.window.micros();
+    let fill = crate::quota::fill_secs(hit.window).saturating_mul(1_000_000);
+    // Hits the shares hold of window `i`.
+    let shared = |i: u64| held.as_ref().map_or(0, |h| h.hits(i, fill));
     let limit = hit.limit;
     let reset = end - now;
     let expires = |ahead: &[u64; AHEAD]| {
@@ -49,32 +63,32 @@ pub(super) fn fixed_window(
             .iter()
             .rposition(|&a| a > 0)
             .map_or(0, |j| j as u64 + 1);
-        end + last * hit.window.micros()
+        let shares = held
+            .as_ref()
+            .and_then(|h| h.last())
+            .map_or(0, |i| (i + 1).saturating_mul(w));
+        (end + last * w).max(shares)
     };
+    let left = |count: u64| limit.saturating_sub(count.saturating_add(shared(idx)));
     if hit.negative {
         *count = count.saturating_sub(hit.hits);
-        return (
-            decision(true, limit.saturating_sub(*count), reset),
-            expires(ahead),
-        );
+        return (decision(true, left(*count), reset), expires(ahead));
     }
     if hit.hits > limit && !hit.usage_reports {
-        return (
-            decision(false, limit.saturating_sub(*count), reset),
-            expires(ahead),
-        );
+        return (decision(false, left(*count), reset), expires(ahead));
     }
     let before = *count;
     *count = count.saturating_add(hit.hits).min(MAX_COUNT);
-    let admitted = *count <= limit;
-    let d = decision(admitted, limit.saturating_sub(*count), reset);
+    let admitted = count.saturating_add(shared(idx)) <= limit;
+    let d = decision(admitted, left(*count), reset);
     // An admitted lease's reservations in the next windows, window after
     // window while each has room (as lua/fixed_window.lua).
     let mut granted = 0;
     if admitted && fixed && hit.receipt && !hit.ahead.is_none() {
         let wanted = usize::from(hit.ahead.windows.min(Ahead::MAX_WINDOWS));
-        for a in ahead.iter_mut().take(wanted) {
-            if a.saturating_add(hit.ahead.hits) > limit {
+        for (j, a) in ahead.iter_mut().take(wanted).enumerate() {
+            let room = limit.saturating_sub(shared(idx + 1 + j as u64));
+            if a.saturating_add(hit.ahead.hits) > room {
                 break;
             }
             *a += hit.ahead.hits;
@@ -85,6 +99,19 @@ pub(super) fn fixed_window(
         with_receipt(d, hit, *count - before, idx, granted),
         expires(ahead),
     )
+}
+
+/// The count of window `index` as a fixed window's state holds it, without
+/// moving the state: the current window's count, the hits reserved ahead
+/// in a later one, or nothing.
+pub(super) fn counted_at(window: u64, count: u64, ahead: &[u64; AHEAD], index: u64) -> u64 {
+    if index == window {
+        count
+    } else if index > window && index - window <= AHEAD as u64 {
+        ahead[(index - window - 1) as usize]
+    } else {
+        0
+    }
 }
 
 /// Windows after the current one whose reserved hits a fixed window's

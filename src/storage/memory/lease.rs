@@ -5,6 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::algorithms::counted_at;
+use super::{MemoryStore, State, lock};
+use crate::limit::Algorithm;
+use crate::quota::window::{self, Counted};
 use crate::quota::{Grant, Ledger};
 use crate::storage::keys::KeyBuilder;
 use crate::storage::{LeaseCall, StoreError};
@@ -31,18 +35,9 @@ impl Leases {
         now_micros: u64,
     ) -> Result<Grant, StoreError> {
         let key = keys.local(&call.limiter());
-        let mut ledgers = self.ledgers.lock().unwrap_or_else(|e| e.into_inner());
-        if !ledgers.contains_key(&key) && ledgers.len() >= self.max {
-            sweep(&mut ledgers, now_micros);
-            if ledgers.len() >= self.max {
-                return Err(StoreError::Unavailable(format!(
-                    "{} lease ledgers held (memory.max_limiters)",
-                    self.max
-                )));
-            }
-        }
-        let ledger = ledgers.entry(key).or_default();
-        Ok(ledger.report(call.holder, call.report, call.terms, now_micros))
+        self.with(&key, now_micros, |ledger| {
+            ledger.report(call.holder, call.report, call.terms, now_micros)
+        })
     }
 
     /// Drops the ledger of `limiter` ([`crate::storage::Hit::ledger`]):
@@ -69,4 +64,83 @@ fn sweep(ledgers: &mut HashMap<String, Ledger>, now_micros: u64) {
         ledger.expire(now_micros);
         !ledger.is_empty()
     });
+}
+
+impl Leases {
+    /// Runs `f` on the ledger of `key` (made if new, within the bound on
+    /// ledgers), under the ledgers' lock.
+    fn with<T>(
+        &self,
+        key: &str,
+        now_micros: u64,
+        f: impl FnOnce(&mut Ledger) -> T,
+    ) -> Result<T, StoreError> {
+        let mut ledgers = self.ledgers.lock().unwrap_or_else(|e| e.into_inner());
+        if !ledgers.contains_key(key) && ledgers.len() >= self.max {
+            sweep(&mut ledgers, now_micros);
+            if ledgers.len() >= self.max {
+                return Err(StoreError::Unavailable(format!(
+                    "{} lease ledgers held (memory.max_limiters)",
+                    self.max
+                )));
+            }
+        }
+        Ok(f(ledgers.entry(key.to_owned()).or_default()))
+    }
+}
+
+impl MemoryStore {
+    /// A report on a limit that requests decided one at a time count in
+    /// fixed windows here too ([`crate::quota::window`]): the ledger under
+    /// the ledgers' lock, then, within it, the limiter's state under its
+    /// shard's lock (the only place that holds both, in that order), so
+    /// the grant and the reservation it makes are one step against
+    /// decisions.
+    pub(super) fn lease_counted(
+        &self,
+        call: &LeaseCall<'_>,
+        counted: Counted,
+        now: u64,
+    ) -> Result<Grant, StoreError> {
+        let key = self.keys.local(&call.limiter());
+        let w = counted.window_micros.max(1);
+        self.leases.with(&key, now, |ledger| {
+            let mut shard = lock(&self.shards[self.shard_of(&key)]);
+            self.with_slot(
+                &mut shard,
+                key.clone(),
+                Algorithm::FixedWindow,
+                now,
+                |slot| {
+                    let State::Fixed {
+                        window,
+                        count,
+                        ahead,
+                        held,
+                    } = &mut slot.state
+                    else {
+                        // The key names a fixed window: never another state.
+                        return ledger.report(call.holder, call.report, call.terms, now);
+                    };
+                    let mut h = held.take().unwrap_or_default();
+                    let at = |i: u64| counted_at(*window, *count, ahead, i);
+                    let grant = window::report(
+                        ledger,
+                        &mut h,
+                        at,
+                        call.holder,
+                        call.report,
+                        call.terms,
+                        counted,
+                        now,
+                    );
+                    if let Some(last) = h.last() {
+                        slot.expires_at = slot.expires_at.max((last + 1).saturating_mul(w));
+                        *held = Some(h);
+                    }
+                    grant
+                },
+            )
+        })
+    }
 }

@@ -24,7 +24,7 @@
 //! rounded as glibc's malloc rounds it; each shard adds its hash table and
 //! the nodes the map keeps for reuse. Against the process's resident memory
 //! the estimate was exact to 1% for limiters held, and conservative for
-//! logs (see [`NODE_BYTES`] and [`LOG_MEMBER_BYTES`]); under constant
+//! logs (see `bytes::NODE_BYTES` and `bytes::LOG_MEMBER_BYTES`); under constant
 //! eviction the allocator's fragmentation adds about a tenth, which
 //! `tests/memory.rs` bounds.
 //!
@@ -48,7 +48,6 @@
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
-use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -63,11 +62,13 @@ use crate::storage::{
 };
 
 mod algorithms;
+mod bytes;
 mod group;
 mod lease;
 mod undo;
 
 use algorithms::{fixed_window, sliding_counter, sliding_log, token_bucket};
+use bytes::{NODE_BYTES, entry_bytes, log_capacity, state_bytes, table_bytes};
 use undo::take_back_in;
 
 const SHARDS: usize = 32;
@@ -81,63 +82,6 @@ const MIN_SHARD_BYTES: usize = 64 * 1024;
 /// One limiter may take at most `1 / LIMITER_SHARE` of its shard's bytes.
 const LIMITER_SHARE: usize = 4;
 
-/// What glibc's malloc takes from the heap for a request of `n` bytes: `n`
-/// plus its 8-byte chunk header, rounded up to 16, never under 32.
-const fn heap(n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    let chunk = n.saturating_add(8 + 15) & !15;
-    if chunk < 32 { 32 } else { chunk }
-}
-
-/// One limiter's node in the map: hashlink boxes the key's `String`, the
-/// [`Slot`] and two list links together (88 bytes, a 96-byte chunk on
-/// x86_64). Measured once, `VmRSS` before and after a million fixed-window
-/// limiters with 24-byte keys on an unbounded store: 163.0 bytes each of
-/// resident memory against 162.9 estimated (96 node, 48 key, 18.9 table).
-const NODE_BYTES: usize = heap(size_of::<(String, Slot)>() + 2 * size_of::<usize>());
-
-/// One member of a sliding log: its time and cost, two `u64`s in the
-/// log's ring buffer, whose capacity the store grows and shrinks itself
-/// (so it is charged, not guessed). Measured the same way, a log of a
-/// million members took 16.3 bytes each of resident memory against 16.8
-/// estimated: the buffer's whole capacity (1,048,576) is charged, touched
-/// or not.
-const LOG_MEMBER_BYTES: usize = size_of::<(u64, u64)>();
-
-/// A map node and the heap copy of an identity of `capacity` bytes.
-fn entry_bytes(capacity: usize) -> usize {
-    NODE_BYTES + heap(capacity)
-}
-
-/// What a limiter's state holds on the heap besides its node.
-fn state_bytes(slot: &Slot) -> usize {
-    match &slot.state {
-        State::Fixed { .. } | State::Bucket { .. } => 0,
-        State::Counter { counts, .. } => heap(counts.capacity() * size_of::<u64>()),
-        State::Log { entries, .. } => heap(entries.capacity() * LOG_MEMBER_BYTES),
-    }
-}
-
-/// hashbrown's table for `capacity` entries: a pointer and a control byte
-/// per bucket (capacity is 7/8 of the buckets, or one less under 8) and a
-/// trailing group of 16 control bytes.
-fn table_bytes(capacity: usize) -> usize {
-    let buckets = match capacity {
-        0 => return 0,
-        c if c < 8 => c + 1,
-        c => c / 7 * 8,
-    };
-    heap(buckets * (size_of::<usize>() + 1) + 16)
-}
-
-/// The most members a log can hold in `room` bytes: a ring buffer of `n`
-/// members is one allocation of `n * 16` bytes, 16 more with its header.
-fn log_capacity(room: usize) -> usize {
-    room.saturating_sub(heap(LOG_MEMBER_BYTES) - LOG_MEMBER_BYTES) / LOG_MEMBER_BYTES
-}
-
 #[derive(Debug)]
 enum State {
     Fixed {
@@ -145,6 +89,9 @@ enum State {
         count: u64,
         /// Hits reserved in the windows after `window`.
         ahead: [u64; algorithms::AHEAD],
+        /// What quota streams' shares hold of this window and the next
+        /// ones; only on a limit they share.
+        held: Option<Box<crate::quota::window::Held>>,
     },
     Counter {
         /// Index of the current bucket.
@@ -395,6 +342,23 @@ impl MemoryStore {
     fn decide_in(&self, shard: &mut Shard, key: String, hit: &Hit<'_>, now: u64) -> Decision {
         let key_bytes = entry_bytes(key.capacity());
         let max_members = log_capacity(self.limiter_bytes().saturating_sub(key_bytes));
+        self.with_slot(shard, key, hit.algorithm, now, |slot| {
+            apply(slot, now, hit, max_members)
+        })
+    }
+
+    /// Runs `f` on the limiter of `key` in `shard` (locked by the caller),
+    /// made new for `algorithm` if the shard holds none, and keeps the
+    /// shard within its bounds after.
+    fn with_slot<T>(
+        &self,
+        shard: &mut Shard,
+        key: String,
+        algorithm: Algorithm,
+        now: u64,
+        f: impl FnOnce(&mut Slot) -> T,
+    ) -> T {
+        let key_bytes = entry_bytes(key.capacity());
         shard.ops += 1;
         if shard.ops.is_multiple_of(SWEEP_EVERY) {
             shard.sweep(now);
@@ -411,14 +375,14 @@ impl MemoryStore {
             Entry::Vacant(e) => {
                 shard.held += key_bytes;
                 shard.spare_nodes = shard.spare_nodes.saturating_sub(1);
-                e.insert(new_slot(hit.algorithm))
+                e.insert(new_slot(algorithm))
             }
         };
         let before = state_bytes(slot);
-        let decision = apply(slot, now, hit, max_members);
+        let out = f(slot);
         shard.held = shard.held.saturating_sub(before) + state_bytes(slot);
         self.trim(shard);
-        decision
+        out
     }
 
     /// Takes back what `r` recorded on `hit`'s limiter, under its shard's
@@ -475,6 +439,7 @@ fn new_slot(algorithm: Algorithm) -> Slot {
                 window: 0,
                 count: 0,
                 ahead: [0; algorithms::AHEAD],
+                held: None,
             },
             Algorithm::SlidingWindowCounter => State::Counter {
                 window: 0,
@@ -504,8 +469,9 @@ fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decisi
             window,
             count,
             ahead,
+            held,
         } => {
-            let (d, exp) = fixed_window(now, hit, window, count, ahead);
+            let (d, exp) = fixed_window(now, hit, window, count, ahead, held);
             slot.expires_at = slot.expires_at.max(exp);
             d
         }
@@ -553,9 +519,11 @@ impl Store for MemoryStore {
         &'a self,
         call: LeaseCall<'a>,
     ) -> BoxFuture<'a, Result<crate::quota::Grant, StoreError>> {
-        let grant = self
-            .leases
-            .lease(&self.keys, &call, self.clock.now_micros());
+        let now = self.clock.now_micros();
+        let grant = match call.counted {
+            Some(counted) => self.lease_counted(&call, counted, now),
+            None => self.leases.lease(&self.keys, &call, now),
+        };
         Box::pin(async move { grant })
     }
 

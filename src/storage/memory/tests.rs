@@ -1,3 +1,4 @@
+use super::bytes::{LOG_MEMBER_BYTES, heap};
 use super::*;
 use crate::clock::ManualClock;
 use crate::limit::Unit;

@@ -138,6 +138,7 @@ pub(super) fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Rece
             window,
             count,
             ahead,
+            ..
         } => undo::fixed_window(now, hit, r, *window, count, ahead),
         State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
         State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
