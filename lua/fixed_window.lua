@@ -30,7 +30,8 @@
 --          the receipt's window)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
--- per hit in order; with receipts, each followed by {hits recorded, window
+-- per hit in order (a refusal where shares hold part of the window: reset
+-- at most a second); with receipts, each followed by {hits recorded, window
 -- index, windows reserved after it}. Undo returns {1}.
 -- The hash also holds, where a lease reserved hits ahead, `r<index>`: hits
 -- reserved in the window of that index (one of the seven after w), which
@@ -149,6 +150,9 @@ while i and ARGV[i] do
   out[n + 1] = admitted
   out[n + 2] = left
   out[n + 3] = reset
+  -- A refusal the shares take part in holds at most a second: a share
+  -- may shrink at its stream's next report.
+  if admitted == 0 and shared > 0 and reset > 1000000 then out[n + 3] = 1000000 end
   n = n + 3
   if receipts then
     local recorded = count - was

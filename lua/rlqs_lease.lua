@@ -3,22 +3,28 @@
 -- src/quota/mod.rs; the units (tokens per fill) are explained there.
 --
 -- KEYS[1]  the ledger (hash): holder -> "granted:expires_micros:demand"
--- KEYS[2]  optional: the limiter's fixed window state (lua/fixed_window.lua),
---          when requests decided one at a time count the limit there too;
---          shares and those requests then keep one count (the arithmetic
---          of src/quota/window.rs, in hits as doubles): fields `q<index>`
---          hold what the shares reserve of window `index`, `q` the last
---          such index
+-- KEYS[2]  optional: the limiter's state, when requests decided one at a
+--          time count the limit there too, so that shares and those
+--          requests keep one count. A fixed window's (lua/fixed_window.lua;
+--          the arithmetic of src/quota/window.rs, in hits as doubles):
+--          fields `q<index>` hold what the shares reserve of window
+--          `index`, `q` the last such index. Or a token bucket's
+--          (lua/token_bucket.lua, run here as the function `bucket`; the
+--          arithmetic of src/quota/bucket.rs): each share is charged to it
+--          when granted, and what it will not take given back at the
+--          holder's next report
 -- ARGV[1]  holder (one stream of one replica)
 -- ARGV[2]  requests reported (allowed + denied), at most 2^53
 -- ARGV[3]  seconds they were seen over (at least 1 is used)
 -- ARGV[4]  capacity: tokens per fill of the whole limit
 -- ARGV[5]  fill interval in seconds
 -- ARGV[6]  how long the share holds, in microseconds
--- ARGV[7]  with KEYS[2]: the limit, requests per window
--- ARGV[8]  with KEYS[2]: the window's length in microseconds
--- ARGV[9]  with KEYS[2]: the margin over which the old share stays
---          reserved beside the new one, in microseconds
+-- ARGV[7]  with KEYS[2]: `w` for a fixed window, `b` for a token bucket
+-- ARGV[8]  with KEYS[2]: the limit, requests per window
+-- ARGV[9]  with KEYS[2]: the window's length in microseconds
+-- ARGV[10] with KEYS[2]: the margin over which the old share stays
+--          reserved (charged) beside the new one, in microseconds
+-- ARGV[11] with a token bucket: its burst
 --
 -- Returns {tokens granted, holders in force, tokens in force}.
 -- The shares in force after the call add up to at most the capacity: the
@@ -69,7 +75,7 @@ end
 -- One count with requests decided one at a time: the old share's
 -- reservation taken back past the margin, their demand, and the room the
 -- windows leave the new share.
-local counted = KEYS[2] ~= nil
+local counted = KEYS[2] ~= nil and ARGV[7] == 'w'
 local q, gone, cap, beside = {}, {}, nil, nil
 local W, L, F, idx, margin_end, to
 -- Window index of a time, and the end of the window holding `t` (the
@@ -96,8 +102,8 @@ local function reserve(tokens, from, till, sign)
   end
 end
 if counted then
-  L = tonumber(ARGV[7])
-  W = tonumber(ARGV[8])
+  L = tonumber(ARGV[8])
+  W = tonumber(ARGV[9])
   F = fill * 1000000
   idx = window_of(now)
   local st = redis.call('HGETALL', KEYS[2])
@@ -123,7 +129,7 @@ if counted then
   margin_end = now
   if old_expires > now then
     local e = ending(old_expires)
-    margin_end = math.min(now + tonumber(ARGV[9]), e)
+    margin_end = math.min(now + tonumber(ARGV[10]), e)
     reserve(old, margin_end, e, -1)
   else
     old = 0
@@ -220,6 +226,26 @@ if counted then
       redis.call('PEXPIRE', KEYS[2], string.format('%d', need))
     end
   end
+end
+
+-- A token bucket: what the old share will not take after the margin comes
+-- back (rounded down), the new share is charged to its end (rounded up;
+-- over the margin, its excess over the old one), even into debt.
+if KEYS[2] ~= nil and ARGV[7] == 'b' then
+  local F = fill * 1000000
+  local m_end, back = now, 0
+  if old_expires > now then
+    m_end = math.min(now + tonumber(ARGV[10]), old_expires)
+    back = math.floor(old * (old_expires - m_end) / F)
+  else
+    old = 0
+  end
+  local charge = math.ceil((tokens * (now + hold - m_end) + math.max(tokens - old, 0) * (m_end - now)) / F)
+  local function run(hits, give, record)
+    bucket({KEYS[2]}, {ARGV[8], ARGV[9], string.format('%d', hits), give, ARGV[11], record})
+  end
+  if back > 0 then run(back, '1', '0') end
+  if charge > 0 then run(charge, '0', '1') end
 end
 
 -- %d: Lua 5.1 writes large numbers in exponent form when concatenated.

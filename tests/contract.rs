@@ -5,6 +5,9 @@
 
 mod support;
 
+#[path = "contract/shares.rs"]
+mod shares;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -1469,6 +1472,15 @@ async fn run_suite(store: DynStore) {
     // through the bucket shifts until the full bucket is the oldest.
     timed.push(Box::pin(a_bucket_keeps_room_for_its_leases(&*store)));
     timed.push(Box::pin(a_lease_reserves_hits_ahead(&*store)));
+    timed.push(Box::pin(shares::shares_and_requests_keep_one_count(
+        &*store,
+    )));
+    timed.push(Box::pin(
+        shares::a_lease_reserves_ahead_only_what_shares_leave(&*store),
+    ));
+    timed.push(Box::pin(shares::a_bucket_is_charged_for_its_shares(
+        &*store,
+    )));
     timed.push(Box::pin(retry_after_reset_succeeds_on(
         &*store,
         Limiter::counter("retry10", 3, Unit::Second, 10),

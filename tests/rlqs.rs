@@ -21,7 +21,10 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use support::redis::{RedisCluster, RedisServer};
 use support::tollgate::Tollgate;
+use support::tollgate::descriptor;
 use support::unique_domain;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
@@ -44,6 +47,12 @@ descriptors:
       - key: name
         value: strict
         rate_limit: {{unit: second, requests_per_unit: 100, on_store_error: deny}}
+      - key: name
+        value: daily
+        rate_limit: {{unit: day, requests_per_unit: 1000000, algorithm: fixed_window}}
+      - key: name
+        value: bucketed
+        rate_limit: {{unit: minute, requests_per_unit: 100, algorithm: token_bucket}}
       - key: name
         value: listed
         rate_limits:
@@ -256,6 +265,97 @@ async fn suite(t: &Tollgate, short: &Tollgate, domain: &str) {
     malformed_reports(t, domain).await;
     idle_buckets_are_abandoned(t, domain).await;
     a_closed_streams_share_goes_to_the_others(short, domain).await;
+    shares_and_requests_keep_one_count(t, domain).await;
+}
+
+/// The tokens per fill of a day's share, from a bucket's assignment.
+fn daily_share(response: &RateLimitQuotaResponse, bucket: &[(&str, &str)]) -> u64 {
+    match outcome(response, bucket) {
+        Outcome::Deny => 0,
+        Outcome::Bucket {
+            per_fill,
+            fill_secs,
+            ..
+        } => {
+            assert_eq!(fill_secs, 86_400, "a day's share fills over the day");
+            u64::from(per_fill)
+        }
+        other => panic!("not a share: {other:?}"),
+    }
+}
+
+/// What a share of `tokens` a day holds of the rest of the day.
+fn held_today(tokens: u64) -> f64 {
+    let day = 86_400_000_000u64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    tokens as f64 * (day - now % day) as f64 / day as f64
+}
+
+/// One decision through RLS: whether `hits` pass, and what is left.
+async fn ask(t: &Tollgate, domain: &str, bucket: &[(&str, &str)], hits: u64) -> (bool, u64) {
+    let r = t
+        .ask(RateLimitRequest {
+            domain: domain.to_owned(),
+            descriptors: vec![descriptor(bucket)],
+            hits_addend: u32::try_from(hits).unwrap(),
+        })
+        .await;
+    let s = &r.statuses[0];
+    (s.code == Code::Ok as i32, s.limit_remaining.into())
+}
+
+/// RLQS and RLS on one limit counted in a fixed window (a day of a
+/// million): an Envoy's share holds its rate to the day's end, requests
+/// get the rest, and what one spends the other does not get.
+async fn shares_and_requests_keep_one_count(t: &Tollgate, domain: &str) {
+    support::away_from_a_day_boundary().await;
+    let limit = 1_000_000.0;
+    // Requests first: 600,000 of them, then an Envoy's busy report gets
+    // at most what is left.
+    let first = [("case", "requestsfirst"), ("name", "daily")];
+    assert!(ask(t, domain, &first, 600_000).await.0);
+    let mut q = Quota::open(t, domain).await;
+    let share = daily_share(&q.report(vec![usage(&first, BUSY, 0, 5)]).await, &first);
+    assert!(share > 0);
+    assert!(600_000.0 + held_today(share) <= limit + 1.0, "{share}");
+    let (ok, left) = ask(t, domain, &first, 1).await;
+    assert!(ok);
+    let total = 600_001.0 + left as f64 + held_today(share);
+    assert!((limit - 3.0..=limit + 1.0).contains(&total), "{total}");
+
+    // A share first: the Envoy alone asks, so it gets the whole rate,
+    // held to the day's end; requests get what the day has run.
+    let bucket = [("case", "sharefirst"), ("name", "daily")];
+    let mut q = Quota::open(t, domain).await;
+    let share = daily_share(&q.report(vec![usage(&bucket, BUSY, 0, 5)]).await, &bucket);
+    assert_eq!(share, 1_000_000);
+    let (ok, left) = ask(t, domain, &bucket, 1).await;
+    assert!(ok);
+    assert!(
+        (left as f64 + 1.0 + held_today(share) - limit).abs() <= 3.0,
+        "{left}"
+    );
+    assert!(ask(t, domain, &bucket, left).await.0);
+    assert!(
+        !ask(t, domain, &bucket, 1).await.0,
+        "the share's part is kept"
+    );
+    // The Envoy goes quiet: its next report gives part of its share back,
+    // which requests then get.
+    let smaller = daily_share(&q.report(vec![usage(&bucket, 0, 0, 5)]).await, &bucket);
+    assert!(smaller < share, "{smaller}");
+    let given = held_today(share) - held_today(smaller);
+    // The refusal above holds a second (a share may shrink at any report),
+    // in this replica's over-limit cache too.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (ok, left) = ask(t, domain, &bucket, 1).await;
+    assert!(
+        ok && left as f64 + 1.0 <= given + 1.0,
+        "{left}, {given} given back"
+    );
 }
 
 async fn first_report_gets_a_bucket_within_the_limit(t: &Tollgate, domain: &str) {

@@ -263,7 +263,20 @@ impl Ledger {
     }
 }
 
+pub mod bucket;
 pub mod window;
+
+/// How requests decided one at a time count a limit whose ledger shares
+/// it with Envoys, so that both keep one count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// In fixed windows of the limiter's state: each share reserves its
+    /// part of every window it covers ([`window`]).
+    Window(window::Fixed),
+    /// In a token bucket: each share is charged to the bucket when
+    /// granted ([`bucket`]).
+    Bucket(bucket::Bucket),
+}
 
 #[cfg(test)]
 mod tests;

@@ -32,7 +32,7 @@
 //! (Redis: fields `q<index>` of its hash and `q`, the last index; the
 //! embedded store: [`Held`]). A share covering more than [`MAX_SPAN`]
 //! windows (a per-second limit under an assignment time to live of over a
-//! minute) is not joined ([`Counted::fits`]): each protocol then bounds the
+//! minute) is not joined ([`Fixed::fits`]): each protocol then bounds the
 //! limit on its own.
 //!
 //! Pure arithmetic; `lua/rlqs_lease.lua` and `lua/fixed_window.lua` run the
@@ -48,16 +48,21 @@ pub const MAX_SPAN: u64 = 64;
 /// one: the time the answer takes to reach Envoy.
 pub const MARGIN_MICROS: u64 = 250_000;
 
+/// How long a refusal holds where shares hold part of the window (its
+/// reset, which the over-limit cache keeps it for): a share may shrink at
+/// its stream's next report, so the window's end would be too long.
+pub const REFUSAL_MICROS: u64 = 1_000_000;
+
 /// A limit counted in epoch-aligned fixed windows, which a ledger's
 /// shares spend beside requests decided one at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counted {
+pub struct Fixed {
     /// Requests per window.
     pub limit: u64,
     pub window_micros: u64,
 }
 
-impl Counted {
+impl Fixed {
     /// Whether a share held `hold_micros` covers at most [`MAX_SPAN`]
     /// windows of `window_micros`, wherever it starts.
     pub fn fits(window_micros: u64, hold_micros: u64) -> bool {
@@ -214,7 +219,7 @@ pub fn report(
     holder: &str,
     usage: Report,
     terms: Terms,
-    limit: Counted,
+    limit: Fixed,
     now: u64,
 ) -> Grant {
     let w = limit.window_micros.max(1);

@@ -107,25 +107,35 @@ pub enum Plan {
 
 /// How requests decided one at a time count `limit` per `window` of
 /// `rule`, when the ledger's shares are to keep one count with them
-/// ([`quota::window`]): a fixed window (the rule's algorithm, else
-/// `default`), epoch-aligned, not sharded (shards count in other slots),
-/// and a share held `hold_micros` covers few enough windows. `None`: the
-/// ledger bounds the shares on its own.
+/// ([`quota::Counted`]): a fixed window (the rule's algorithm, else
+/// `default`), epoch-aligned, where a share held `hold_micros` covers few
+/// enough windows; or a token bucket. Neither sharded (shards count in
+/// other slots). `None`: the ledger bounds the shares on its own (the
+/// sliding windows, whose counts do not say when a hit is spent).
 pub fn counted(
     rule: &Rule,
     default: Algorithm,
     limit: u64,
     window: Window,
     hold_micros: u64,
-) -> Option<quota::window::Counted> {
-    let fixed = rule.algorithm.unwrap_or(default) == Algorithm::FixedWindow;
-    let whole = rule.shards.unwrap_or(1) <= 1;
+) -> Option<quota::Counted> {
+    if rule.shards.unwrap_or(1) > 1 || window.zone().is_some() {
+        return None;
+    }
     let w = window.micros();
-    (fixed && whole && window.zone().is_none() && quota::window::Counted::fits(w, hold_micros))
-        .then_some(quota::window::Counted {
+    match rule.algorithm.unwrap_or(default) {
+        Algorithm::FixedWindow => quota::window::Fixed::fits(w, hold_micros).then_some(
+            quota::Counted::Window(quota::window::Fixed {
+                limit,
+                window_micros: w,
+            }),
+        ),
+        Algorithm::TokenBucket => Some(quota::Counted::Bucket(quota::bucket::Bucket {
             limit,
-            window_micros: w,
-        })
+            burst: rule.burst.unwrap_or(0),
+        })),
+        Algorithm::SlidingWindowCounter | Algorithm::SlidingWindowLog => None,
+    }
 }
 
 pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {

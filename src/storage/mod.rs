@@ -178,11 +178,11 @@ pub struct LeaseCall<'a> {
     pub holder: &'a str,
     pub report: quota::Report,
     pub terms: quota::Terms,
-    /// The limit as requests decided one at a time count it, when they
-    /// count it in fixed windows in the limiter's own state: shares and
-    /// those requests then keep one count ([`quota::window`]). `None`: the
+    /// How requests decided one at a time count the limit, when shares
+    /// and those requests keep one count in the limiter's own state (a
+    /// fixed window or a token bucket: [`quota::Counted`]). `None`: the
     /// ledger bounds the shares alone.
-    pub counted: Option<quota::window::Counted>,
+    pub counted: Option<quota::Counted>,
 }
 
 impl<'a> LeaseCall<'a> {
@@ -205,6 +205,24 @@ impl<'a> LeaseCall<'a> {
             also: &[],
             lease: false,
             ahead: Ahead::NONE,
+        }
+    }
+}
+
+impl<'a> LeaseCall<'a> {
+    /// The token bucket a share is charged to ([`quota::bucket`]), as a hit
+    /// of `hits` (given back when `negative`): the limiter's own, so its
+    /// keys share the ledger's slot. A charge is recorded even where the
+    /// bucket cannot pay it (as a usage report).
+    pub fn bucket(&self, b: quota::bucket::Bucket, hits: u64, negative: bool) -> Hit<'a> {
+        Hit {
+            algorithm: Algorithm::TokenBucket,
+            limit: b.limit,
+            hits,
+            negative,
+            usage_reports: !negative,
+            burst: b.burst,
+            ..self.limiter()
         }
     }
 }

@@ -58,6 +58,20 @@ pub async fn away_from_an_hour_boundary() {
     tokio::time::sleep(wait_past_an_hour_boundary()).await;
 }
 
+/// Waits, within the last two minutes of a UTC day, until the next day
+/// has begun: the next two minutes stay in one day-long window.
+pub async fn away_from_a_day_boundary() {
+    let day = 86_400_000_000u64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let left = day - now % day;
+    if left < 120_000_000 {
+        tokio::time::sleep(std::time::Duration::from_micros(left + 1_000_000)).await;
+    }
+}
+
 /// How long to wait so that the next few seconds stay in one hour.
 pub fn wait_past_an_hour_boundary() -> std::time::Duration {
     let secs = std::time::SystemTime::now()

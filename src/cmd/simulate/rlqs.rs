@@ -292,11 +292,11 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
     };
     // As the server leases a fixed window's limit: shares and requests
     // decided one at a time keep one count (here only shares spend it).
-    let counted = quota::window::Counted::fits(window.micros(), terms.hold_micros).then_some(
-        quota::window::Counted {
+    let counted = quota::window::Fixed::fits(window.micros(), terms.hold_micros).then_some(
+        quota::Counted::Window(quota::window::Fixed {
             limit: args.limit,
             window_micros: window.micros(),
-        },
+        }),
     );
     let mut events: BinaryHeap<Reverse<(u64, Event)>> = BinaryHeap::new();
     let mut pending: Vec<Assignment> = Vec::new();

@@ -15,10 +15,10 @@ fn a_span_is_cut_at_window_boundaries() {
     assert_eq!(spread(7, 7, SEC).count(), 0);
     assert_eq!(reserved_until(60 * SEC, 60 * SEC), 60 * SEC);
     assert_eq!(reserved_until(60 * SEC + 1, 60 * SEC), 120 * SEC);
-    assert!(Counted::fits(SEC, 16 * SEC));
-    assert!(Counted::fits(SEC, 62 * SEC));
-    assert!(!Counted::fits(SEC, 63 * SEC), "a share over 64 windows");
-    assert!(Counted::fits(60 * SEC, 3_600 * SEC));
+    assert!(Fixed::fits(SEC, 16 * SEC));
+    assert!(Fixed::fits(SEC, 62 * SEC));
+    assert!(!Fixed::fits(SEC, 63 * SEC), "a share over 64 windows");
+    assert!(Fixed::fits(60 * SEC, 3_600 * SEC));
 }
 
 #[test]
@@ -55,7 +55,7 @@ fn busy(requests: u64) -> Report {
 #[test]
 fn requests_counted_first_keep_their_hits_and_a_stream_gets_its_part_of_the_rest() {
     // 100 a minute; 70 counted one at a time in the window's first 30 s.
-    let limit = Counted {
+    let limit = Fixed {
         limit: 100,
         window_micros: 60 * SEC,
     };
@@ -84,7 +84,7 @@ fn requests_counted_first_keep_their_hits_and_a_stream_gets_its_part_of_the_rest
 
 #[test]
 fn a_share_keeps_its_part_of_the_window_from_later_requests() {
-    let limit = Counted {
+    let limit = Fixed {
         limit: 100,
         window_micros: 60 * SEC,
     };
@@ -179,7 +179,7 @@ fn simulate(
     tick: u64,
 ) -> Run {
     let t = terms(limit, w);
-    let counted = Counted {
+    let counted = Fixed {
         limit,
         window_micros: w,
     };

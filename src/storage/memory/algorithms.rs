@@ -80,6 +80,13 @@ pub(super) fn fixed_window(
     let before = *count;
     *count = count.saturating_add(hit.hits).min(MAX_COUNT);
     let admitted = count.saturating_add(shared(idx)) <= limit;
+    // A refusal the shares take part in holds at most a second: a share
+    // may shrink at its stream's next report.
+    let reset = if !admitted && shared(idx) > 0 {
+        reset.min(crate::quota::window::REFUSAL_MICROS)
+    } else {
+        reset
+    };
     let d = decision(admitted, left(*count), reset);
     // An admitted lease's reservations in the next windows, window after
     // window while each has room (as lua/fixed_window.lua).

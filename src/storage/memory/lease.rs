@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use super::algorithms::counted_at;
 use super::{MemoryStore, State, lock};
 use crate::limit::Algorithm;
-use crate::quota::window::{self, Counted};
+use crate::quota::{self, Counted, window};
 use crate::quota::{Grant, Ledger};
 use crate::storage::keys::KeyBuilder;
 use crate::storage::{LeaseCall, StoreError};
@@ -90,57 +90,72 @@ impl Leases {
 }
 
 impl MemoryStore {
-    /// A report on a limit that requests decided one at a time count in
-    /// fixed windows here too ([`crate::quota::window`]): the ledger under
-    /// the ledgers' lock, then, within it, the limiter's state under its
-    /// shard's lock (the only place that holds both, in that order), so
-    /// the grant and the reservation it makes are one step against
-    /// decisions.
+    /// A report on a limit that requests decided one at a time count here
+    /// too ([`crate::quota::Counted`]): the ledger under the ledgers' lock,
+    /// then, within it, the limiter's state under its shard's lock (the
+    /// only place that holds both, in that order), so the grant and what
+    /// it does to the limiter are one step against decisions.
     pub(super) fn lease_counted(
         &self,
         call: &LeaseCall<'_>,
         counted: Counted,
         now: u64,
     ) -> Result<Grant, StoreError> {
-        let key = self.keys.local(&call.limiter());
-        let w = counted.window_micros.max(1);
-        self.leases.with(&key, now, |ledger| {
-            let mut shard = lock(&self.shards[self.shard_of(&key)]);
-            self.with_slot(
-                &mut shard,
-                key.clone(),
-                Algorithm::FixedWindow,
-                now,
-                |slot| {
-                    let State::Fixed {
-                        window,
-                        count,
-                        ahead,
-                        held,
-                    } = &mut slot.state
-                    else {
-                        // The key names a fixed window: never another state.
-                        return ledger.report(call.holder, call.report, call.terms, now);
-                    };
-                    let mut h = held.take().unwrap_or_default();
-                    let at = |i: u64| counted_at(*window, *count, ahead, i);
-                    let grant = window::report(
-                        ledger,
-                        &mut h,
-                        at,
-                        call.holder,
-                        call.report,
-                        call.terms,
-                        counted,
-                        now,
-                    );
-                    if let Some(last) = h.last() {
-                        slot.expires_at = slot.expires_at.max((last + 1).saturating_mul(w));
-                        *held = Some(h);
+        let ledger_key = self.keys.local(&call.limiter());
+        self.leases.with(&ledger_key, now, |ledger| match counted {
+            Counted::Window(fixed) => self.reserve(ledger, ledger_key.clone(), call, fixed, now),
+            Counted::Bucket(b) => {
+                let c = quota::bucket::report(ledger, call.holder, call.report, call.terms, now);
+                for (hits, negative) in [(c.give_back, true), (c.charge, false)] {
+                    if hits > 0 {
+                        self.decide(&call.bucket(b, hits, negative));
                     }
-                    grant
-                },
-            )
+                }
+                c.grant
+            }
+        })
+    }
+
+    /// A fixed window's part: the grant within what the windows leave,
+    /// and its reservations in the limiter's state ([`window::report`]).
+    fn reserve(
+        &self,
+        ledger: &mut Ledger,
+        key: String,
+        call: &LeaseCall<'_>,
+        fixed: window::Fixed,
+        now: u64,
+    ) -> Grant {
+        let w = fixed.window_micros.max(1);
+        let mut shard = lock(&self.shards[self.shard_of(&key)]);
+        self.with_slot(&mut shard, key, Algorithm::FixedWindow, now, |slot| {
+            let State::Fixed {
+                window,
+                count,
+                ahead,
+                held,
+            } = &mut slot.state
+            else {
+                // The key names a fixed window: never another state.
+                return ledger.report(call.holder, call.report, call.terms, now);
+            };
+            let mut h = held.take().unwrap_or_default();
+            let at = |i: u64| counted_at(*window, *count, ahead, i);
+            let grant = window::report(
+                ledger,
+                &mut h,
+                at,
+                call.holder,
+                call.report,
+                call.terms,
+                fixed,
+                now,
+            );
+            if let Some(last) = h.last() {
+                slot.expires_at = slot.expires_at.max((last + 1).saturating_mul(w));
+                *held = Some(h);
+            }
+            grant
         })
     }
 }

@@ -6,10 +6,20 @@
 //! followed (the next report goes to the new owner).
 
 use super::*;
-use crate::quota::Grant;
+use crate::quota::{Counted, Grant};
 use crate::storage::LeaseCall;
 
-pub(super) const LEASE_LUA: &str = include_str!("../../../lua/rlqs_lease.lua");
+const LEASE_LUA: &str = include_str!("../../../lua/rlqs_lease.lua");
+
+/// The lease script, with the token bucket's script as its function
+/// `bucket` (on one clock, read once), so a share is charged to a bucket in
+/// the same atomic step as it is granted.
+pub(super) fn lease_lua() -> String {
+    let clock = "local clock = redis.call('TIME')\nclock = clock[1] * 1000000 + clock[2]\n";
+    let bucket = scripts::TOKEN_BUCKET_LUA.replacen(scripts::READ_CLOCK, "local now = clock", 1);
+    let lease = LEASE_LUA.replacen(scripts::READ_CLOCK, "local now = clock", 1);
+    format!("{clock}local bucket = function(KEYS, ARGV)\n{bucket}\nend\n{lease}")
+}
 
 impl RedisStore {
     pub(super) async fn lease_call(&self, call: LeaseCall<'_>) -> Result<Grant, StoreError> {
@@ -32,14 +42,31 @@ impl RedisStore {
             (call.terms.fill_secs.min(MAX_EXACT) as i64).into(),
             (call.terms.hold_micros.min(MAX_EXACT) as i64).into(),
         ];
-        if let Some(counted) = call.counted {
-            // The fixed window's state, in the same slot: one count.
-            keys.push(limiter.into_key(Role::State));
-            args.extend([
-                (counted.limit.min(MAX_EXACT) as i64).into(),
-                (counted.window_micros.min(MAX_EXACT) as i64).into(),
-                (crate::quota::window::MARGIN_MICROS as i64).into(),
-            ]);
+        // The limiter's state, in the same slot: one count.
+        let margin = crate::quota::window::MARGIN_MICROS as i64;
+        match call.counted {
+            Some(Counted::Window(fixed)) => {
+                keys.push(limiter.into_key(Role::State));
+                args.extend([
+                    "w".into(),
+                    (fixed.limit.min(MAX_EXACT) as i64).into(),
+                    (fixed.window_micros.min(MAX_EXACT) as i64).into(),
+                    margin.into(),
+                ]);
+            }
+            Some(Counted::Bucket(b)) => {
+                let hit = call.bucket(b, 0, false);
+                keys.push(self.inner.keys.limiter(&hit).into_key(Role::State));
+                let burst = effective_burst(b.burst, b.limit, call.window).min(MAX_EXACT);
+                args.extend([
+                    "b".into(),
+                    (b.limit.min(MAX_EXACT) as i64).into(),
+                    (call.window.micros().min(MAX_EXACT) as i64).into(),
+                    margin.into(),
+                    (burst as i64).into(),
+                ]);
+            }
+            None => {}
         }
         let timeout = self.inner.command_timeout;
         let script = &self.inner.scripts.lease;

@@ -8,11 +8,11 @@ use super::*;
 const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
 const SLIDING_COUNTER_LUA: &str = include_str!("../../../lua/sliding_window_counter.lua");
 const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_window_log.lua");
-const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
+pub(super) const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
 
 /// How every algorithm script reads the server's clock: the batch script
 /// reads it once instead.
-const READ_CLOCK: &str =
+pub(super) const READ_CLOCK: &str =
     "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])";
 
 /// The scripts, by algorithm, and the batch script.
@@ -33,7 +33,7 @@ impl Scripts {
             sliding_log: Script::from_lua(SLIDING_LOG_LUA),
             token_bucket: Script::from_lua(TOKEN_BUCKET_LUA),
             batch: Script::from_lua(batch_lua()),
-            lease: Script::from_lua(super::lease::LEASE_LUA),
+            lease: Script::from_lua(super::lease::lease_lua()),
         }
     }
 
