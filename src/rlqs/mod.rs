@@ -15,6 +15,7 @@
 //! operator's configuration.
 
 pub mod bucket;
+pub mod filter;
 mod stats;
 mod stream;
 

@@ -27,6 +27,7 @@ use tollgate::clock::ManualClock;
 use tollgate::limit::{Unit, Window};
 use tollgate::quota::{self, Report, Terms};
 use tollgate::rlqs::bucket::{self, Assignment};
+use tollgate::rlqs::filter::Filter;
 use tollgate::rlqs::{DEFAULT_REPORT_SECS, HOLD_MARGIN};
 use tollgate::storage::{LeaseCall, MemoryStore, Store};
 
@@ -141,113 +142,12 @@ pub struct Row {
     pub worst_converged: u64,
 }
 
-/// One Envoy's view of its bucket.
+/// One Envoy: its arrivals, and its quota filter's bucket.
 struct Envoy {
     arrivals: Vec<u64>,
     next: usize,
-    /// `None`: no assignment (allow all, the filter's default).
-    bucket: Option<Enforced>,
-    expires: u64,
-    allowed: u64,
-    denied: u64,
+    filter: Filter,
     subscribed: bool,
-}
-
-enum Enforced {
-    Deny,
-    Tokens {
-        tokens: f64,
-        max: f64,
-        per_micro: f64,
-        at: u64,
-        shape: (u32, u32, u64),
-    },
-}
-
-impl Envoy {
-    fn admit(&mut self, now: u64) -> bool {
-        if now >= self.expires {
-            self.bucket = None;
-        }
-        let ok = match &mut self.bucket {
-            None => true,
-            Some(Enforced::Deny) => false,
-            Some(Enforced::Tokens {
-                tokens,
-                max,
-                per_micro,
-                at,
-                ..
-            }) => {
-                *tokens = (*tokens + (now - *at) as f64 * *per_micro).min(*max);
-                *at = now;
-                if *tokens >= 1.0 {
-                    *tokens -= 1.0;
-                    true
-                } else {
-                    false
-                }
-            }
-        };
-        if ok {
-            self.allowed += 1;
-        } else {
-            self.denied += 1;
-        }
-        ok
-    }
-
-    /// An assignment arrives: a bucket of a new shape starts with the old
-    /// one's remaining/max ratio (a new Envoy bucket starts full).
-    fn assign(&mut self, now: u64, assignment: Assignment, ttl_secs: u64) {
-        self.expires = now + ttl_secs * SEC;
-        self.bucket = Some(match assignment {
-            Assignment::AllowAll => {
-                self.bucket = None;
-                return;
-            }
-            Assignment::DenyAll => Enforced::Deny,
-            Assignment::TokenBucket {
-                max_tokens,
-                tokens_per_fill,
-                fill_secs,
-            } => {
-                let shape = (max_tokens, tokens_per_fill, fill_secs);
-                let max = f64::from(max_tokens);
-                let ratio = match &self.bucket {
-                    Some(Enforced::Tokens {
-                        tokens,
-                        max: old_max,
-                        per_micro,
-                        at,
-                        shape: old,
-                    }) => {
-                        if *old == shape {
-                            // Unchanged: Envoy keeps the bucket as it is.
-                            let tokens = (*tokens + (now - *at) as f64 * *per_micro).min(*old_max);
-                            self.bucket = Some(Enforced::Tokens {
-                                tokens,
-                                max: *old_max,
-                                per_micro: *per_micro,
-                                at: now,
-                                shape,
-                            });
-                            return;
-                        }
-                        ((*tokens + (now - *at) as f64 * *per_micro) / *old_max).min(1.0)
-                    }
-                    _ => 1.0,
-                };
-                Enforced::Tokens {
-                    tokens: ratio * max,
-                    max,
-                    per_micro: f64::from(tokens_per_fill) / (fill_secs * SEC) as f64,
-                    at: now,
-                    shape,
-                }
-            }
-        });
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -273,10 +173,9 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
             Envoy {
                 arrivals,
                 next: 0,
-                bucket: None,
-                expires: u64::MAX,
-                allowed: 0,
-                denied: 0,
+                // Before its first assignment, the filter's default:
+                // allow.
+                filter: Filter::new(true),
                 subscribed: false,
             }
         })
@@ -322,7 +221,7 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
         if let (true, Some((t, i))) = (take_arrival, arrival) {
             let envoy = &mut envoys[i];
             envoy.next += 1;
-            let ok = envoy.admit(t);
+            let ok = envoy.filter.admit(t);
             if ok {
                 admitted.push(t);
             }
@@ -342,9 +241,8 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
             match ev {
                 Event::Report(i) => {
                     let envoy = &mut envoys[i];
-                    let requests = envoy.allowed + envoy.denied;
-                    envoy.allowed = 0;
-                    envoy.denied = 0;
+                    let (allowed, denied) = envoy.filter.take_usage();
+                    let requests = allowed + denied;
                     // Whole seconds, as Envoy fills time_elapsed (0 in
                     // the first report).
                     let elapsed = last_report[i].map_or(0, |last| (t - last) / SEC);
@@ -378,7 +276,7 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
                         events.push(Reverse((t + REPORT_EVERY, Event::Report(i))));
                     }
                 }
-                Event::Answer(i, k) => envoys[i].assign(t, pending[k], args.ttl),
+                Event::Answer(i, k) => envoys[i].filter.assign(t, pending[k], args.ttl),
             }
         }
     }

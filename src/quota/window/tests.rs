@@ -1,6 +1,9 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::limit::Window;
+use crate::rlqs::bucket::token_bucket;
+use crate::rlqs::filter::Filter;
 
 const SEC: u64 = 1_000_000;
 
@@ -36,8 +39,12 @@ fn a_reservation_is_taken_back_exactly() {
     assert!(held.is_empty());
 }
 
+fn window_of(w: u64) -> Window {
+    Window::new(crate::limit::Unit::Second, (w / SEC) as u32).unwrap()
+}
+
 fn terms(limit: u64, w: u64) -> Terms {
-    let window = crate::limit::Window::new(crate::limit::Unit::Second, (w / SEC) as u32).unwrap();
+    let window = window_of(w);
     Terms {
         capacity: super::super::capacity(limit, window),
         fill_secs: super::super::fill_secs(window),
@@ -115,48 +122,27 @@ fn a_share_keeps_its_part_of_the_window_from_later_requests() {
     assert!(g.tokens <= 100);
 }
 
-/// An Envoy as the quota filter behaves: a token bucket refilled
-/// continuously, rebuilt keeping its remaining/max ratio when its share
-/// changes, full when first assigned; no share, or an expired one,
-/// admits nothing (the filter's fallbacks are outside the server's
-/// reach, so the model leaves them out).
-#[derive(Debug, Default)]
+/// An Envoy's bucket (the quota filter as it behaves) with its demand; no
+/// share, or an expired one, admits nothing (the filter's fallbacks are
+/// outside the server's reach, so the check leaves them out).
 struct Envoy {
-    max: f64,
-    tokens: f64,
-    per_micro: f64,
-    expires: u64,
-    assigned: bool,
+    filter: Filter,
     /// Requests offered per second.
     offered: f64,
     due: f64,
-    allowed: u64,
-    denied: u64,
-    /// Tokens it was given beyond its rate in the current window: what
-    /// its bucket held at the window's start, the first fill, and what
-    /// ratio-keeping rebuilds added.
-    free: f64,
     admitted: u64,
+    /// What its bucket held when the window began, and what it had been
+    /// given beyond its rate by then.
+    held_at_start: f64,
+    gained_at_start: f64,
     next_report: u64,
     crashed_at: Option<u64>,
 }
 
 impl Envoy {
-    fn assign(&mut self, tokens: u64, t: Terms, w: u64, now: u64) {
-        let max = ((tokens as f64) * (w as f64) / (t.fill_secs as f64 * 1e6))
-            .ceil()
-            .max(1.0);
-        let before = self.tokens;
-        if !self.assigned {
-            self.tokens = max;
-        } else if (max - self.max).abs() > f64::EPSILON {
-            self.tokens = self.tokens / self.max * max;
-        }
-        self.free += (self.tokens - before).max(0.0);
-        self.max = max;
-        self.per_micro = tokens as f64 / (t.fill_secs as f64 * 1e6);
-        self.expires = now + t.hold_micros - SEC;
-        self.assigned = true;
+    /// Tokens it was given beyond its rate in the current window.
+    fn free(&self) -> f64 {
+        self.held_at_start + self.filter.gained() - self.gained_at_start
     }
 }
 
@@ -191,10 +177,14 @@ fn simulate(
         .iter()
         .enumerate()
         .map(|(i, (offered, crash))| Envoy {
+            filter: Filter::new(false),
             offered: *offered,
+            due: 0.0,
+            admitted: 0,
+            held_at_start: 0.0,
+            gained_at_start: 0.0,
             next_report: i as u64 * 700_000,
             crashed_at: *crash,
-            ..Envoy::default()
         })
         .collect();
     let mut due = 0.0;
@@ -204,12 +194,13 @@ fn simulate(
     while now < secs * SEC {
         let idx = now / w;
         if idx != window {
-            let free: f64 = envoys.iter().map(|e| e.free).sum();
+            let free: f64 = envoys.iter().map(Envoy::free).sum();
             let envoyed: u64 = envoys.iter().map(|e| e.admitted).sum();
             windows.push((admitted + envoyed, free));
             for e in &mut envoys {
                 e.admitted = 0;
-                e.free = e.tokens;
+                e.held_at_start = e.filter.tokens(now);
+                e.gained_at_start = e.filter.gained();
             }
             admitted = 0;
             window = idx;
@@ -218,12 +209,11 @@ fn simulate(
         for (i, e) in envoys.iter_mut().enumerate() {
             let alive = e.crashed_at.is_none_or(|c| now < c);
             if alive && now >= e.next_report {
+                let (allowed, denied) = e.filter.take_usage();
                 let usage = Report {
-                    requests: e.allowed + e.denied,
+                    requests: allowed + denied,
                     elapsed_secs: 5,
                 };
-                e.allowed = 0;
-                e.denied = 0;
                 let c = |x: u64| if x == window { count } else { 0 };
                 let g = report(
                     &mut ledger,
@@ -235,20 +225,17 @@ fn simulate(
                     counted,
                     now,
                 );
-                e.assign(g.tokens, t, w, now);
+                // Held in Envoy for its time to live: the hold less the
+                // server's margin.
+                let ttl = t.hold_micros / SEC - 1;
+                e.filter
+                    .assign(now, token_bucket(g.tokens, window_of(w), 1.0), ttl);
                 e.next_report = now + 5 * SEC;
             }
-            e.tokens = (e.tokens + e.per_micro * tick as f64).min(e.max);
             e.due += e.offered * tick as f64 / 1e6;
             while e.due >= 1.0 {
                 e.due -= 1.0;
-                if e.assigned && now < e.expires && e.tokens >= 1.0 {
-                    e.tokens -= 1.0;
-                    e.allowed += 1;
-                    e.admitted += 1;
-                } else {
-                    e.denied += 1;
-                }
+                e.admitted += u64::from(e.filter.admit(now));
             }
         }
         due += counted_rate * tick as f64 / 1e6;
