@@ -193,6 +193,9 @@ for k, entry in ipairs(order) do
   if entry[3] == holder then mine = take end
 end
 local target = mine + math.floor(left / n)
+-- A token bucket's share is charged whether it is spent or not: no part
+-- of what nobody asked for.
+if KEYS[2] ~= nil and ARGV[7] == 'b' and target > demand then target = demand end
 local room = math.max(capacity - others, 0)
 local tokens = math.min(target, room)
 if cap and cap < tokens then tokens = cap end

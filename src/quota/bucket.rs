@@ -20,9 +20,12 @@
 //! bound each has alone. Charges are rounded up and give-backs down, so a
 //! report can cost a token more than the share took.
 //!
-//! Requests decided one at a time take no part in the water-filling here:
-//! a bucket keeps no measure of their rate, so Envoys' shares are granted
-//! first and requests get what the shares leave of the rate.
+//! Requests decided one at a time take no part in the water-filling here
+//! (a bucket keeps no measure of their rate); instead a share is the
+//! stream's max-min fair share of the streams' demands, without the part
+//! of what nobody asked for that a share has elsewhere: that part would be
+//! charged to the bucket whether the Envoy spends it or not. Requests get
+//! what the shares leave of the rate.
 
 use super::{Grant, Ledger, Report, Terms};
 
@@ -65,7 +68,9 @@ pub fn report(ledger: &mut Ledger, holder: &str, usage: Report, terms: Terms, no
         }
         None => (0, now, 0),
     };
-    let grant = ledger.report(holder, usage, terms, now);
+    // No part of what nobody asked for: it would be charged to the
+    // bucket, spent or not, and taken from requests decided one at a time.
+    let grant = ledger.report_beside(holder, usage, terms, now, None, false);
     let to = now.saturating_add(terms.hold_micros);
     let s = grant.tokens;
     let charge = whole(

@@ -187,7 +187,7 @@ impl Ledger {
     /// as far as the others' shares in force leave room, and holds the
     /// grant until `now + terms.hold_micros`.
     pub fn report(&mut self, holder: &str, report: Report, terms: Terms, now_micros: u64) -> Grant {
-        self.report_beside(holder, report, terms, now_micros, None)
+        self.report_beside(holder, report, terms, now_micros, None, true)
     }
 
     /// The share `holder` has in force at `now`, if any.
@@ -199,10 +199,13 @@ impl Ledger {
     }
 
     /// [`Ledger::report`] on a limit that requests decided one at a time
-    /// count too ([`window`]): `beside` is their demand, which takes part
+    /// count too ([`Counted`]): `beside` is their demand, which takes part
     /// in the water-filling as one more holder that is never granted a
     /// share (it spends the count directly), and the room the limit's
-    /// windows leave, which caps the grant.
+    /// windows leave, which caps the grant ([`window`]). Without `spare`,
+    /// the holder gets no part of what nobody asked for: it is left to
+    /// requests decided one at a time (a token bucket's share is charged
+    /// whether it is spent or not: [`bucket`]).
     pub fn report_beside(
         &mut self,
         holder: &str,
@@ -210,6 +213,7 @@ impl Ledger {
         terms: Terms,
         now_micros: u64,
         beside: Option<Beside>,
+        spare: bool,
     ) -> Grant {
         self.expire(now_micros);
         let demand = next_demand(
@@ -244,7 +248,12 @@ impl Ledger {
             // the streams first.
             demands.push(b.demand);
         }
-        let target = fair_target(&demands, me, terms.capacity);
+        let mut target = fair_target(&demands, me, terms.capacity);
+        if !spare {
+            // Its max-min fair share of the demands, without a part of
+            // what nobody asked for.
+            target = target.min(demands[me]);
+        }
         let room = terms.capacity.saturating_sub(others);
         let tokens = target.min(room).min(beside.map_or(u64::MAX, |b| b.room));
         self.shares.insert(

@@ -250,7 +250,7 @@ pub fn report(
         demand: counted_demand(counted(now / w), now, w, fill, terms.capacity),
         room: cap,
     };
-    let grant = ledger.report_beside(holder, usage, terms, now, Some(beside));
+    let grant = ledger.report_beside(holder, usage, terms, now, Some(beside), true);
     held.add(grant.tokens, margin_end, to, w);
     if grant.tokens > old {
         held.add(grant.tokens - old, now, margin_end, w);
