@@ -59,16 +59,19 @@ fn busy(requests: u64) -> Report {
     }
 }
 
-#[test]
-fn requests_counted_first_keep_their_hits_and_a_stream_gets_its_part_of_the_rest() {
-    // 100 a minute; 70 counted one at a time in the window's first 30 s.
+/// 100 a minute, no share yet.
+fn a_minute_of_100() -> (Fixed, Terms, Ledger, Held) {
     let limit = Fixed {
         limit: 100,
         window_micros: 60 * SEC,
     };
-    let t = terms(100, 60 * SEC);
-    let mut ledger = Ledger::default();
-    let mut held = Held::default();
+    (limit, terms(100, 60 * SEC), Ledger::default(), Held::default())
+}
+
+#[test]
+fn requests_counted_first_keep_their_hits_and_a_stream_gets_its_part_of_the_rest() {
+    // 70 counted one at a time in the window's first 30 s.
+    let (limit, t, mut ledger, mut held) = a_minute_of_100();
     let now = 30 * SEC;
     let g = report(
         &mut ledger,
@@ -80,9 +83,8 @@ fn requests_counted_first_keep_their_hits_and_a_stream_gets_its_part_of_the_rest
         limit,
         now,
     );
-    // The stream may spend at most 30 in the 30 s left: 60 a minute.
     // Both ask for more than the limit: they split it evenly, within the
-    // 60 a minute the window leaves.
+    // 60 a minute the window leaves (30 in the 30 s left).
     assert_eq!(g.tokens, 50);
     assert_eq!(held.hits(0, 60 * SEC), 25);
     assert_eq!(held.hits(1, 60 * SEC), 0, "it expires in this window");
@@ -91,17 +93,10 @@ fn requests_counted_first_keep_their_hits_and_a_stream_gets_its_part_of_the_rest
 
 #[test]
 fn a_share_keeps_its_part_of_the_window_from_later_requests() {
-    let limit = Fixed {
-        limit: 100,
-        window_micros: 60 * SEC,
-    };
-    let t = terms(100, 60 * SEC);
-    let mut ledger = Ledger::default();
-    let mut held = Held::default();
-    // At the window's start nothing is counted: the stream, alone and
-    // busy, gets its fair part beside requests decided one at a time,
-    // which have asked nothing yet (so all but their equal part of the
-    // spare), for the whole window.
+    let (limit, t, mut ledger, mut held) = a_minute_of_100();
+    // At the window's start nothing is counted: requests decided one at a
+    // time have asked nothing, so the stream, busy, gets the whole limit,
+    // reserved for the whole window.
     let g = report(&mut ledger, &mut held, |_| 0, "a", busy(1_000), t, limit, 0);
     assert_eq!(g.tokens, 100);
     assert_eq!(held.hits(0, 60 * SEC), 100);
