@@ -65,7 +65,12 @@ fn a_minute_of_100() -> (Fixed, Terms, Ledger, Held) {
         limit: 100,
         window_micros: 60 * SEC,
     };
-    (limit, terms(100, 60 * SEC), Ledger::default(), Held::default())
+    (
+        limit,
+        terms(100, 60 * SEC),
+        Ledger::default(),
+        Held::default(),
+    )
 }
 
 #[test]
