@@ -284,14 +284,21 @@ fn daily_share(response: &RateLimitQuotaResponse, bucket: &[(&str, &str)]) -> u6
     }
 }
 
-/// What a share of `tokens` a day holds of the rest of the day.
-fn held_today(tokens: u64) -> f64 {
-    let day = 86_400_000_000u64;
-    let now = std::time::SystemTime::now()
+/// The wall clock in microseconds (the server's and its store's, on this
+/// machine).
+fn wall() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_micros() as u64;
-    tokens as f64 * (day - now % day) as f64 / day as f64
+        .as_micros() as u64
+}
+
+/// What a share of `tokens` a day granted at `at` holds of the rest of the
+/// day. A grant made between two readings of the clock holds between
+/// what the later one and the earlier one give.
+fn held_from(tokens: u64, at: u64) -> f64 {
+    let day = 86_400_000_000u64;
+    tokens as f64 * (day - at % day) as f64 / day as f64
 }
 
 /// One decision through RLS: whether `hits` pass, and what is left.
@@ -318,43 +325,69 @@ async fn shares_and_requests_keep_one_count(t: &Tollgate, domain: &str) {
     let first = [("case", "requestsfirst"), ("name", "daily")];
     assert!(ask(t, domain, &first, 600_000).await.0);
     let mut q = Quota::open(t, domain).await;
+    let before = wall();
     let share = daily_share(&q.report(vec![usage(&first, BUSY, 0, 5)]).await, &first);
     assert!(share > 0);
-    assert!(600_000.0 + held_today(share) <= limit + 1.0, "{share}");
     let (ok, left) = ask(t, domain, &first, 1).await;
+    let after = wall();
     assert!(ok);
-    let total = 600_001.0 + left as f64 + held_today(share);
-    assert!((limit - 3.0..=limit + 1.0).contains(&total), "{total}");
+    let (least, most) = (held_from(share, after), held_from(share, before));
+    assert!(600_000.0 + least <= limit + 1.0, "{share}");
+    let counted = 600_001.0 + left as f64;
+    assert!(
+        counted + least <= limit + 1.0 && counted + most >= limit - 2.0,
+        "{left} left, {least} to {most} held"
+    );
 
     // A share first: the Envoy alone asks, so it gets the whole rate,
     // held to the day's end; requests get what the day has run.
     let bucket = [("case", "sharefirst"), ("name", "daily")];
     let mut q = Quota::open(t, domain).await;
+    let before = wall();
     let share = daily_share(&q.report(vec![usage(&bucket, BUSY, 0, 5)]).await, &bucket);
     assert_eq!(share, 1_000_000);
     let (ok, left) = ask(t, domain, &bucket, 1).await;
+    let after = wall();
     assert!(ok);
+    let (least, most) = (held_from(share, after), held_from(share, before));
+    let counted = 1.0 + left as f64;
     assert!(
-        (left as f64 + 1.0 + held_today(share) - limit).abs() <= 3.0,
-        "{left}"
+        counted + least <= limit + 1.0 && counted + most >= limit - 2.0,
+        "{left} left, {least} to {most} held"
     );
     assert!(ask(t, domain, &bucket, left).await.0);
     assert!(
         !ask(t, domain, &bucket, 1).await.0,
         "the share's part is kept"
     );
-    // The Envoy goes quiet: its next report gives part of its share back,
-    // which requests then get.
+    // The Envoy goes quiet: its next report gives part of its share back
+    // (at most the difference over the rest of the day), which requests
+    // then get.
+    let before = wall();
     let smaller = daily_share(&q.report(vec![usage(&bucket, 0, 0, 5)]).await, &bucket);
     assert!(smaller < share, "{smaller}");
-    let given = held_today(share) - held_today(smaller);
+    let given = held_from(share - smaller, before);
     // The refusal above holds a second (a share may shrink at any report),
     // in this replica's over-limit cache too.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let (ok, left) = ask(t, domain, &bucket, 1).await;
     assert!(
         ok && left as f64 + 1.0 <= given + 1.0,
-        "{left}, {given} given back"
+        "{left}, {given} given back at most"
+    );
+
+    // A token bucket of 100 a minute: the Envoy's share, 100 a minute for
+    // its 15 s time to live and the 1 s margin, is charged to the bucket
+    // when granted (27 tokens); requests get the rest.
+    let bucket = [("case", "bucketfirst"), ("name", "bucketed")];
+    let share = q.share(&bucket, BUSY).await;
+    assert_eq!(share, 100);
+    let (ok, left) = ask(t, domain, &bucket, 1).await;
+    assert!(ok && (71..=74).contains(&left), "{left}");
+    assert!(ask(t, domain, &bucket, left).await.0);
+    assert!(
+        !ask(t, domain, &bucket, 1).await.0,
+        "the share's tokens are kept"
     );
 }
 
