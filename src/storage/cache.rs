@@ -19,7 +19,12 @@
 //!   and keeps the costs it refused (the store would have counted them): a
 //!   give-back first takes from that sum, answered locally as the store would
 //!   (the count is still above the limit); only the rest goes to the store,
-//!   and the entry is dropped.
+//!   and the entry is dropped. Where quota streams' shares hold part of the
+//!   window (`quota::window`), a refusal is of the count plus what they
+//!   hold, which falls when a share shrinks: the store answers such a
+//!   refusal with a reset of at most a second, so it is kept no longer. A
+//!   give-back taken from the refused sum then leaves those costs counted
+//!   in the store, which refuses more, never less, once a share shrinks.
 //! * `sliding_window_log`: only refusals of cost 1 are kept. Such a refusal
 //!   means the log holds exactly the limit, and nothing leaves it before the
 //!   reset (the moment its oldest hit stops counting), so cost-1 hits are

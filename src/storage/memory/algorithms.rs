@@ -53,9 +53,17 @@ pub(super) fn fixed_window(
         }
     }
     let w = hit.window.micros();
-    let fill = crate::quota::fill_secs(hit.window).saturating_mul(1_000_000);
-    // Hits the shares hold of window `i`.
-    let shared = |i: u64| held.as_ref().map_or(0, |h| h.hits(i, fill));
+    // Hits the shares hold of window `i`; nothing to work out (on every
+    // decision) where no share holds any.
+    let shared = |i: u64| {
+        held.as_ref().map_or(0, |h| {
+            h.hits(
+                i,
+                crate::quota::fill_secs(hit.window).saturating_mul(1_000_000),
+            )
+        })
+    };
+    let now_shared = shared(idx);
     let limit = hit.limit;
     let reset = end - now;
     let expires = |ahead: &[u64; AHEAD]| {
@@ -69,7 +77,7 @@ pub(super) fn fixed_window(
             .map_or(0, |i| (i + 1).saturating_mul(w));
         (end + last * w).max(shares)
     };
-    let left = |count: u64| limit.saturating_sub(count.saturating_add(shared(idx)));
+    let left = |count: u64| limit.saturating_sub(count.saturating_add(now_shared));
     if hit.negative {
         *count = count.saturating_sub(hit.hits);
         return (decision(true, left(*count), reset), expires(ahead));
@@ -79,10 +87,10 @@ pub(super) fn fixed_window(
     }
     let before = *count;
     *count = count.saturating_add(hit.hits).min(MAX_COUNT);
-    let admitted = count.saturating_add(shared(idx)) <= limit;
+    let admitted = count.saturating_add(now_shared) <= limit;
     // A refusal the shares take part in holds at most a second: a share
     // may shrink at its stream's next report.
-    let reset = if !admitted && shared(idx) > 0 {
+    let reset = if !admitted && now_shared > 0 {
         reset.min(crate::quota::window::REFUSAL_MICROS)
     } else {
         reset

@@ -57,16 +57,7 @@ impl Leases {
             now_micros,
         );
     }
-}
 
-fn sweep(ledgers: &mut HashMap<String, Ledger>, now_micros: u64) {
-    ledgers.retain(|_, ledger| {
-        ledger.expire(now_micros);
-        !ledger.is_empty()
-    });
-}
-
-impl Leases {
     /// Runs `f` on the ledger of `key` (made if new, within the bound on
     /// ledgers), under the ledgers' lock.
     fn with<T>(
@@ -87,6 +78,13 @@ impl Leases {
         }
         Ok(f(ledgers.entry(key.to_owned()).or_default()))
     }
+}
+
+fn sweep(ledgers: &mut HashMap<String, Ledger>, now_micros: u64) {
+    ledgers.retain(|_, ledger| {
+        ledger.expire(now_micros);
+        !ledger.is_empty()
+    });
 }
 
 impl MemoryStore {
