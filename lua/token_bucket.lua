@@ -10,9 +10,11 @@
 --
 -- KEYS[1]  limiter state (hash): t = when the debt was stored (microseconds),
 --          d = the debt then (units of 1/k microsecond), k = the k it was
---          counted in (a changed limit converts it, rounded up); with
---          leases out: p = the lease period of h, h = tokens leased in
---          period p, o = tokens leased in period p - 1
+--          counted in (a changed limit converts it, rounded up), b = when
+--          the state began (a lease or charge from before it, a reset
+--          ago, is not this bucket's); with leases out: p = the lease
+--          period of h, h = tokens leased in period p, o = tokens leased
+--          in period p - 1
 -- ARGV[1]  limit (tokens refilled per window, > 0)
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
@@ -23,8 +25,12 @@
 --          timeline (the part already past stays spent);
 --          3 to take leases: each hit is a lease of that many tokens,
 --          answered with its life as the reset and the receipt {tokens,
---          period, tokens}; 4 to end a lease: of the ARGV[8] tokens
---          leased in period ARGV[7], ARGV[3] unused go back
+--          when it was taken (microseconds), tokens}; 4 to end a lease:
+--          of the ARGV[8] tokens leased at ARGV[7], ARGV[3] unused go
+--          back, only while the lease lives and the bucket is the one it
+--          was taken from (begun before it): a give-back that lands after
+--          the lease's life (the bucket has refilled over its tokens
+--          since) or after a reset returns nothing
 --          Leases: tokens a replica took to spend on its own until the
 --          lease's life ends (the end of the period after the one it was
 --          taken in; a period is the window, within 1 to 10 s). While a
@@ -82,8 +88,10 @@ local function div_ceil(a, n)
   return q
 end
 
-local st = redis.call('HMGET', KEYS[1], 't', 'd', 'k', 'p', 'h', 'o')
+local st = redis.call('HMGET', KEYS[1], 't', 'd', 'k', 'p', 'h', 'o', 'b')
 local stamp = tonumber(st[1]) or now
+-- A state written before `b` was kept began at some time unknown: 0.
+local born = tonumber(st[7]) or (st[1] and 0) or now
 local debt = tonumber(st[2]) or 0
 local was = tonumber(st[3]) or k
 local same_units = was == k
@@ -159,7 +167,7 @@ local function decide(hits, negative)
     if leasing and hits > 0 then
       if not p then p = current end
       h = h + hits
-      return {1, remaining(), (current + 2) * period - now, hits, current, hits}
+      return {1, remaining(), (current + 2) * period - now, hits, now, hits}
     end
     return {1, remaining(), div_ceil(debt, k), hits, stamp, debt}
   end
@@ -181,6 +189,8 @@ if ARGV[4] == '2' then
   local ahead = tonumber(ARGV[8])
   if now > at then ahead = ahead - (now - at) * k end
   local back = math.min(math.max(ahead, 0), tonumber(ARGV[3]) * step)
+  -- A charge from before the state began (a reset since) is not here.
+  if born > at then back = 0 end
   if same_units and back > 0 and debt > 0 then
     debt = math.max(debt - back, floor_now())
     dirty = true
@@ -189,17 +199,22 @@ if ARGV[4] == '2' then
   i = nil
 elseif ARGV[4] == '4' then
   -- A lease ends: it no longer holds the bucket's size, and its unused
-  -- tokens go back.
-  local q = tonumber(ARGV[7])
+  -- tokens go back, while it lives (its period is this one or the one
+  -- before) in the bucket it was taken from. Once its life is over the
+  -- bucket has refilled over its tokens (others may have spent them),
+  -- and a reset since gave the whole bucket back: it returns nothing.
+  local at = tonumber(ARGV[7])
+  local q = div_floor(at, period)
   local leased = tonumber(ARGV[8])
-  if p and q == p then h = math.max(h - leased, 0)
-  elseif p and q == p - 1 then o = math.max(o - leased, 0) end
-  if same_units then
-    local back = tonumber(ARGV[3]) * step
-    if back >= debt then debt = 0 else debt = debt - back end
+  if p and born <= at and (q == p or q == p - 1) then
+    if q == p then h = math.max(h - leased, 0) else o = math.max(o - leased, 0) end
+    if same_units then
+      local back = tonumber(ARGV[3]) * step
+      if back >= debt then debt = 0 else debt = debt - back end
+    end
+    debt = math.max(debt, floor_now())
+    dirty = true
   end
-  debt = math.max(debt, floor_now())
-  dirty = true
   out[1] = 1
   i = nil
 end
@@ -220,7 +235,8 @@ if dirty and debt == 0 and h + o == 0 then
   redis.call('DEL', KEYS[1])
 elseif dirty then
   redis.call('HSET', KEYS[1], 't', string.format('%d', stamp),
-    'd', string.format('%d', debt), 'k', string.format('%d', k))
+    'd', string.format('%d', debt), 'k', string.format('%d', k),
+    'b', string.format('%d', born))
   if h + o > 0 then
     redis.call('HSET', KEYS[1], 'p', string.format('%d', p),
       'h', string.format('%d', h), 'o', string.format('%d', o))

@@ -17,7 +17,11 @@
 //!   the leases' unused ones never pass the burst and grow no faster than
 //!   the rate, whenever a lease spends its tokens: the hits admitted are
 //!   what one bucket admits. A lease is ended when it is spent (with the
-//!   next lease, or when idle), so spent leases do not keep room.
+//!   next lease, or when idle), so spent leases do not keep room. The
+//!   store takes a lease's unused tokens back only while the lease lives,
+//!   into the bucket it was taken from: a give-back that lands after the
+//!   lease's life (the bucket has refilled over its tokens since, and
+//!   others may have spent them) or after a reset returns nothing.
 //!
 //! - **Sizing.** A lease is sized to this replica's demand on the
 //!   limiter (the recent slots' rate, or for a limiter hit less often a

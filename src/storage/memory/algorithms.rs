@@ -399,6 +399,9 @@ pub(super) struct Leased {
     period: u64,
     h: u64,
     o: u64,
+    /// When the bucket's state began (the script's `b`): a lease or a
+    /// charge from before it (a reset ago) is not this bucket's.
+    pub(super) since: u64,
 }
 
 impl Leased {
@@ -429,6 +432,14 @@ impl Leased {
 
     pub(super) fn held(&self) -> u64 {
         self.h + self.o
+    }
+
+    /// Whether a lease taken at `at` lives at `now` in this bucket (the
+    /// leases moved to `now`'s period): taken in this period or the one
+    /// before, since the state began.
+    pub(super) fn lives(&self, at: u64, w: u64) -> bool {
+        let q = at / lease_period(w);
+        at >= self.since && (q == self.period || q + 1 == self.period)
     }
 
     /// A lease of `tokens` from period `q` ends.
@@ -483,7 +494,8 @@ pub(super) fn drain(
 /// nothing; a cost above the burst is refused and not recorded unless the
 /// limiter takes usage reports, which put the bucket into debt.
 /// A hit with `lease` set takes a lease of its cost (the answer's reset
-/// is the lease's life, its receipt `{tokens, period, tokens}`).
+/// is the lease's life, its receipt `{tokens, when it was taken,
+/// tokens}`).
 pub(super) fn token_bucket(
     now: u64,
     w: u64,
@@ -499,6 +511,10 @@ pub(super) fn token_bucket(
     if *scale != 0 && *scale != k {
         let converted = (u128::from(*debt) * u128::from(k)).div_ceil(u128::from(*scale));
         *debt = converted.min(max) as u64;
+    }
+    if *scale == 0 {
+        // A new state (one left by a reset may begin later).
+        leased.since = leased.since.max(now);
     }
     *scale = k;
     drain(now, w, (step, k), stamp, debt, leased);
@@ -521,7 +537,7 @@ pub(super) fn token_bucket(
             leased.h += hit.hits;
             let life = (current + 2) * period - now;
             let d = decision(true, remaining(after), life);
-            with_receipt(d, hit, hit.hits, current, hit.hits)
+            with_receipt(d, hit, hit.hits, now, hit.hits)
         } else if after <= full {
             *debt = after;
             let d = decision(true, remaining(after), micros(after));

@@ -395,9 +395,12 @@ impl MemoryStore {
     }
 
     /// Forgets `hit`'s limiter, under its shard's lock: the next hit finds
-    /// it new.
+    /// it new. A token bucket's new state begins after this instant (its
+    /// script's `b`), so that a lease or charge taken before the reset, in
+    /// the same microsecond too, is not given back into it.
     fn forget(&self, hit: &Hit<'_>) {
         let key = self.keys.local(hit);
+        let now = self.clock.now_micros();
         let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
         let mut shard = lock(&self.shards[index]);
         if let Some((held, slot)) = shard.slots.remove_entry(&key) {
@@ -405,6 +408,14 @@ impl MemoryStore {
                 .held
                 .saturating_sub(entry_bytes(held.capacity()) + state_bytes(&slot));
             shard.spare_nodes += 1;
+        }
+        if hit.algorithm == Algorithm::TokenBucket {
+            self.with_slot(&mut shard, key, hit.algorithm, now, |slot| {
+                if let State::Bucket { leased, .. } = &mut slot.state {
+                    leased.since = now + 1;
+                }
+                slot.expires_at = now + 1;
+            });
         }
     }
 

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::limit::bucket_scale;
+use crate::limit::{bucket_scale, lease_period};
 
 use super::algorithms::{AHEAD, Leased, drain};
 
@@ -90,8 +90,12 @@ pub(super) fn sliding_log(r: &Receipt, entries: &mut VecDeque<(u64, u64)>, sum: 
 /// past cannot be told from time the bucket would have refilled anyway,
 /// so it stays spent. The debt never goes below zero.
 /// With `lease` set on the hit, the receipt is a lease's (`{unused
-/// tokens, period, tokens leased}`): the lease ends and its unused tokens
-/// go back, never below what other leases hold.
+/// tokens, when it was taken, tokens leased}`): the lease ends and its
+/// unused tokens go back, never below what other leases hold, but only
+/// while it lives (see [`Leased::lives`]): once its life is over the
+/// bucket has refilled over its tokens, and a reset since gave the whole
+/// bucket back, so a give-back that lands then returns nothing. Neither
+/// does a charge's undo from before the state began.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn token_bucket(
     now: u64,
@@ -106,14 +110,17 @@ pub(super) fn token_bucket(
     let (step, k) = bucket_scale(hit.limit, w);
     if hit.lease {
         drain(now, w, (step, k), stamp, debt, leased);
-        leased.end(r.at, r.mark);
+        if !leased.lives(r.at, w) {
+            return;
+        }
+        leased.end(r.at / lease_period(w), r.mark);
         if scale == k {
             *debt = debt.saturating_sub(r.hits.saturating_mul(step));
         }
         *debt = (*debt).max(leased.held() * step);
         return;
     }
-    if scale != k || *stamp < r.at {
+    if scale != k || *stamp < r.at || r.at < leased.since {
         // Another limit's units, or a state older than the charge (it was
         // forgotten and started again): nothing to tell apart.
         return;
