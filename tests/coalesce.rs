@@ -137,3 +137,101 @@ async fn concurrent_hits_share_script_calls_and_stay_exact() {
     on.stop().await;
     off.stop().await;
 }
+
+// ------------------------------------- a lease queued behind a plain hit
+
+use tollgate::clock::ManualClock;
+use tollgate::limit::{Algorithm, Unit, Window};
+use tollgate::storage::{
+    Ahead, BoxFuture, Coalescing, Decision, Hit, MemoryStore, Shard, Store, StoreError,
+};
+
+/// The embedded store answering each call after a pause (tokio's time,
+/// paused in the test): long enough for hits to queue behind it.
+struct Slow(MemoryStore);
+
+impl Store for Slow {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.0.hit(hit).await
+        })
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&self.0)
+    }
+}
+
+fn bucket(entries: &[(String, String)], hits: u64) -> Hit<'_> {
+    Hit {
+        domain: "coalesce",
+        entries,
+        algorithm: Algorithm::TokenBucket,
+        // A token a second, a burst of 10; leases live 10 to 20 s.
+        limit: 10,
+        window: Window::new(Unit::Second, 10).unwrap(),
+        hits,
+        negative: false,
+        usage_reports: false,
+        buckets: 2,
+        burst: 10,
+        shard: Shard::NONE,
+        receipt: true,
+        also: &[],
+        lease: false,
+        ahead: Ahead::NONE,
+    }
+}
+
+/// A token bucket's lease that queues behind another on its limiter
+/// (after a reset generation moved, a replica's cleared map asks again
+/// while its earlier lease call is in flight) goes out as a lease: the store keeps room for its tokens while it
+/// lives, so the bucket does not refill over them, and its answer is the
+/// lease's life. Sent as a plain charge it had no floor.
+#[tokio::test(start_paused = true)]
+async fn a_queued_lease_stays_a_lease() {
+    let clock = ManualClock::at_secs(1_800_028_800);
+    let memory = MemoryStore::new(Arc::new(clock.clone()));
+    let store = Arc::new(Coalescing::new(Arc::new(Slow(memory))));
+    let entries = vec![("user".to_string(), "queued".to_string())];
+    let first = {
+        let (store, entries) = (store.clone(), entries.clone());
+        tokio::spawn(async move {
+            store
+                .hit(Hit {
+                    lease: true,
+                    ..bucket(&entries, 1)
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let lease = {
+        let (store, entries) = (store.clone(), entries.clone());
+        tokio::spawn(async move {
+            store
+                .hit(Hit {
+                    lease: true,
+                    ..bucket(&entries, 5)
+                })
+                .await
+        })
+    };
+    assert!(first.await.unwrap().unwrap().admitted);
+    let d = lease.await.unwrap().unwrap();
+    assert_eq!(store.counts().batches, 1, "the lease was queued");
+    assert!(d.admitted, "{d:?}");
+    assert!(
+        (10_000_000..=20_000_000).contains(&d.reset_micros),
+        "the answer is the lease's life: {d:?}"
+    );
+    // Three seconds refill three tokens: 6 owed less 3, but the 6 leased
+    // keep their room: 4 left, not 7.
+    clock.advance_secs(3);
+    let check = store.hit(bucket(&entries, 0)).await.unwrap();
+    assert_eq!(
+        check.remaining, 4,
+        "the bucket refilled over the queued lease: {check:?}"
+    );
+}

@@ -16,7 +16,10 @@
 //!
 //! Limiters are found by a fingerprint of their identity and confirmed by
 //! comparing the parts (as in the over-limit cache); an owned identity is
-//! built once per call in flight. A std mutex guards the map and is never
+//! built once per call in flight. A hit queues only behind hits it can go
+//! out with unchanged: a token bucket's leases ([`Hit::lease`]) behind
+//! leases, other hits behind other hits, and the batch keeps the flag; a
+//! lease reserving hits ahead goes alone. A std mutex guards the map and is never
 //! held across an `.await`.
 
 use std::collections::HashMap;
@@ -60,6 +63,11 @@ struct Shared {
 struct Flight {
     serial: u64,
     id: LimiterId,
+    /// Whether its hits are token bucket leases ([`Hit::lease`]): the one
+    /// part of a hit beyond its identity and cost that changes what the
+    /// store does with it, so only hits that agree on it queue together,
+    /// and the batch goes out with it.
+    lease: bool,
     queue: Vec<Waiter>,
 }
 
@@ -98,7 +106,7 @@ impl Shared {
 
     /// Takes the queue of a flight (at most [`MAX_BATCH`] hits of it), or
     /// ends the flight when nothing waits.
-    fn take_queue(&self, fingerprint: u64, serial: u64) -> Option<(LimiterId, Vec<Waiter>)> {
+    fn take_queue(&self, fingerprint: u64, serial: u64) -> Option<(LimiterId, bool, Vec<Waiter>)> {
         let mut flights = self.lock();
         let at = position(&flights, fingerprint, serial)?;
         let flight = &mut flights.get_mut(&fingerprint)?[at];
@@ -108,12 +116,12 @@ impl Shared {
         }
         let take = flight.queue.len().min(MAX_BATCH);
         let waiters = flight.queue.drain(..take).collect();
-        Some((flight.id.clone(), waiters))
+        Some((flight.id.clone(), flight.lease, waiters))
     }
 
     /// Sends the queued hits of a flight in batches until none are left.
     async fn drain(self: Arc<Self>, fingerprint: u64, serial: u64) {
-        while let Some((id, waiters)) = self.take_queue(fingerprint, serial) {
+        while let Some((id, lease, waiters)) = self.take_queue(fingerprint, serial) {
             // Callers that stopped waiting are not counted.
             let waiters: Vec<Waiter> = waiters
                 .into_iter()
@@ -122,7 +130,10 @@ impl Shared {
             let Some(first) = waiters.first() else {
                 continue;
             };
-            let hit = id.hit(first.cost);
+            let hit = Hit {
+                lease,
+                ..id.hit(first.cost)
+            };
             let more: Vec<Cost> = waiters[1..].iter().map(|w| w.cost).collect();
             self.batches.fetch_add(1, Ordering::Relaxed);
             self.coalesced_hits
@@ -207,14 +218,17 @@ impl Store for Coalescing {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         if !hit.ahead.is_none() {
             // A lease reserving hits ahead goes alone: a batch carries
-            // costs, not reservations.
+            // costs (and the lease flag), not reservations.
             return self.shared.inner.hit(hit);
         }
         let fingerprint = hit.fingerprint();
         let serial = {
             let mut flights = self.shared.lock();
             let bucket = flights.entry(fingerprint).or_default();
-            if let Some(flight) = bucket.iter_mut().find(|f| hit.is(&f.id)) {
+            if let Some(flight) = bucket
+                .iter_mut()
+                .find(|f| f.lease == hit.lease && hit.is(&f.id))
+            {
                 let (answer, answered) = oneshot::channel();
                 flight.queue.push(Waiter {
                     cost: hit.cost(),
@@ -233,6 +247,7 @@ impl Store for Coalescing {
             bucket.push(Flight {
                 serial,
                 id: hit.to_id(),
+                lease: hit.lease,
                 queue: Vec::new(),
             });
             serial

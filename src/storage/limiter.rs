@@ -131,7 +131,9 @@ impl LimiterId {
 }
 
 impl LimiterId {
-    /// A hit on this limiter with the given cost.
+    /// A hit on this limiter with the given cost: not a lease, reserving
+    /// nothing ahead (a layer that rebuilds a hit of either kind sets
+    /// them, as coalescing sets [`Hit::lease`]).
     pub fn hit(&self, cost: Cost) -> Hit<'_> {
         Hit {
             domain: &self.domain,
