@@ -15,8 +15,9 @@ never exceed the upstream's quota however many run at once.
 (docs/deploy.md, section 7, has the whole run.) The gRPC stubs are
 generated from this repository's proto/ at start. It stops with a message
 and exit code 1 when the server has no limit for the budget (a server
-without examples/client/rules, or another domain) and when one call costs
-more than the whole limit (it could never pass).
+without examples/client/rules, or another domain) and when tollgate says
+a call can never pass: OVER_LIMIT with no `duration_until_reset`, its
+answer to a cost above the limit (waiting would never help).
 """
 
 import argparse
@@ -82,11 +83,18 @@ def main():
                    if unknown else
                    f"no rule of domain {args.domain!r} limits upstream_api={args.api}")
             sys.exit(f"{why}: no budget applies (is it serving examples/client/rules?)")
-        limit = status.current_limit.requests_per_unit
-        if args.cost > limit:
+        if answer.overall_code == over and not status.HasField("duration_until_reset"):
+            # No time to wait for: tollgate's answer to a cost that can
+            # never pass (README, "Answers"). Retrying would loop forever.
+            limit = status.current_limit.requests_per_unit
             unit = rls.RateLimitResponse.RateLimit.Unit.Name(status.current_limit.unit).lower()
-            sys.exit(f"a call costs {args.cost} but the whole budget is {limit} per {unit}: "
-                     "it can never pass")
+            if args.cost > limit:
+                sys.exit(f"a call costs {args.cost} but the whole budget is {limit} per {unit}: "
+                         "it can never pass")
+            # Within the rate: above a token bucket's burst, or a store
+            # failure the server's policy refused.
+            sys.exit(f"a call costs {args.cost} and tollgate gives no time to retry "
+                     f"(budget {limit} per {unit}): it can never pass as it is")
         if answer.overall_code == over:
             reset = status.duration_until_reset
             wait = reset.seconds + reset.nanos / 1e9

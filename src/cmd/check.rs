@@ -266,6 +266,24 @@ pub fn render(req: &RateLimitRequest, resp: &RateLimitResponse) -> String {
         if let Some(d) = &s.duration_until_reset {
             let secs = d.seconds as f64 + f64::from(d.nanos) / 1e9;
             let _ = write!(out, " reset={secs:.3}s");
+        } else if let Some(l) = &s.current_limit
+            && s.code == Code::OverLimit as i32
+        {
+            // Refused with no time to wait for: tollgate's answer to a
+            // cost no call can ever pass (README, "Answers").
+            let cost = req.hits_addend.max(1);
+            if cost > l.requests_per_unit {
+                let _ = write!(
+                    out,
+                    " can never pass: cost {cost} > limit {}",
+                    l.requests_per_unit
+                );
+            } else {
+                let _ = write!(
+                    out,
+                    " no reset: cost {cost} can never pass (above a token bucket's burst), or the store failed and the policy denied"
+                );
+            }
         }
         out.push('\n');
     }

@@ -1,5 +1,13 @@
 //! From a store's answer (or its failure) to a descriptor's status: the
 //! failure policies, and the rule's counters.
+//!
+//! A refused cost above the limit ([`AppliedLimit::capacity`]: a token
+//! bucket's burst; each limit of a `rate_limits:` list on its own) can
+//! never pass, whenever it is retried. Its status stays OVER_LIMIT (never
+//! failing open) and keeps `limit`, so Envoy's headers still say the
+//! limit, but it carries no reset: a client that honours the reset would
+//! otherwise retry forever. A usage report is not such a call: its cost
+//! was spent already, and the reset says when the debt it left is paid.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -80,27 +88,52 @@ impl Engine {
             }
             Some(Ok(decision)) if !also.is_empty() => {
                 // A `rate_limits:` list: each limit's rule counts its own
-                // answer; the status names the limit the answer describes.
+                // answer; the status names the limit the answer describes,
+                // or the first the cost is above (it never passes).
+                let hits = descriptor.hits.unwrap_or(request_hits);
                 if !descriptor.negative && counted {
-                    let hits = descriptor.hits.unwrap_or(request_hits);
                     self.count_parts(entries, &steps, hits, (rule, &limit), &also, &decision);
                 }
-                let which = decision.which();
-                let limit = match which.checked_sub(1).and_then(|i| also.into_iter().nth(i)) {
-                    Some((_, limit)) => limit,
-                    None => limit,
+                let never = (0..=also.len()).find(|&i| {
+                    let part = match i.checked_sub(1) {
+                        Some(i) => &also[i].1,
+                        None => &limit,
+                    };
+                    never_passes(part, hits, descriptor, &decision)
+                });
+                let which = never.unwrap_or_else(|| decision.which());
+                // What that limit has left, when the answer says it.
+                let own = never
+                    .and_then(|i| decision.group.as_ref()?.parts.get(i))
+                    .map(|part| part.remaining);
+                let (rule, limit) = match which.checked_sub(1).and_then(|i| also.into_iter().nth(i))
+                {
+                    Some((rule, limit)) => (Some(rule), limit),
+                    None => (rule, limit),
                 };
-                limited_status(limit, decision, descriptor.negative)
+                let mut status = limited_status(limit, decision, descriptor.negative);
+                if never.is_some() {
+                    self.cannot_pass(rule, &mut status);
+                }
+                if let Some(remaining) = own {
+                    status.remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
+                }
+                status
             }
             Some(Ok(decision)) => {
+                let hits = descriptor.hits.unwrap_or(request_hits);
                 if let Some(rule) = rule
                     && !descriptor.negative
                     && counted
                 {
-                    let hits = descriptor.hits.unwrap_or(request_hits);
                     self.count(rule, entries, &steps, hits, &limit, &decision);
                 }
-                limited_status(limit, decision, descriptor.negative)
+                let never = never_passes(&limit, hits, descriptor, &decision);
+                let mut status = limited_status(limit, decision, descriptor.negative);
+                if never {
+                    self.cannot_pass(rule, &mut status);
+                }
+                status
             }
             Some(Err(failure)) => {
                 let policy = match failure {
@@ -184,6 +217,16 @@ impl Engine {
         }
     }
 
+    /// Marks a refused status whose cost can never pass: no reset (see
+    /// the module's docs), and counted on its rule.
+    fn cannot_pass(&self, rule: Option<&Rule>, status: &mut Status) {
+        status.reset = None;
+        if let Some(rule) = rule {
+            self.stats
+                .record_cost_above_limit(&rule.source.file, &rule.path);
+        }
+    }
+
     fn count_failure(&self, failure: &Failure, policy: FailurePolicy) {
         let s = &self.stats;
         let counter = match (failure, policy) {
@@ -253,6 +296,12 @@ pub(super) fn metric_label(
         }
     }
     Some(out)
+}
+
+/// Whether `d`, a refusal of a cost of `hits` under `limit`, refused what
+/// no call can ever be admitted.
+fn never_passes(limit: &AppliedLimit, hits: u64, descriptor: &Descriptor, d: &Decision) -> bool {
+    !d.admitted && !descriptor.negative && !limit.usage_reports && hits > limit.capacity()
 }
 
 fn limited_status(limit: AppliedLimit, d: Decision, negative: bool) -> Status {

@@ -1,8 +1,8 @@
 //! The engine's settings and the counts of what requests met.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::limit::{Algorithm, FailurePolicy};
 
@@ -88,6 +88,13 @@ pub struct EngineStats {
     /// override): labels from the rule files only. A std mutex: resets are
     /// rare, and it is never held across an `.await`.
     resets: Mutex<BTreeMap<(String, String), u64>>,
+    /// Calls refused because their cost is above the limit (they can
+    /// never pass), by rule: its file, then its path (a file is one
+    /// domain's, so the metric names the domain from the rules in force).
+    /// Labels from the rule files only; a request override's belong to
+    /// no rule. A std mutex, never held across an `.await`, taken only by
+    /// such calls.
+    cost_above_limit: Mutex<BTreeMap<Arc<str>, BTreeMap<String, u64>>>,
 }
 
 impl EngineStats {
@@ -96,6 +103,34 @@ impl EngineStats {
         *resets
             .entry((domain.to_string(), rule.to_string()))
             .or_default() += 1;
+    }
+
+    pub(super) fn record_cost_above_limit(&self, file: &Arc<str>, path: &str) {
+        let mut counts = self
+            .cost_above_limit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let rules = counts.entry(file.clone()).or_default();
+        match rules.get_mut(path) {
+            Some(n) => *n += 1,
+            None => {
+                rules.insert(path.to_string(), 1);
+            }
+        }
+    }
+
+    /// Calls refused so far because their cost is above the limit of the
+    /// rule at `path` in the rule file `file`.
+    pub fn cost_above_limit(&self, file: &str, path: &str) -> u64 {
+        let counts = self
+            .cost_above_limit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        counts
+            .get(file)
+            .and_then(|rules| rules.get(path))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Limiters reset so far, by domain and rule path.

@@ -74,6 +74,20 @@ pub struct AppliedLimit {
     pub lease: bool,
 }
 
+impl AppliedLimit {
+    /// The largest cost one call can ever be admitted: a token bucket's
+    /// burst (it never holds more tokens), the limit for the other
+    /// algorithms; of a sharded limit, the largest shard's share (one
+    /// shard decides a hit). A `rate_limits:` list has one per limit.
+    pub fn capacity(&self) -> u64 {
+        let whole = match self.algorithm {
+            Algorithm::TokenBucket if self.burst > 0 => self.burst,
+            _ => u64::from(self.requests_per_unit),
+        };
+        crate::storage::shards::share(whole, self.shards, 0)
+    }
+}
+
 /// The answer for one descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
@@ -82,6 +96,10 @@ pub struct Status {
     pub limit: Option<AppliedLimit>,
     /// `u32::MAX` for unlimited descriptors, 0 when no limit applies.
     pub remaining: u32,
+    /// When a call of this cost may pass. `None` on an OVER_LIMIT status
+    /// with a limit says no such time is known, so waiting does not help:
+    /// the cost is above the limit (see [`AppliedLimit::capacity`]) and
+    /// can never pass, or the store failed and the policy denied.
     pub reset: Option<Duration>,
 }
 

@@ -1,7 +1,7 @@
 //! The engine's instruments, read at collection time from its counters
 //! ([`EngineStats`]): store failures and overloads by the answer given,
-//! deadlines, and the charges of `count_refused: false` limiters taken
-//! back or lost.
+//! deadlines, the charges of `count_refused: false` limiters taken back or
+//! lost, and the calls whose cost is above the limit.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
-use crate::engine::EngineStats;
+use crate::engine::{EngineStats, RulesHandle};
 
 pub(super) fn register(meter: &Meter, stats: Arc<EngineStats>) {
     let engine = stats.clone();
@@ -79,5 +79,30 @@ pub(super) fn register(meter: &Meter, stats: Arc<EngineStats>) {
             "Charges of count_refused: false limiters that could not be taken back (the store failed or was overloaded): they stay counted",
         )
         .with_callback(move |o| o.observe(stats.undos_lost.load(Relaxed), &[]))
+        .build();
+}
+
+/// `tollgate_cost_above_limit_total{domain,rule}`: per rule in force, as
+/// the rule counters are, so a rule dropped by a reload is no longer
+/// exported and one kept (same file and path) keeps its count.
+pub(super) fn register_cost_above_limit(
+    meter: &Meter,
+    stats: Arc<EngineStats>,
+    rules: RulesHandle,
+) {
+    meter
+        .u64_observable_counter("tollgate.cost_above_limit")
+        .with_description(
+            "Calls refused because their cost is above the rule's limit (a token bucket's burst; each limit of a rate_limits list): they can never pass, and their answer carries no duration_until_reset",
+        )
+        .with_callback(move |o| {
+            for (domain, rule) in rules.current().rules() {
+                let attrs = [
+                    KeyValue::new("domain", domain.to_string()),
+                    KeyValue::new("rule", rule.path.clone()),
+                ];
+                o.observe(stats.cost_above_limit(&rule.source.file, &rule.path), &attrs);
+            }
+        })
         .build();
 }

@@ -424,6 +424,7 @@ fn register_observers(meter: &Meter, s: Sources) {
         .build();
 
     engine::register(meter, s.engine.clone());
+    engine::register_cost_above_limit(meter, s.engine.clone(), s.rules.clone());
 
     let store = s.store.clone();
     meter
