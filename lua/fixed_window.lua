@@ -9,7 +9,10 @@
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
 --          take back what a receipt says a call recorded (undo): ARGV[3]
 --          hits in the window ARGV[7] (calendar: ARGV[11]), only while
---          that window is current or one of the seven after it
+--          that window is current or one of the seven after it, and not
+--          where the hits may have been recorded before the limiter's
+--          last reset (`x`): in the window the reset fell in, or for a
+--          reservation in one of the seven before that window
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
@@ -33,6 +36,10 @@
 -- per hit in order (a refusal where shares hold part of the window: reset
 -- at most a second); with receipts, each followed by {hits recorded, window
 -- index, windows reserved after it}. Undo returns {1}.
+-- After a reset (src/storage/redis/reset.rs) the hash holds `x`: when
+-- it was reset (microseconds), kept until the seventh window after the
+-- reset's ends, so that a give-back recorded before it takes nothing off
+-- the fresh count.
 -- The hash also holds, where a lease reserved hits ahead, `r<index>`: hits
 -- reserved in the window of that index (one of the seven after w), which
 -- are that window's count when it comes, and `r`: the last such index;
@@ -83,7 +90,7 @@ if ARGV[6] == '3' and w > 0 then
   tail = 9
 end
 
-local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'r', 'q')
+local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'r', 'q', 'x')
 local sw = tonumber(st[1])
 local current = sw == idx
 local count = 0
@@ -107,6 +114,18 @@ if ql and ql >= idx then
 end
 -- Reservations changed by this call: window index -> hits.
 local moved = nil
+-- The last reset, and the last window whose give-backs it refuses (the
+-- hash is kept until that window ends).
+local reset_at = tonumber(st[5])
+local reset_keep = nil
+if reset_at then
+  if w > 0 then
+    reset_keep = math.floor(reset_at / w) + 7
+    if reset_keep < idx then reset_keep = nil end
+  elseif reset_at >= idx * 1000000 then
+    reset_keep = idx
+  end
+end
 
 -- Straight-line code, no closures: this runs once per decision, and the
 -- interpreter's work here is a measurable share of Redis's CPU.
@@ -116,7 +135,18 @@ local i = 3
 if ARGV[4] == '2' then
   local at = tonumber(ARGV[tail])
   local hits = tonumber(ARGV[3])
-  if at == idx then
+  if reset_at then
+    -- The first window whose calls may have recorded it: its own, or for
+    -- a reservation the earliest that could have reserved it.
+    local first = at
+    if at > idx then first = at - 7 end
+    local start
+    if w > 0 then start = first * w else start = first * 1000000 end
+    if reset_at >= start then hits = 0 end
+  end
+  if hits == 0 then
+    -- Nothing to take back.
+  elseif at == idx then
     count = count - hits
     if count < 0 then count = 0 end
   elseif last and at > idx and at <= last then
@@ -197,6 +227,7 @@ if count ~= before or moved then
   -- shares.
   local keep = until_
   if ql and ql >= idx and (not keep or ql > keep) then keep = ql end
+  if reset_keep and (not keep or reset_keep > keep) then keep = reset_keep end
   if not current and last and sw then
     -- Windows gone by since the stored one: their reservations (the
     -- current window's now in its count) are dropped.

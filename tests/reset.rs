@@ -614,3 +614,210 @@ async fn the_cli_resets_through_the_binary() {
     let (code, _, _) = reset(&["--domain", &domain]);
     assert_eq!(code, Some(64), "--descriptor is required");
 }
+
+// ------------------------------------------- give-backs across a reset
+
+use std::sync::Arc;
+
+use tollgate::clock::{ManualClock, SystemClock};
+use tollgate::limit::{Algorithm, Unit};
+use tollgate::storage::lease::Leasing;
+use tollgate::storage::{
+    Ahead, BoxFuture, Hit, MemoryStore, RedisConfig, RedisStore, Shard, Store, StoreError,
+};
+
+fn fixed<'a>(entries: &'a [(String, String)], limit: u64, unit: Unit, hits: u64) -> Hit<'a> {
+    Hit {
+        domain: "giveback",
+        entries,
+        algorithm: Algorithm::FixedWindow,
+        limit,
+        window: unit.into(),
+        hits,
+        negative: false,
+        usage_reports: false,
+        buckets: 2,
+        burst: 0,
+        shard: Shard::NONE,
+        receipt: false,
+        also: &[],
+        lease: false,
+        ahead: Ahead::NONE,
+    }
+}
+
+/// Hits of one until the first refusal (at most `most`): how many passed.
+async fn admitted(store: &dyn Store, h: Hit<'_>, most: u64) -> u64 {
+    for n in 0..most {
+        if !store.hit(h).await.expect("the store answers").admitted {
+            return n;
+        }
+    }
+    most
+}
+
+/// A fixed window's give-back (a lease of 5 hits, with its receipt) that
+/// lands after the reset deleted the count it was recorded in takes
+/// nothing off the fresh count: after the reset the window admits its
+/// limit, 10, and no more.
+async fn a_give_back_after_a_reset_takes_nothing(store: &dyn Store) {
+    let entries = vec![("user".to_string(), unique_domain("giveback"))];
+    let h = fixed(&entries, 10, Unit::Day, 1);
+    let lease = Hit {
+        hits: 5,
+        receipt: true,
+        ..h
+    };
+    let d = store.hit(lease).await.unwrap();
+    let r = d.receipt.expect("a weighted hit with a receipt");
+    store.reset(h).await.unwrap();
+    let fresh = admitted(store, h, 20).await;
+    assert_eq!(
+        fresh,
+        10,
+        "{}: the whole limit after the reset",
+        store.kind()
+    );
+    store.undo(lease, r).await.unwrap();
+    let after = admitted(store, h, 20).await;
+    assert_eq!(
+        after,
+        0,
+        "{}: the give-back from before the reset took {after} hits off the fresh count",
+        store.kind()
+    );
+}
+
+#[tokio::test]
+async fn a_give_back_after_a_reset_takes_nothing_on_the_embedded_store() {
+    a_give_back_after_a_reset_takes_nothing(&MemoryStore::new(Arc::new(SystemClock))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_after_a_reset_takes_nothing_on_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(RedisConfig {
+        url: server.url(),
+        command_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    })
+    .await
+    .expect("valid settings");
+    assert!(store.wait_ready(Duration::from_secs(20)).await, "not ready");
+    a_give_back_after_a_reset_takes_nothing(&store).await;
+}
+
+/// Hits a lease reserved in the next windows, given back after a reset
+/// and a new lease's reservations, take nothing off the new ones: the
+/// next window admits its limit less what the new lease reserved.
+#[tokio::test]
+async fn a_reservation_given_back_after_a_reset_takes_nothing() {
+    let clock = ManualClock::at_secs(1_800_028_800);
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let entries = vec![("user".to_string(), "reserved".to_string())];
+    let h = fixed(&entries, 10, Unit::Second, 1);
+    let lease = Hit {
+        hits: 2,
+        receipt: true,
+        ahead: Ahead {
+            windows: 7,
+            hits: 3,
+        },
+        ..h
+    };
+    let old = store.hit(lease).await.unwrap().receipt.unwrap();
+    store.reset(h).await.unwrap();
+    let new = store.hit(lease).await.unwrap().receipt.unwrap();
+    assert_eq!(new.mark, 7, "{new:?}");
+    // The old lease gives back its reservation of the next window.
+    let next = tollgate::storage::Receipt {
+        hits: 3,
+        at: old.at + 1,
+        mark: 0,
+        ..old
+    };
+    store.undo(lease, next).await.unwrap();
+    clock.advance_secs(1);
+    assert_eq!(
+        admitted(&store, h, 20).await,
+        7,
+        "the next window holds the new lease's 3"
+    );
+}
+
+/// The embedded store under a leasing layer, its resets held until the
+/// test lets them through.
+struct HeldResets {
+    inner: MemoryStore,
+    open: tokio::sync::Semaphore,
+}
+
+impl Store for HeldResets {
+    fn hit<'a>(
+        &'a self,
+        hit: Hit<'a>,
+    ) -> BoxFuture<'a, Result<tollgate::storage::Decision, StoreError>> {
+        self.inner.hit(hit)
+    }
+
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.open.acquire().await.expect("open").forget();
+            self.inner.reset(hit).await
+        })
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&self.inner)
+    }
+}
+
+/// A lease asked while the store's reset is under way (its hits counted
+/// in the count the reset then deletes) is not kept past the reset: after
+/// it, the replica admits the window's limit, 100, and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_asked_during_a_reset_is_not_kept() {
+    let clock = ManualClock::at_secs(1_800_028_800 + 10);
+    let held = Arc::new(HeldResets {
+        inner: MemoryStore::new(Arc::new(clock.clone())),
+        open: tokio::sync::Semaphore::new(0),
+    });
+    let replica = Arc::new(Leasing::new(held.clone(), Arc::new(clock.clone())));
+    let entries = vec![("user".to_string(), "during".to_string())];
+    let h = Hit {
+        lease: true,
+        ..fixed(&entries, 100, Unit::Minute, 1)
+    };
+    // Demand enough for leases of several hits.
+    for _ in 0..20 {
+        assert!(replica.hit(h).await.unwrap().admitted);
+        clock.advance_micros(10_000);
+    }
+    let reset = {
+        let replica = replica.clone();
+        let entries = entries.clone();
+        tokio::spawn(async move {
+            let h = fixed(&entries, 100, Unit::Minute, 1);
+            replica.reset(h).await
+        })
+    };
+    // The reset is under way: this replica forgot its lease and asks again.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let taken_before = replica.counts().taken;
+    let mut during = 0;
+    while replica.counts().taken == taken_before && during < 200 {
+        assert!(replica.hit(h).await.unwrap().admitted);
+        during += 1;
+    }
+    assert!(
+        replica.counts().taken > taken_before,
+        "a lease was taken during the reset"
+    );
+    held.open.add_permits(1);
+    reset.await.unwrap().unwrap();
+    let after = admitted(&*replica, h, 300).await;
+    assert!(
+        after <= 100,
+        "{after} admitted after the reset, limit 100: a lease from before it was kept"
+    );
+}

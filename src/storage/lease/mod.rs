@@ -75,10 +75,14 @@
 //!   larger cost needs a new one goes back first. A window's end forgets
 //!   its unused leases (they counted in a window that is over).
 //! - **Resets.** A reset through this replica forgets its lease of that
-//!   limiter at once; a reset through another moves the store's reset
-//!   generation, which this replica reads (Redis: every 200 ms) and then
-//!   forgets every lease it holds, and a lease asked across a move is not
-//!   kept. Until it reads the move, a replica may still admit what it
+//!   limiter at once and again when the store's reset is done, and a
+//!   lease asked before it is done is not kept; a reset through another
+//!   moves the store's reset generation, which this replica reads (Redis:
+//!   every 200 ms) and then forgets every lease it holds, and a lease
+//!   asked across a move is not kept. A give-back that lands after a
+//!   reset takes nothing from the fresh count: the store keeps when the
+//!   limiter was reset (a fixed window) or when its state began (a token
+//!   bucket), and refuses what may have been recorded before. Until it reads the move, a replica may still admit what it
 //!   held of a lease taken before the reset: at most a lease, a tenth of
 //!   the limit, per replica.
 //! - **Lost leases.** A replica that stops holds its unused tokens in the
@@ -316,6 +320,29 @@ impl Leasing {
         (self.follow_resets(), self.resets.load(Ordering::Acquire))
     }
 
+    /// The resets as they stand, without forgetting any lease (safe under
+    /// a map's lock).
+    fn generation_now(&self) -> (u64, u64) {
+        (
+            self.inner.reset_generation(),
+            self.resets.load(Ordering::Acquire),
+        )
+    }
+
+    /// Forgets this replica's lease of `hit`'s limiter.
+    fn forget(&self, hit: &Hit<'_>) {
+        let leased = Hit {
+            lease: true,
+            ..*hit
+        };
+        self.with_held(&leased, self.clock.now_micros(), |h| {
+            h.tokens = 0;
+            h.receipt = None;
+            h.tight_until = 0;
+            h.ahead.clear();
+        });
+    }
+
     async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
         let generation = self.resets_seen();
         let mut now = self.clock.now_micros();
@@ -393,14 +420,17 @@ impl Leasing {
         self.counters
             .reserved_hits
             .fetch_add(reserved_hits, Ordering::Relaxed);
-        if self.resets_seen() != generation {
-            // The lease may predate a reset: its hits are not used.
-            return Ok(Decision::new(true, d.remaining, d.reset_micros));
-        }
+        self.follow_resets();
         let left = size - hit.hits;
         // A lease asked concurrently may have landed meanwhile: the older
         // one's unused hits go back.
-        let (older, reset) = self.with_held(&hit, answered, |h| {
+        let kept = self.with_held(&hit, answered, |h| {
+            // Under the map's lock, which a reset takes to forget the
+            // lease after the store's reset: a lease asked before a reset
+            // completed is either refused here or forgotten by it.
+            if self.generation_now() != generation {
+                return None;
+            }
             let older = h.take_unused(now, &self.counters);
             h.tokens = left;
             h.receipt = d.receipt;
@@ -410,8 +440,12 @@ impl Leasing {
             h.store_left_until = until;
             h.leased_at = now;
             h.ahead.extend(reserved);
-            (older, h.local_reset(now))
+            Some((older, h.local_reset(now)))
         });
+        let Some((older, reset)) = kept else {
+            // The lease may predate a reset: its hits are not used.
+            return Ok(Decision::new(true, d.remaining, d.reset_micros));
+        };
         drop(asking);
         self.give_back(&hit, older).await;
         Ok(Decision::new(true, d.remaining.saturating_add(left), reset))
@@ -502,18 +536,21 @@ impl Store for Leasing {
     }
 
     /// Forgets this replica's lease of the limiter (the reset gives the
-    /// whole limit back; what the lease held is not given again), then
-    /// resets it below.
+    /// whole limit back; what the lease held is not given again), resets
+    /// it below, and once that is done moves this replica's resets again
+    /// and forgets the lease again: a lease asked before the store's reset
+    /// completed counted in what the reset deleted, so it is refused when
+    /// its answer comes after this, and forgotten here when it came
+    /// before.
     fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
-        self.resets.fetch_add(1, Ordering::AcqRel);
-        let leased = Hit { lease: true, ..hit };
-        self.with_held(&leased, self.clock.now_micros(), |h| {
-            h.tokens = 0;
-            h.receipt = None;
-            h.tight_until = 0;
-            h.ahead.clear();
-        });
-        self.inner.reset(hit)
+        Box::pin(async move {
+            self.resets.fetch_add(1, Ordering::AcqRel);
+            self.forget(&hit);
+            let done = self.inner.reset(hit).await;
+            self.resets.fetch_add(1, Ordering::AcqRel);
+            self.forget(&hit);
+            done
+        })
     }
 
     fn gauges(&self) -> StoreGauges {

@@ -133,6 +133,12 @@ struct Shard {
     /// Nodes of removed limiters: hashlink keeps them for the next insert
     /// and frees them only in `shrink_to_fit`, so they still take memory.
     spare_nodes: usize,
+    /// Fixed windows reset here, by key: when (microseconds), and until
+    /// when that matters (the end of the seventh window after the reset's,
+    /// the last a hit reserved before it may name). A give-back recorded
+    /// before the reset finds its count gone: see [`undo::fixed_window`].
+    /// Few (a reset is an operator's call) and swept with the limiters.
+    resets: std::collections::HashMap<String, (u64, u64)>,
 }
 
 impl Shard {
@@ -168,6 +174,7 @@ impl Shard {
         });
         self.held = self.held.saturating_sub(freed);
         self.spare_nodes += removed;
+        self.resets.retain(|_, &mut (_, until)| until > now);
         if self.spare_nodes > self.slots.len() / 4 {
             self.compact();
         }
@@ -395,9 +402,11 @@ impl MemoryStore {
     }
 
     /// Forgets `hit`'s limiter, under its shard's lock: the next hit finds
-    /// it new. A token bucket's new state begins after this instant (its
-    /// script's `b`), so that a lease or charge taken before the reset, in
-    /// the same microsecond too, is not given back into it.
+    /// it new. What was recorded before is not taken back from what comes
+    /// after: a fixed window's reset is kept in [`Shard::resets`] (its
+    /// script's `x`), and a token bucket's new state begins after this
+    /// instant (its script's `b`), so that a lease or charge taken before
+    /// the reset, in the same microsecond too, is not given back into it.
     fn forget(&self, hit: &Hit<'_>) {
         let key = self.keys.local(hit);
         let now = self.clock.now_micros();
@@ -409,7 +418,16 @@ impl MemoryStore {
                 .saturating_sub(entry_bytes(held.capacity()) + state_bytes(&slot));
             shard.spare_nodes += 1;
         }
-        if hit.algorithm == Algorithm::TokenBucket {
+        if hit.algorithm == Algorithm::FixedWindow {
+            let span = hit.window.span(now);
+            let ahead = match hit.window.zone() {
+                None => algorithms::AHEAD as u64 * hit.window.micros(),
+                Some(_) => 0,
+            };
+            shard
+                .resets
+                .insert(key, (now, span.end.saturating_add(ahead)));
+        } else if hit.algorithm == Algorithm::TokenBucket {
             self.with_slot(&mut shard, key, hit.algorithm, now, |slot| {
                 if let State::Bucket { leased, .. } = &mut slot.state {
                     leased.since = now + 1;

@@ -13,16 +13,39 @@ use super::algorithms::{AHEAD, Leased, drain};
 
 /// Fixed window: the count of the receipt's window, only while that
 /// window is the current one (a later window never counted the hit), or
-/// the hits reserved in it, while it is still to come.
+/// the hits reserved in it, while it is still to come; and only where
+/// what it recorded may not predate the limiter's last reset (`reset_at`):
+/// a reset deleted that count, and the count after it holds other hits.
+/// The receipt names its window, not when it was recorded, so a window
+/// the reset fell in (or, for a reservation, one of the seven windows
+/// before it, which may have reserved it) gives nothing back after a
+/// reset: an error towards refusing.
 pub(super) fn fixed_window(
     now: u64,
     hit: &Hit<'_>,
     r: &Receipt,
-    window: u64,
+    (window, reset_at): (u64, Option<u64>),
     count: &mut u64,
     ahead: &mut [u64; AHEAD],
 ) {
     let idx = hit.window.span(now).index;
+    if let Some(reset_at) = reset_at {
+        // The first window whose calls may have recorded it: its own, or
+        // for a reservation the earliest that could have reserved it.
+        let first = if r.at > idx {
+            r.at.saturating_sub(AHEAD as u64)
+        } else {
+            r.at
+        };
+        let start = match hit.window.zone() {
+            None => first.saturating_mul(hit.window.micros()),
+            // A calendar window's index is its first second.
+            Some(_) => first.saturating_mul(1_000_000),
+        };
+        if reset_at >= start {
+            return;
+        }
+    }
     if window == r.at && idx == r.at {
         *count = count.saturating_sub(r.hits);
     } else if hit.window.zone().is_none() && r.at > window && r.at >= idx {
@@ -136,6 +159,11 @@ pub(super) fn token_bucket(
 /// (locked by the caller).
 pub(super) fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Receipt, now: u64) {
     let w = hit.window.micros();
+    let reset_at = shard
+        .resets
+        .get(key)
+        .filter(|&&(_, until)| now < until)
+        .map(|&(at, _)| at);
     let Some(slot) = shard.slots.get_mut(key) else {
         return;
     };
@@ -146,7 +174,7 @@ pub(super) fn take_back_in(shard: &mut Shard, key: &str, hit: &Hit<'_>, r: &Rece
             count,
             ahead,
             ..
-        } => undo::fixed_window(now, hit, r, *window, count, ahead),
+        } => undo::fixed_window(now, hit, r, (*window, reset_at), count, ahead),
         State::Counter { window, counts } => undo::sliding_counter(now, w, hit, r, *window, counts),
         State::Log { entries, sum } => undo::sliding_log(r, entries, sum),
         State::Bucket {

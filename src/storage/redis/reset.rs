@@ -16,6 +16,27 @@ use super::*;
 /// replica reaches the others' caches within about this long.
 pub(super) const RESET_POLL: Duration = Duration::from_millis(200);
 
+/// A fixed window's reset: its keys deleted, and its state hash left
+/// holding `x`, when it was reset (the server's clock), until the seventh
+/// window after the reset's ends, so that a give-back recorded before the
+/// reset takes nothing off the fresh count (see `lua/fixed_window.lua`).
+///
+/// KEYS     the limiter's keys, its state hash first
+/// ARGV[1]  the window's length in microseconds; 0 for a calendar window
+/// ARGV[2]  a calendar window: how long `x` is kept, in microseconds
+/// Returns 1.
+const RESET_FIXED_LUA: &str = r#"
+redis.call('DEL', unpack(KEYS))
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local w = tonumber(ARGV[1])
+local life = tonumber(ARGV[2])
+if w > 0 then life = (math.floor(now / w) + 8) * w - now end
+redis.call('HSET', KEYS[1], 'x', string.format('%d', now))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(life / 1000)))
+return 1
+"#;
+
 impl RedisStore {
     /// Deletes every key `hit`'s limiter may have (`h`, `z`, `m`: whichever
     /// its algorithm writes) and its lease ledger (`q`, in the slot of the
@@ -36,7 +57,23 @@ impl RedisStore {
             self.command(lease_slot, "DEL", vec![ledger.into_key(Role::Lease)])
                 .await?;
         }
-        self.command(slot, "DEL", keys).await?;
+        if hit.algorithm == Algorithm::FixedWindow {
+            // Deleted and marked in one step: no give-back lands between.
+            let (w, life) = match hit.window.zone() {
+                None => (hit.window.micros(), 0),
+                Some(_) => {
+                    let now = SystemClock.now_micros();
+                    let end = hit.window.span(now).end;
+                    (0, end.saturating_sub(now).saturating_add(1_000_000))
+                }
+            };
+            let mut args = vec![RESET_FIXED_LUA.to_string(), keys.len().to_string()];
+            args.extend(keys);
+            args.extend([w.to_string(), life.to_string()]);
+            self.command(slot, "EVAL", args).await?;
+        } else {
+            self.command(slot, "DEL", keys).await?;
+        }
         let counter = self.inner.keys.resets();
         let step = counter_step().to_string();
         self.command(keys::slot_of(&counter), "INCRBY", vec![counter, step])
