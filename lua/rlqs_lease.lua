@@ -2,7 +2,9 @@
 -- report grants it a share. Same arithmetic as Ledger::report in
 -- src/quota/mod.rs; the units (tokens per fill) are explained there.
 --
--- KEYS[1]  the ledger (hash): holder -> "granted:expires_micros:demand"
+-- KEYS[1]  the ledger (hash): holder -> "granted:expires_micros:demand";
+--          one per limit (the key names the limit's algorithm and window,
+--          so the limits of a `rate_limits:` list never share one)
 -- KEYS[2]  optional: the limiter's state, when requests decided one at a
 --          time count the limit there too, so that shares and those
 --          requests keep one count. A fixed window's (lua/fixed_window.lua;

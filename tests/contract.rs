@@ -1355,6 +1355,7 @@ async fn a_reset_gives_the_whole_limit_back(store: &dyn Store, algorithm: Algori
     let lease = |holder: &'static str| tollgate::storage::LeaseCall {
         domain: &a.domain,
         entries: &a.entries,
+        algorithm: a.algorithm,
         window: a.window,
         holder,
         report: tollgate::quota::Report {

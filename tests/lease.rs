@@ -202,6 +202,7 @@ impl Quota {
                 .lease(LeaseCall {
                     domain: "lease",
                     entries: &entries[k],
+                    algorithm: self.shape.algorithm,
                     window,
                     holder: &self.name,
                     report: Report {

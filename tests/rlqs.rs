@@ -6,6 +6,8 @@
 //! stream whose demand rises, a closed stream's share freed after its time
 //! to live, blanket rules, abandoned buckets and malformed reports.
 
+#[path = "rlqs/meetings.rs"]
+mod meetings;
 mod support;
 
 use std::collections::HashMap;
@@ -58,6 +60,15 @@ descriptors:
         rate_limits:
           - {{unit: second, requests_per_unit: 100}}
           - {{unit: minute, requests_per_unit: 600}}
+      - key: name
+        value: pair
+        rate_limits:
+          - {{unit: minute, requests_per_unit: 6000, algorithm: fixed_window}}
+          - {{unit: minute, requests_per_unit: 60, algorithm: token_bucket}}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {{unit: second, requests_per_unit: 10, algorithm: fixed_window}}
   - key: name
     value: free
   - key: name
@@ -266,6 +277,7 @@ async fn suite(t: &Tollgate, short: &Tollgate, domain: &str) {
     idle_buckets_are_abandoned(t, domain).await;
     a_closed_streams_share_goes_to_the_others(short, domain).await;
     shares_and_requests_keep_one_count(t, domain).await;
+    meetings::a_list_keeps_its_token_bucket(t, domain).await;
 }
 
 /// The tokens per fill of a day's share, from a bucket's assignment.

@@ -13,7 +13,7 @@ use proptest::test_runner::{Config, TestRunner};
 use support::redis::{RedisCluster, RedisServer};
 use support::unique_domain;
 use tollgate::clock::ManualClock;
-use tollgate::limit::Unit;
+use tollgate::limit::{Algorithm, Unit};
 use tollgate::quota::{Grant, Report, Terms};
 use tollgate::storage::{LeaseCall, MemoryStore, RedisConfig, RedisStore, Store};
 
@@ -52,6 +52,7 @@ async fn lease(store: &dyn Store, domain: &str, case: &str, step: &Step, terms: 
         .lease(LeaseCall {
             domain,
             entries: &entries,
+            algorithm: Algorithm::SlidingWindowCounter,
             window: Unit::Second.into(),
             holder: &holder,
             report: Report {
@@ -158,6 +159,7 @@ fn the_ledger_key_shares_the_limiters_slot() {
     let call = LeaseCall {
         domain: "edge",
         entries: &entries,
+        algorithm: Algorithm::FixedWindow,
         window: Unit::Second.into(),
         holder: "r.1",
         report: Report {
@@ -182,4 +184,69 @@ fn the_ledger_key_shares_the_limiters_slot() {
         tollgate::storage::keys::slot_of(&lease),
         tollgate::storage::keys::slot_of(&state)
     );
+}
+
+/// Each limit of a `rate_limits:` list keeps its own ledger, told apart
+/// as their counts are (algorithm and window), and the limit's own hits
+/// (`Hit::ledger`, through which a reset forgets it), sharded or not, find
+/// the ledger its lease calls keep.
+#[test]
+fn each_limit_has_its_ledger_and_its_hits_find_it() {
+    use tollgate::storage::keys::{KeyBuilder, Role};
+    use tollgate::storage::{Ahead, Hit, Shard};
+    let entries = vec![("tenant".to_string(), "acme".to_string())];
+    let keys = KeyBuilder::default();
+    let window = Unit::Minute.into();
+    let call = |algorithm| LeaseCall {
+        domain: "edge",
+        entries: &entries,
+        algorithm,
+        window,
+        holder: "r.1",
+        report: Report {
+            requests: 1,
+            elapsed_secs: 5,
+        },
+        terms: Terms {
+            capacity: 60,
+            fill_secs: 60,
+            hold_micros: 16_000_000,
+        },
+        counted: None,
+    };
+    let hit = |algorithm, shard| Hit {
+        domain: "edge",
+        entries: &entries,
+        algorithm,
+        limit: 60,
+        window,
+        hits: 1,
+        negative: false,
+        usage_reports: true,
+        buckets: 10,
+        burst: 5,
+        shard,
+        receipt: true,
+        also: &[],
+        lease: true,
+        ahead: Ahead::NONE,
+    };
+    let all = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+    ];
+    let mut seen = Vec::new();
+    for algorithm in all {
+        let lease = keys.limiter(&call(algorithm).limiter()).key(Role::Lease);
+        let local = keys.local(&call(algorithm).limiter());
+        for shard in [Shard::NONE, Shard { index: 1, count: 4 }] {
+            let own = hit(algorithm, shard).ledger();
+            assert_eq!(keys.limiter(&own).key(Role::Lease), lease, "{algorithm:?}");
+            assert_eq!(keys.local(&own), local, "{algorithm:?}");
+        }
+        assert!(!seen.contains(&lease), "{lease} is another limit's ledger");
+        seen.push(lease);
+    }
 }

@@ -272,6 +272,7 @@ async fn answer(
                     let call = LeaseCall {
                         domain,
                         entries: &item.identity,
+                        algorithm: rule.and_then(|r| r.algorithm).unwrap_or(default_algorithm),
                         window,
                         holder,
                         report,

@@ -130,6 +130,7 @@ mod tests {
         LeaseCall {
             domain: "d",
             entries,
+            algorithm: Algorithm::FixedWindow,
             window: Unit::Second.into(),
             holder: "stream-1",
             report: quota::Report {

@@ -31,10 +31,12 @@
 //!   with the same unit in another zone (zone names hold no `:`, `{` or
 //!   `}`).
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
-//!   log metadata, `q` the lease ledger of a quota-shared limit, whose
-//!   algorithm part is always `f`: a lease does not depend on the rule's
-//!   algorithm). A token bucket has one key, its `h` hash; its burst is
-//!   not in the key (a changed burst keeps the tokens spent).
+//!   log metadata, `q` the lease ledger of a quota-shared limit: the
+//!   limit's own algorithm and window, so each limit of a `rate_limits:`
+//!   list keeps its own ledger, as it keeps its own count; never sharded,
+//!   and a counter's ledger without its `b` part). A token bucket has one
+//!   key, its `h` hash; its burst is not in the key (a changed burst keeps
+//!   the tokens spent).
 //! * `identity` is the domain then `:key=value` per entry, each part escaped:
 //!   `%`, `:`, `=`, `{`, `}`, space and control bytes become `%XX`. Escaping is
 //!   injective (every `%` in the output starts an escape), so no two different

@@ -167,12 +167,17 @@ impl Hit<'_> {
 }
 
 /// One stream's report on a limiter whose limit is shared by lease (the
-/// Rate Limit Quota Service): the ledger of `domain` and `entries` at
-/// `window` grants `holder` its share. See [`crate::quota`].
+/// Rate Limit Quota Service): the ledger of the limiter `domain` and
+/// `entries` count with `algorithm` over `window` grants `holder` its
+/// share. See [`crate::quota`].
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseCall<'a> {
     pub domain: &'a str,
     pub entries: &'a [(String, String)],
+    /// The limit's algorithm (the rule's, else the default): with the
+    /// window, what tells apart the ledgers of the limits of one
+    /// `rate_limits:` list, as it tells apart their counts.
+    pub algorithm: Algorithm,
     pub window: Window,
     /// Who holds the share: one stream of one replica.
     pub holder: &'a str,
@@ -187,12 +192,14 @@ pub struct LeaseCall<'a> {
 
 impl<'a> LeaseCall<'a> {
     /// The limiter as a hit, for its keys: the lease key shares the
-    /// limiter's hash tag (its slot), with its own role.
+    /// limiter's hash tag (its slot), with its own role; so does the state
+    /// of the fixed window the shares spend. The shape [`Hit::ledger`]
+    /// gives the limit's own hits: one ledger.
     pub fn limiter(&self) -> Hit<'a> {
         Hit {
             domain: self.domain,
             entries: self.entries,
-            algorithm: Algorithm::FixedWindow,
+            algorithm: self.algorithm,
             limit: self.terms.capacity.max(1),
             window: self.window,
             hits: 0,
@@ -207,9 +214,7 @@ impl<'a> LeaseCall<'a> {
             ahead: Ahead::NONE,
         }
     }
-}
 
-impl<'a> LeaseCall<'a> {
     /// The token bucket a share is charged to ([`quota::bucket`]), as a hit
     /// of `hits` (given back when `negative`): the limiter's own, so its
     /// keys share the ledger's slot. A charge is recorded even where the
@@ -228,12 +233,13 @@ impl<'a> LeaseCall<'a> {
 }
 
 impl<'a> Hit<'a> {
-    /// The lease ledger of this limiter's identity, as a hit (for its
-    /// keys): the shape [`LeaseCall::limiter`] gives a lease of the same
-    /// descriptor and window, whatever the algorithm or shard.
+    /// The lease ledger of this limiter, as a hit (for its keys): the
+    /// shape [`LeaseCall::limiter`] gives a lease of the same descriptor,
+    /// algorithm and window, whatever the shard or a counter's buckets.
+    /// Each limit of a `rate_limits:` list has its own (a list never
+    /// counts one window twice with one algorithm).
     pub fn ledger(&self) -> Hit<'a> {
         Hit {
-            algorithm: Algorithm::FixedWindow,
             hits: 0,
             negative: false,
             usage_reports: false,
@@ -241,6 +247,9 @@ impl<'a> Hit<'a> {
             burst: 0,
             shard: Shard::NONE,
             receipt: false,
+            also: &[],
+            lease: false,
+            ahead: Ahead::NONE,
             ..*self
         }
     }

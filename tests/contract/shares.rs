@@ -16,6 +16,7 @@ async fn report(store: &dyn Store, l: &Limiter, holder: &str, requests: u64, hol
     let call = LeaseCall {
         domain: &l.domain,
         entries: &l.entries,
+        algorithm: l.algorithm,
         window: l.window,
         holder,
         report: Report {

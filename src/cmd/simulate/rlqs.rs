@@ -254,6 +254,7 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
                         .lease(LeaseCall {
                             domain: "sim",
                             entries: &entries,
+                            algorithm: tollgate::limit::Algorithm::FixedWindow,
                             window,
                             holder: &holder,
                             report: Report {
