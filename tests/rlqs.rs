@@ -278,6 +278,7 @@ async fn suite(t: &Tollgate, short: &Tollgate, domain: &str) {
     a_closed_streams_share_goes_to_the_others(short, domain).await;
     shares_and_requests_keep_one_count(t, domain).await;
     meetings::a_list_keeps_its_token_bucket(t, domain).await;
+    meetings::a_shared_wildcard_is_one_limit(t, domain).await;
 }
 
 /// The tokens per fill of a day's share, from a bucket's assignment.

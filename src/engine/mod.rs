@@ -144,18 +144,18 @@ impl Engine {
         let plans = self.plan(&rules, req);
         let request_hits = if req.hits == 0 { 1 } else { req.hits };
 
-        // Matching saw the values whole; limiters see long ones as digests,
-        // and values a `share_threshold` wildcard matched as its pattern.
+        // Matching saw the values whole; limiters see them as
+        // `limiter_identity` gives them (as RLQS's buckets do).
         let identities: Vec<_> = req
             .descriptors
             .iter()
             .zip(&plans)
             .map(|(d, plan)| {
-                let entries = identity_entries(&d.entries, self.options.max_value_bytes);
-                match plan {
-                    Plan::Limited(l) if !l.steps.is_empty() => shared_identity(entries, &l.steps),
-                    _ => entries,
-                }
+                let steps = match plan {
+                    Plan::Limited(l) => l.steps.as_slice(),
+                    _ => &[],
+                };
+                limiter_identity(&d.entries, steps, self.options.max_value_bytes)
             })
             .collect();
         // The further limits of each descriptor with a `rate_limits:` list
@@ -382,13 +382,19 @@ fn also_of(limit: &AppliedLimit) -> Also {
     }
 }
 
-/// A descriptor's identity with each value a `share_threshold` wildcard
-/// matched replaced by the pattern (marked, so no value a client sends
-/// equals it): every such value counts on one limiter.
-fn shared_identity<'a>(
-    entries: std::borrow::Cow<'a, [(String, String)]>,
+/// The identity of the limiter a descriptor's `entries` count on, matched
+/// as `steps` say (empty when the rule needs none: see
+/// [`RuleSet::steps`]): each value a `share_threshold` wildcard matched
+/// replaced by the pattern (marked, so no value a client sends equals it),
+/// so every such value counts on one limiter; long values as digests. The
+/// one function both faces use: RLS decisions and resets here, RLQS
+/// buckets in `rlqs::stream`, so that they count on one limiter.
+pub(crate) fn limiter_identity<'a>(
+    entries: &'a [(String, String)],
     steps: &[Step<'_>],
+    max_value_bytes: usize,
 ) -> std::borrow::Cow<'a, [(String, String)]> {
+    let entries = identity_entries(entries, max_value_bytes);
     let shared = |s: &Step<'_>| matches!(s, Step::Wildcard { shared: true, .. });
     if !steps.iter().any(shared) {
         return entries;

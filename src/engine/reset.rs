@@ -7,10 +7,9 @@
 
 use crate::rules::Rule;
 use crate::storage::StoreError;
-use crate::storage::keys::identity_entries;
 
 use super::plan::{Limited, Plan};
-use super::{AppliedLimit, Engine, EngineError, Request, hit_of, shared_identity};
+use super::{AppliedLimit, Engine, EngineError, Request, hit_of, limiter_identity};
 
 /// One limiter a reset forgot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,12 +88,7 @@ impl Engine {
         let mut done = Vec::new();
         for (index, l) in limited {
             let d = &req.descriptors[index];
-            let entries = identity_entries(&d.entries, self.options.max_value_bytes);
-            let entries = if l.steps.is_empty() {
-                entries
-            } else {
-                shared_identity(entries, &l.steps)
-            };
+            let entries = limiter_identity(&d.entries, &l.steps, self.options.max_value_bytes);
             for (rule, limit) in limits(l) {
                 let hit = hit_of(&req.domain, &entries, d, limit, 0);
                 self.store

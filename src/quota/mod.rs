@@ -149,7 +149,8 @@ pub struct Beside {
     pub room: u64,
 }
 
-/// The shares of one limiter, by holder (a stream of one replica).
+/// The shares of one limit, by holder (a stream of one replica, or one
+/// bucket of it where several count on one limiter).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ledger {
     shares: HashMap<String, Share>,

@@ -3,9 +3,11 @@
 //! (RLS). Each Envoy keeps one stream per domain, reports usage per bucket
 //! every few seconds, and enforces the assignment it gets back locally. This
 //! module is the only one that sees the RLQS protocol types: it maps a
-//! bucket id to the rule RLS would apply ([`bucket`]), asks the store's
-//! lease ledger ([`crate::quota`], `Store::lease`) for the stream's share of
-//! a limit, and answers with token buckets Envoy reads correctly.
+//! bucket id to the rule RLS would apply ([`bucket`]) and to the limiter
+//! RLS counts the same entries on (`engine::limiter_identity`: a
+//! `share_threshold` wildcard's values count on one), asks the store's
+//! lease ledger of each limit ([`crate::quota`], `Store::lease`) for the
+//! stream's share, and answers with token buckets Envoy reads correctly.
 //!
 //! What a client controls is decided, never refused: a bucket this server
 //! cannot read (empty id, past the input limits) is skipped, counted and

@@ -20,7 +20,7 @@ use crate::proto::rlqs::{
 };
 use crate::quota::{self, Grant, Report, Terms};
 use crate::rules::LimitSpec;
-use crate::rules::{Counts, Rule};
+use crate::rules::{Counts, Rule, RuleSet};
 use crate::storage::{LeaseCall, StoreError};
 
 /// Lease calls one stream has in flight at once.
@@ -102,10 +102,18 @@ pub(super) async fn run(
 /// One bucket of a report, once read.
 struct Item<'a> {
     usage: &'a UsageReport,
-    /// The entries as a limiter's identity (long values as digests): the
-    /// lease's key, and the stream's, so what a stream keeps per bucket is
-    /// bounded whatever the values' length.
+    /// The entries with long values as digests: the stream's key for the
+    /// bucket, so what a stream keeps per bucket is bounded whatever the
+    /// values' length.
     identity: Vec<(String, String)>,
+    /// The identity of the limiter the bucket counts on, as RLS counts
+    /// the same entries ([`crate::engine::limiter_identity`]): the lease's
+    /// key. A `share_threshold` wildcard's values share one.
+    limiter: Vec<(String, String)>,
+    /// Who holds the bucket's share: the stream, or, on a limiter other
+    /// buckets may share, the stream's bucket (one share each, so none
+    /// overwrites another's).
+    holder: String,
     rule: Option<&'a Rule>,
     plan: Plan,
 }
@@ -208,9 +216,21 @@ async fn answer(
         if let Some(rule) = rule {
             account(rule.stats.counts(), plan, allowed, denied);
         }
+        let max_value = options.ids.max_value_bytes;
+        let (limiter, holder) = counted_on(
+            &rules,
+            &domain,
+            &entries,
+            rule,
+            &identity,
+            &state.holder,
+            max_value,
+        );
         items.push(Item {
             usage,
             identity,
+            limiter,
+            holder,
             rule,
             plan,
         });
@@ -229,7 +249,7 @@ async fn answer(
     let leases: Vec<Lease<'_>> = items
         .iter()
         .map(|item| {
-            let holder = state.holder.as_str();
+            let holder = item.holder.as_str();
             let domain = domain.as_str();
             Box::pin(async move {
                 let Plan::Leased { limit, window } = item.plan else {
@@ -271,7 +291,7 @@ async fn answer(
                     };
                     let call = LeaseCall {
                         domain,
-                        entries: &item.identity,
+                        entries: &item.limiter,
                         algorithm: rule.and_then(|r| r.algorithm).unwrap_or(default_algorithm),
                         window,
                         holder,
@@ -338,6 +358,37 @@ async fn answer(
     Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
         bucket_action: actions,
     }))
+}
+
+/// The limiter a bucket's `entries` count on under `rule`, as RLS counts
+/// them (one function for both: [`crate::engine::limiter_identity`]), and
+/// who holds the bucket's share of it: the stream, or, where other values
+/// count on the same limiter (a `share_threshold` wildcard), the stream's
+/// bucket, so that two buckets of one stream hold a share each and
+/// neither report overwrites the other's. That holder is the stream and a
+/// digest of the bucket's `identity` (the same for the stream's life; a
+/// collision only merges two buckets' shares, as one holder).
+fn counted_on(
+    rules: &RuleSet,
+    domain: &str,
+    entries: &[(String, String)],
+    rule: Option<&Rule>,
+    identity: &[(String, String)],
+    stream: &str,
+    max_value: usize,
+) -> (Vec<(String, String)>, String) {
+    use std::hash::{Hash, Hasher};
+    let steps = match rule {
+        Some(r) if r.share_threshold => rules.steps(domain, entries),
+        _ => Vec::new(),
+    };
+    let limiter = crate::engine::limiter_identity(entries, &steps, max_value).into_owned();
+    if limiter == identity {
+        return (limiter, stream.to_owned());
+    }
+    let mut h = std::hash::DefaultHasher::new();
+    identity.hash(&mut h);
+    (limiter, format!("{stream}/{:016x}", h.finish()))
 }
 
 /// A store failure: the last assignment while it holds (for what is left
