@@ -13,6 +13,7 @@
 
 pub mod clock;
 pub mod engine;
+pub mod guarantees;
 pub mod json;
 pub mod limit;
 pub mod observe;

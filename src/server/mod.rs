@@ -135,6 +135,17 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
             }
         }
     };
+    Ok(layers(backend, settings, clock))
+}
+
+/// The layers one replica puts over a backend it may share with others
+/// (the embedded store or Redis): what `serve` runs, and what the model
+/// checker (`tests/model.rs`) runs per replica over one shared backend.
+pub fn layers(
+    backend: Arc<dyn Store>,
+    settings: &Settings,
+    clock: Arc<dyn Clock>,
+) -> Arc<dyn Store> {
     // The in-flight gate below the cache: refusals the cache answers never
     // wait for a slot. Shards above the cache: a full shard's refusals are
     // answered locally while the others are tried.
@@ -144,7 +155,7 @@ async fn build_store(settings: &Settings, clock: Arc<dyn Clock>) -> anyhow::Resu
     let tracker = HotKeys::new(hotkeys::DEFAULT_CAPACITY, hotkeys::DEFAULT_WINDOW_MICROS);
     let tracked: Arc<dyn Store> = Arc::new(HotKeyStore::new(sharded, clock.clone(), tracker));
     // Outermost: a hit decided from a lease needs nothing below.
-    Ok(Leasing::wrap(tracked, clock))
+    Leasing::wrap(tracked, clock)
 }
 
 /// The quota service's options from the settings.

@@ -1,0 +1,252 @@
+//! What tollgate promises about the hits it admits: one list, by
+//! algorithm and by the features a rule combines. README's Guarantees
+//! table is [`markdown`] of [`TABLE`] (`tests/model.rs` holds the two
+//! equal), and the model checker's oracle (`tests/model.rs`) checks every
+//! limiter's history against [`promise`] of its rule, read from here and
+//! nowhere else.
+//!
+//! A promise is a bound on the hits admitted to one limiter (a rule's
+//! limit for one descriptor value, or for a shared wildcard's pattern),
+//! counted from the answers alone: a descriptor answered OK under a
+//! limit, in an answer whose overall code is OK, admitted its cost. Usage
+//! reports (a descriptor carrying its own cost on a rule with
+//! `usage_reports`) are recorded whatever they answer and admit nothing:
+//! they only take room. Each bound then grows by what the rules say may
+//! add room: hits given back, a reset, the bursts of Envoys' own buckets.
+
+use crate::limit::Algorithm;
+
+/// The shape of a bound on one limiter's admitted hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// Nothing is refused (`shadow_mode`): no bound on what passes.
+    None,
+    /// In every epoch-aligned window (a calendar window in its zone):
+    /// at most the limit.
+    Window,
+    /// In every trailing window of the limit's length: at most the limit.
+    Trailing,
+    /// In every run of `buckets - 1` consecutive epoch-aligned buckets
+    /// (each the window over `buckets - 1`): at most the limit; so at
+    /// most twice the limit in any trailing window.
+    Buckets,
+    /// In any interval of length t: at most burst + rate x t.
+    Bucket,
+}
+
+/// What a rule combines, as far as its bound depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    pub algorithm: Algorithm,
+    pub shadow: bool,
+    pub lease: bool,
+    /// Envoys take quota shares of the limit (RLQS) beside requests.
+    pub rlqs: bool,
+    pub shards: u16,
+    pub calendar: bool,
+}
+
+/// A limiter's bound and what may add to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Promise {
+    pub bound: Bound,
+    /// Hits given back (`is_negative_hits`) make that much room again:
+    /// in the same window (a bucket: within the interval; the sliding
+    /// windows: within two windows before its end).
+    pub given_back: bool,
+    /// After a reset through one replica, each other replica may still
+    /// admit what it held of a lease taken before it, until it reads the
+    /// reset: at most the limit (a bucket: its burst) divided by this, per
+    /// other replica, after the reset. 0: nothing.
+    pub reset_lease_divisor: u64,
+    /// RLQS and RLS on one count: the bound holds for both together, plus
+    /// what the Envoys' own buckets were given at each assignment (their
+    /// bursts). `false` with `rlqs`: each protocol keeps the bound alone.
+    pub one_count: bool,
+}
+
+/// One row of the table: the first row whose `applies` says yes is a
+/// rule's promise.
+pub struct Row {
+    /// The combination, as README's table names it.
+    pub combination: &'static str,
+    pub bound_text: &'static str,
+    pub faults_text: &'static str,
+    /// The tests that check it.
+    pub checked_by: &'static str,
+    pub applies: fn(&Features) -> bool,
+    pub bound: fn(&Features) -> Bound,
+}
+
+fn counted(f: &Features) -> bool {
+    matches!(f.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket)
+        && f.shards <= 1
+        && !f.calendar
+}
+
+fn of_algorithm(f: &Features) -> Bound {
+    match f.algorithm {
+        Algorithm::FixedWindow => Bound::Window,
+        Algorithm::SlidingWindowLog => Bound::Trailing,
+        Algorithm::SlidingWindowCounter => Bound::Buckets,
+        Algorithm::TokenBucket => Bound::Bucket,
+    }
+}
+
+const FAULTS: &str = "replica crashes, wall-clock steps, store errors, calls cut after the write, a slow store, concurrent callers, resets, reloads";
+
+pub const TABLE: &[Row] = &[
+    Row {
+        combination: "`shadow_mode: true`, any algorithm",
+        bound_text: "none: counted, always answered OK",
+        faults_text: "-",
+        checked_by: "`tests/model.rs`",
+        applies: |f| f.shadow,
+        bound: |_| Bound::None,
+    },
+    Row {
+        combination: "`fixed_window` (also calendar, sharded, in a list, leased)",
+        bound_text: "at most the limit in every aligned window",
+        faults_text: FAULTS,
+        checked_by: "`tests/model.rs`",
+        applies: |f| f.algorithm == Algorithm::FixedWindow && !f.rlqs,
+        bound: of_algorithm,
+    },
+    Row {
+        combination: "`sliding_window_log` (also sharded, in a list)",
+        bound_text: "at most the limit in every trailing window",
+        faults_text: FAULTS,
+        checked_by: "`tests/model.rs`",
+        applies: |f| f.algorithm == Algorithm::SlidingWindowLog && !f.rlqs,
+        bound: of_algorithm,
+    },
+    Row {
+        combination: "`sliding_window_counter` (also sharded, in a list)",
+        bound_text: "at most the limit in every `buckets - 1` aligned buckets (so at most 2x in a trailing window)",
+        faults_text: FAULTS,
+        checked_by: "`tests/model.rs`",
+        applies: |f| f.algorithm == Algorithm::SlidingWindowCounter && !f.rlqs,
+        bound: of_algorithm,
+    },
+    Row {
+        combination: "`token_bucket` (also sharded, in a list, leased)",
+        bound_text: "at most burst + rate x t in any interval t",
+        faults_text: FAULTS,
+        checked_by: "`tests/model.rs`",
+        applies: |f| f.algorithm == Algorithm::TokenBucket && !f.rlqs,
+        bound: of_algorithm,
+    },
+    Row {
+        combination: "RLQS beside RLS, `fixed_window` or `token_bucket`, not sharded, not calendar",
+        bound_text: "the algorithm's bound for both protocols together, plus the Envoys' buckets' bursts",
+        faults_text: "streams closing, replica crashes, resets",
+        checked_by: "`tests/lease.rs`, `tests/rlqs.rs`",
+        applies: |f| f.rlqs && counted(f),
+        bound: of_algorithm,
+    },
+    Row {
+        combination: "RLQS beside RLS, any other rule",
+        bound_text: "the algorithm's bound for each protocol alone (RLQS: plus the Envoys' buckets' bursts)",
+        faults_text: "streams closing, replica crashes, resets",
+        checked_by: "`tests/lease.rs`, `tests/rlqs.rs`",
+        applies: |f| f.rlqs,
+        bound: of_algorithm,
+    },
+];
+
+/// Every row adds the same allowances to its bound: written once.
+pub const ALLOWANCES: &[&str] = &[
+    "Hits given back (`is_negative_hits`) make that much room again.",
+    "Usage reports are recorded whatever they answer and admit nothing: requests' admitted hits keep the bound.",
+    "With `lease`, a reset through one replica forgets that replica's lease at once; each other replica may still spend what it held of a lease taken before the reset, until it reads the reset (Redis: within 200 ms): at most a tenth of the limit (a bucket: of its burst) per other replica, in the window holding the reset.",
+    "A replica that crashes loses its leases: they only admit less, for the rest of their window.",
+];
+
+/// The promise for a rule combining `f`: the first row of [`TABLE`] that
+/// applies (every combination has one).
+pub fn promise(f: &Features) -> Promise {
+    let row = TABLE
+        .iter()
+        .find(|r| (r.applies)(f))
+        .expect("the last row applies to every RLQS combination, the others to the rest");
+    Promise {
+        bound: (row.bound)(f),
+        given_back: true,
+        reset_lease_divisor: if f.lease {
+            crate::storage::lease::MAX_LEASE_DIVISOR
+        } else {
+            0
+        },
+        one_count: f.rlqs && counted(f),
+    }
+}
+
+/// README's Guarantees table.
+pub fn markdown() -> String {
+    let mut out = String::from(
+        "| combination | bound on admitted hits | under | checked by |\n|---|---|---|---|\n",
+    );
+    for r in TABLE {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            r.combination, r.bound_text, r.faults_text, r.checked_by
+        ));
+    }
+    out.push('\n');
+    for a in ALLOWANCES {
+        out.push_str(&format!("- {a}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn features(algorithm: Algorithm) -> Features {
+        Features {
+            algorithm,
+            shadow: false,
+            lease: false,
+            rlqs: false,
+            shards: 1,
+            calendar: false,
+        }
+    }
+
+    #[test]
+    fn every_combination_has_one_promise() {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket,
+        ] {
+            for bits in 0..16u8 {
+                let f = Features {
+                    shadow: bits & 1 != 0,
+                    lease: bits & 2 != 0,
+                    rlqs: bits & 4 != 0,
+                    shards: if bits & 8 != 0 { 4 } else { 1 },
+                    ..features(algorithm)
+                };
+                let p = promise(&f);
+                assert_eq!(p.bound == Bound::None, f.shadow, "{f:?}");
+            }
+        }
+        assert!(
+            promise(&Features {
+                rlqs: true,
+                ..features(Algorithm::TokenBucket)
+            })
+            .one_count
+        );
+        assert!(
+            !promise(&Features {
+                rlqs: true,
+                ..features(Algorithm::SlidingWindowLog)
+            })
+            .one_count
+        );
+    }
+}

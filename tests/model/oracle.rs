@@ -1,0 +1,213 @@
+//! The oracle: from the answers alone, what each limiter admitted and
+//! when, checked against the bound `tollgate::guarantees` promises for its
+//! rule. It knows the rule file (the model drew it) and the time of each
+//! answer, nothing of tollgate's internals.
+//!
+//! Times are intervals: on the virtual clock an answer's moment is exact
+//! (lo == hi); on the real clock it is somewhere between sending and
+//! receiving, and a hit counts in a window only when its whole interval
+//! does, so the check can never blame tollgate for the clock's
+//! uncertainty (it can only miss an overshoot smaller than it).
+
+use std::collections::BTreeMap;
+
+use tollgate::guarantees::{Bound, Promise};
+
+use super::grammar::Limit;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Moment {
+    pub lo: u64,
+    pub hi: u64,
+    /// The op it came from: ops run one after another, so a reset cuts
+    /// a limiter's history by op, however close their times.
+    pub seq: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    pub limit: Limit,
+    pub promise: Promise,
+    pub admitted: Vec<(Moment, u64)>,
+    pub given_back: Vec<(Moment, u64)>,
+    pub resets: Vec<Moment>,
+}
+
+/// (rule, limit of its list, identity).
+pub type LimiterKey = (usize, usize, String);
+
+#[derive(Default)]
+pub struct Oracle {
+    pub limiters: BTreeMap<LimiterKey, Limiter>,
+    /// Replicas that may hold leases: each may spend what it held of a
+    /// lease across a reset.
+    pub replicas: u64,
+}
+
+impl Oracle {
+    pub fn limiter(&mut self, key: LimiterKey, limit: &Limit, promise: Promise) -> &mut Limiter {
+        self.limiters.entry(key).or_insert_with(|| Limiter {
+            limit: limit.clone(),
+            promise,
+            admitted: Vec::new(),
+            given_back: Vec::new(),
+            resets: Vec::new(),
+        })
+    }
+
+    /// Every limiter's history against its bound: the first violation.
+    pub fn check(&self) -> Result<(), String> {
+        for (key, l) in &self.limiters {
+            l.check(self.replicas.max(1)).map_err(|e| {
+                format!(
+                    "limiter {key:?} ({:?} {}/{}s): {e}",
+                    l.limit.algorithm,
+                    l.limit.limit,
+                    l.limit.window_secs()
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn overlaps(m: Moment, from: u64, to: u64) -> bool {
+    m.hi >= from && m.lo < to
+}
+
+impl Limiter {
+    fn check(&self, replicas: u64) -> Result<(), String> {
+        // A reset gives the whole limit back: each stretch between resets
+        // is checked on its own.
+        let mut cuts: Vec<usize> = vec![0];
+        cuts.extend(self.resets.iter().map(|r| r.seq));
+        cuts.sort();
+        for (i, &from) in cuts.iter().enumerate() {
+            let to = cuts.get(i + 1).copied().unwrap_or(usize::MAX);
+            let hits: Vec<(Moment, u64)> = self
+                .admitted
+                .iter()
+                .copied()
+                .filter(|(m, _)| (i == 0 || m.seq > from) && m.seq < to)
+                .collect();
+            self.check_stretch(&hits, i > 0, replicas)?;
+        }
+        Ok(())
+    }
+
+    /// What given-back hits add to a span [from, to).
+    fn back_within(&self, from: u64, to: u64) -> u64 {
+        if !self.promise.given_back {
+            return 0;
+        }
+        self.given_back
+            .iter()
+            .filter(|(m, _)| overlaps(*m, from, to))
+            .map(|(_, c)| c)
+            .sum()
+    }
+
+    fn check_stretch(
+        &self,
+        hits: &[(Moment, u64)],
+        after_reset: bool,
+        replicas: u64,
+    ) -> Result<(), String> {
+        let l = &self.limit;
+        let size = match self.promise.bound {
+            Bound::Bucket => l.burst(),
+            _ => l.limit,
+        };
+        let lease_slack = if after_reset && self.promise.reset_lease_divisor > 0 {
+            (replicas - 1) * size.div_ceil(self.promise.reset_lease_divisor)
+        } else {
+            0
+        };
+        let w = l.window_micros();
+        match self.promise.bound {
+            Bound::None => Ok(()),
+            Bound::Window => {
+                let offset = l.zone.map_or(0i64, |(_, o)| o * 1_000_000);
+                let window_of = |t: u64| ((t as i64 + offset) as u64) / w;
+                let mut sums: BTreeMap<u64, u64> = BTreeMap::new();
+                for (m, c) in hits {
+                    if window_of(m.lo) == window_of(m.hi) {
+                        *sums.entry(window_of(m.lo)).or_default() += c;
+                    }
+                }
+                for (k, sum) in sums {
+                    let from = ((k * w) as i64 - offset) as u64;
+                    let allowed = l.limit + self.back_within(from, from + w) + lease_slack;
+                    if sum > allowed {
+                        return Err(format!(
+                            "{sum} admitted in the window from {from} µs, bound {allowed}"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Bound::Trailing => {
+                for (start, _) in hits {
+                    let from = start.lo;
+                    let sum: u64 = hits
+                        .iter()
+                        .filter(|(m, _)| m.lo >= from && m.hi < from + w)
+                        .map(|(_, c)| c)
+                        .sum();
+                    let allowed =
+                        l.limit + self.back_within(from.saturating_sub(w), from + w) + lease_slack;
+                    if sum > allowed {
+                        return Err(format!(
+                            "{sum} admitted in the trailing window from {from} µs, bound {allowed}"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Bound::Buckets => {
+                // Buckets of w / n: time scaled by n keeps them exact.
+                let n = l.buckets() - 1;
+                let bucket = |t: u64| t * n / w;
+                for (start, _) in hits {
+                    let first = bucket(start.lo);
+                    let sum: u64 = hits
+                        .iter()
+                        .filter(|(m, _)| bucket(m.lo) >= first && bucket(m.hi) < first + n)
+                        .map(|(_, c)| c)
+                        .sum();
+                    let from = first * w / n;
+                    let to = (first + n) * w / n + 1;
+                    let allowed =
+                        l.limit + self.back_within(from.saturating_sub(w), to) + lease_slack;
+                    if sum > allowed {
+                        return Err(format!(
+                            "{sum} admitted in {n} buckets of {w}/{n} µs from {from} µs, bound {allowed}"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Bound::Bucket => {
+                let mut sorted = hits.to_vec();
+                sorted.sort_by_key(|(m, _)| m.lo);
+                for i in 0..sorted.len() {
+                    let mut sum = 0u64;
+                    for j in i..sorted.len() {
+                        sum += sorted[j].1;
+                        let (from, to) = (sorted[i].0.lo, sorted[j].0.hi.max(sorted[i].0.lo));
+                        let refill = (l.limit as u128 * (to - from) as u128 / w as u128) as u64;
+                        let allowed =
+                            l.burst() + refill + self.back_within(from, to + 1) + lease_slack;
+                        if sum > allowed {
+                            return Err(format!(
+                                "{sum} admitted from {from} to {to} µs, bound burst {} + refill {refill} (+ given back, leases) = {allowed}",
+                                l.burst()
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}

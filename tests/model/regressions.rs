@@ -1,0 +1,131 @@
+//! One case per defect the model found (or was shown to find), kept as a
+//! rule file and a trace: each failed before its fix.
+
+use super::grammar::{Limit, Rule, Rules, Value};
+use super::world::{Call, Desc, Op, Req};
+use tollgate::limit::Algorithm;
+
+pub struct Regression {
+    pub name: &'static str,
+    pub rules: Rules,
+    pub replicas: usize,
+    pub ops: Vec<Op>,
+}
+
+fn limit(algorithm: Algorithm, limit: u64, unit: &'static str) -> Limit {
+    Limit {
+        algorithm,
+        limit,
+        unit,
+        multiplier: 1,
+        buckets: None,
+        burst: None,
+        zone: None,
+        name: "l0".into(),
+    }
+}
+
+fn rule(key: &str, limits: Vec<Limit>) -> Rule {
+    Rule {
+        key: key.into(),
+        value: Value::KeyOnly,
+        list: limits.len() > 1,
+        limits,
+        shadow: false,
+        quota: false,
+        shards: 1,
+        lease: false,
+        count_refused: None,
+        usage_reports: false,
+        replaces: Vec::new(),
+    }
+}
+
+fn ask(value: &str) -> Req {
+    Req {
+        hits: 1,
+        descriptors: vec![Desc {
+            key: "api_key".into(),
+            value: value.into(),
+            hits: None,
+            negative: false,
+        }],
+    }
+}
+
+/// `n` asks on replica `r`, a millisecond apart.
+fn asks(ops: &mut Vec<Op>, r: usize, n: usize, value: &str) {
+    for _ in 0..n {
+        ops.push(Op::Ask(r, ask(value)));
+        ops.push(Op::Advance(1_000));
+    }
+}
+
+fn leased(algorithm: Algorithm, n: u64, unit: &'static str) -> Rules {
+    Rules {
+        domain: "regression".into(),
+        rules: vec![Rule {
+            lease: true,
+            ..rule("api_key", vec![limit(algorithm, n, unit)])
+        }],
+    }
+}
+
+pub fn all() -> Vec<Regression> {
+    let mut out = Vec::new();
+
+    // Defect 5: a replica's wall clock steps back while it holds a lease;
+    // the lease must not be spent into the windows after its own.
+    {
+        let mut ops = Vec::new();
+        asks(&mut ops, 0, 45, "k");
+        ops.push(Op::Step(0, -30_000_000));
+        ops.push(Op::Advance(1_000_000));
+        asks(&mut ops, 1, 100, "k");
+        asks(&mut ops, 0, 30, "k");
+        out.push(Regression {
+            name: "a lease outlives its window when the wall clock steps back",
+            rules: leased(Algorithm::FixedWindow, 100, "second"),
+            replicas: 2,
+            ops,
+        });
+    }
+
+    // Defect 7, embedded: a reset among concurrent callers on one replica
+    // must not leave a lease asked before the store's reset in force.
+    {
+        let mut ops = Vec::new();
+        asks(&mut ops, 0, 20, "k");
+        ops.push(Op::Slow(0, 5_000));
+        let mut together: Vec<Call> = (0..8).map(|_| Call::Ask(ask("k"))).collect();
+        together.insert(4, Call::Reset("api_key".into(), "k".into()));
+        ops.push(Op::Together(0, together));
+        asks(&mut ops, 0, 120, "k");
+        out.push(Regression {
+            name: "a lease asked across a reset is kept past it",
+            rules: leased(Algorithm::FixedWindow, 100, "minute"),
+            replicas: 1,
+            ops,
+        });
+    }
+
+    // Defect 3: a token bucket's lease given back after its life (the
+    // bucket refilled meanwhile) must return nothing.
+    {
+        let mut ops = Vec::new();
+        asks(&mut ops, 0, 30, "k");
+        ops.push(Op::Slow(0, 1_500_000));
+        for _ in 0..30 {
+            ops.push(Op::Advance(100_000));
+        }
+        ops.push(Op::Slow(0, 0));
+        asks(&mut ops, 1, 150, "k");
+        out.push(Regression {
+            name: "a bucket's lease given back after its life",
+            rules: leased(Algorithm::TokenBucket, 100, "second"),
+            replicas: 2,
+            ops,
+        });
+    }
+    out
+}

@@ -1,0 +1,430 @@
+//! The world a case runs in: replicas (each its own engine and its own
+//! layers, as `serve` builds them: leases, hot keys, shards, the
+//! over-limit cache, the in-flight gate) over one shared backend, each
+//! with a wall clock that can step and a store that can fail; and the
+//! traffic and faults a case is made of.
+
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use tollgate::clock::Clock;
+use tollgate::engine::{Descriptor, Engine, EngineOptions, Request, RulesHandle};
+use tollgate::quota;
+use tollgate::rules::{LoadOptions, load_texts};
+use tollgate::settings::{Settings, Sources};
+use tollgate::storage::{BoxFuture, Cost, Decision, Hit, LeaseCall, Receipt, Store, StoreError};
+
+use super::grammar::{KEYS, Rules, chance, pick};
+
+/// A replica's wall clock: the world's time plus a step the case may
+/// change. Its monotonic reading is the world's time: a step moves only
+/// the wall.
+pub struct StepClock {
+    base: Arc<dyn Clock>,
+    step: AtomicI64,
+}
+
+impl StepClock {
+    fn new(base: Arc<dyn Clock>) -> Self {
+        Self {
+            base,
+            step: AtomicI64::new(0),
+        }
+    }
+}
+
+impl Clock for StepClock {
+    fn now_micros(&self) -> u64 {
+        (self.base.now_micros() as i64 + self.step.load(Ordering::SeqCst)) as u64
+    }
+}
+
+/// A replica's way to the shared store, failing a share of its calls:
+/// half of them before the store saw the call, half after it was
+/// recorded (a caller's deadline cutting a call already sent).
+pub struct Faulty {
+    inner: Arc<dyn Store>,
+    percent: AtomicU8,
+    /// Calls wait up to this long (Tokio's time) before they reach the
+    /// store: callers interleave, and a call sent in the background (a
+    /// lease given back) lands later on the virtual clock.
+    slow_micros: AtomicU64,
+    rng: Mutex<ChaCha8Rng>,
+}
+
+enum Fate {
+    Pass,
+    Before,
+    After,
+}
+
+impl Faulty {
+    fn fate(&self) -> Fate {
+        let p = self.percent.load(Ordering::SeqCst) as u64;
+        if p == 0 {
+            return Fate::Pass;
+        }
+        let roll = self.rng.lock().unwrap().next_u64() % 200;
+        if roll < p {
+            Fate::Before
+        } else if roll < 2 * p {
+            Fate::After
+        } else {
+            Fate::Pass
+        }
+    }
+
+    async fn delay(&self) {
+        let most = self.slow_micros.load(Ordering::SeqCst);
+        if most > 0 {
+            let wait = self.rng.lock().unwrap().next_u64() % most;
+            tokio::time::sleep(Duration::from_micros(wait)).await;
+        }
+    }
+
+    async fn run<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.delay().await;
+        match self.fate() {
+            Fate::Pass => call.await,
+            Fate::Before => Err(StoreError::Unavailable("the model failed this call".into())),
+            Fate::After => {
+                let _ = call.await;
+                Err(StoreError::Timeout(1))
+            }
+        }
+    }
+}
+
+impl Store for Faulty {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.run(self.inner.hit(hit)))
+    }
+
+    fn hit_batch<'a>(
+        &'a self,
+        hit: Hit<'a>,
+        more: &'a [Cost],
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        Box::pin(self.run(self.inner.hit_batch(hit, more)))
+    }
+
+    fn lease<'a>(&'a self, call: LeaseCall<'a>) -> BoxFuture<'a, Result<quota::Grant, StoreError>> {
+        Box::pin(self.run(self.inner.lease(call)))
+    }
+
+    fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.run(self.inner.undo(hit, receipt)))
+    }
+
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        // Slow, never failing: a reset that fails is retried by its
+        // caller.
+        Box::pin(async move {
+            self.delay().await;
+            self.inner.reset(hit).await
+        })
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
+    }
+}
+
+pub struct Replica {
+    pub clock: Arc<StepClock>,
+    pub faults: Arc<Faulty>,
+    pub engine: Engine,
+}
+
+/// What a case's replicas share.
+pub struct World {
+    pub clock: Arc<dyn Clock>,
+    pub backend: Arc<dyn Store>,
+    pub settings: Settings,
+    pub rules: Rules,
+    pub replicas: Vec<Replica>,
+    seed: u64,
+}
+
+pub fn settings() -> Settings {
+    Settings::load(&Sources::default()).expect("the default settings load")
+}
+
+pub fn load(rules: &Rules) -> Result<tollgate::rules::RuleSet, String> {
+    load_texts(
+        vec![("model.yaml".into(), rules.yaml())],
+        &LoadOptions::default(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+impl World {
+    pub fn new(
+        clock: Arc<dyn Clock>,
+        backend: Arc<dyn Store>,
+        rules: Rules,
+        replicas: usize,
+        seed: u64,
+    ) -> World {
+        let mut w = World {
+            clock,
+            backend,
+            settings: settings(),
+            rules,
+            replicas: Vec::new(),
+            seed,
+        };
+        for i in 0..replicas {
+            let r = w.replica(i as u64);
+            w.replicas.push(r);
+        }
+        w
+    }
+
+    /// A replica freshly started: new layers (no leases, no cache), the
+    /// rules loaded anew.
+    fn replica(&self, salt: u64) -> Replica {
+        let clock = Arc::new(StepClock::new(self.clock.clone()));
+        let faults = Arc::new(Faulty {
+            inner: self.backend.clone(),
+            percent: AtomicU8::new(0),
+            slow_micros: AtomicU64::new(0),
+            rng: Mutex::new(ChaCha8Rng::seed_from_u64(
+                self.seed ^ salt.wrapping_mul(0x9e37_79b9),
+            )),
+        });
+        let store = tollgate::server::layers(faults.clone(), &self.settings, clock.clone());
+        let rules = RulesHandle::new(load(&self.rules).expect("the case's rules load"));
+        let engine = Engine::new(rules, store, clock.clone(), EngineOptions::default());
+        Replica {
+            clock,
+            faults,
+            engine,
+        }
+    }
+
+    pub fn crash(&mut self, i: usize, salt: u64) {
+        let fresh = self.replica(salt);
+        self.replicas[i] = fresh;
+    }
+
+    pub fn reload(&self, i: usize) {
+        let set = load(&self.rules).expect("the case's rules load");
+        self.replicas[i].engine.rules().replace(set);
+    }
+
+    pub fn step(&self, i: usize, micros: i64) {
+        self.replicas[i]
+            .clock
+            .step
+            .fetch_add(micros, Ordering::SeqCst);
+    }
+
+    pub fn faults(&self, i: usize, percent: u8) {
+        self.replicas[i]
+            .faults
+            .percent
+            .store(percent, Ordering::SeqCst);
+    }
+
+    pub fn slow(&self, i: usize, micros: u64) {
+        self.replicas[i]
+            .faults
+            .slow_micros
+            .store(micros, Ordering::SeqCst);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Desc {
+    pub key: String,
+    pub value: String,
+    pub hits: Option<u64>,
+    pub negative: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Req {
+    pub hits: u64,
+    pub descriptors: Vec<Desc>,
+}
+
+impl Req {
+    pub fn request(&self, domain: &str) -> Request {
+        Request {
+            domain: domain.to_string(),
+            descriptors: self
+                .descriptors
+                .iter()
+                .map(|d| Descriptor {
+                    entries: vec![(d.key.clone(), d.value.clone())],
+                    limit_override: None,
+                    hits: d.hits,
+                    negative: d.negative,
+                })
+                .collect(),
+            hits: self.hits,
+            deadline: None,
+        }
+    }
+
+    /// What a descriptor costs: its own `hits_addend`, else the request's
+    /// (0 counts as 1).
+    pub fn cost(&self, d: &Desc) -> u64 {
+        d.hits.unwrap_or(if self.hits == 0 { 1 } else { self.hits })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Time passes (the virtual clock; on the real one, a short sleep).
+    Advance(u64),
+    Ask(usize, Req),
+    /// Callers on one replica at once.
+    Together(usize, Vec<Call>),
+    Reset(usize, String, String),
+    Reload(usize),
+    /// The replica stops (its leases and cache lost) and starts again.
+    Crash(usize),
+    /// The replica's wall clock steps by this many microseconds.
+    Step(usize, i64),
+    /// This share (in half-percents) of the replica's store calls fail
+    /// from now on.
+    Faults(usize, u8),
+    /// The replica's store calls take up to this long from now on.
+    Slow(usize, u64),
+    /// One client's calls a millisecond apart: a client at its limit.
+    Flood(usize, Req, usize),
+}
+
+/// A case's traffic: most descriptors on a hot value of each key.
+pub struct Traffic {
+    hot: Vec<(String, String)>,
+}
+
+impl Traffic {
+    pub fn new(rng: &mut ChaCha8Rng, rules: &Rules) -> Traffic {
+        let hot = KEYS
+            .iter()
+            .map(|k| (k.to_string(), rules.value(rng, k)))
+            .filter(|(_, v)| v.len() < 100)
+            .collect();
+        Traffic { hot }
+    }
+
+    fn req(&self, rng: &mut ChaCha8Rng, rules: &Rules) -> Req {
+        let n = 1 + pick(rng, 3);
+        let descriptors = (0..n)
+            .map(|_| {
+                let key = KEYS[pick(rng, KEYS.len())];
+                let hot = self
+                    .hot
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.as_str());
+                let negative = chance(rng, 4);
+                Desc {
+                    key: key.to_string(),
+                    value: rules.value_of(rng, key, hot),
+                    hits: if negative || chance(rng, 10) {
+                        Some(pick(rng, 4) as u64)
+                    } else {
+                        None
+                    },
+                    negative,
+                }
+            })
+            .collect();
+        Req {
+            hits: [0, 0, 0, 0, 1, 2, 5][pick(rng, 7)],
+            descriptors,
+        }
+    }
+
+    /// One descriptor on a hot value: what a flooding client sends.
+    fn hot(&self, rng: &mut ChaCha8Rng, rules: &Rules) -> Req {
+        let (key, value) = self.reset(rng, rules);
+        Req {
+            hits: [0, 1, 2][pick(rng, 3)],
+            descriptors: vec![Desc {
+                key,
+                value,
+                hits: None,
+                negative: false,
+            }],
+        }
+    }
+
+    fn reset(&self, rng: &mut ChaCha8Rng, rules: &Rules) -> (String, String) {
+        let key = KEYS[pick(rng, KEYS.len())];
+        let hot = self
+            .hot
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str());
+        (key.to_string(), rules.value_of(rng, key, hot))
+    }
+
+    fn call(&self, rng: &mut ChaCha8Rng, rules: &Rules) -> Call {
+        if chance(rng, 8) {
+            let (key, value) = self.reset(rng, rules);
+            Call::Reset(key, value)
+        } else {
+            Call::Ask(self.req(rng, rules))
+        }
+    }
+}
+
+/// One caller's call among callers at once.
+#[derive(Debug, Clone)]
+pub enum Call {
+    Ask(Req),
+    Reset(String, String),
+}
+
+/// A case's traffic and faults: mostly requests, with time moving in
+/// steps of a millisecond to a few seconds.
+pub fn draw_ops(rng: &mut ChaCha8Rng, rules: &Rules, replicas: usize, len: usize) -> Vec<Op> {
+    let traffic = Traffic::new(rng, rules);
+    // How fast time moves between calls: a case near its limits in
+    // milliseconds, or one that spans many windows.
+    let pace = [2_000, 10_000, 50_000, 300_000][pick(rng, 4)];
+    let mut ops = Vec::with_capacity(len);
+    for _ in 0..len {
+        let r = pick(rng, replicas);
+        let op = match pick(rng, 100) {
+            0..=54 => Op::Ask(r, traffic.req(rng, rules)),
+            55..=59 => Op::Flood(r, traffic.hot(rng, rules), 10 + pick(rng, 150)),
+            60..=71 => Op::Together(
+                r,
+                (0..2 + pick(rng, 8))
+                    .map(|_| traffic.call(rng, rules))
+                    .collect(),
+            ),
+            72..=89 if chance(rng, 3) => {
+                Op::Advance([1_000_000, 3_000_000, 20_000_000][pick(rng, 3)])
+            }
+            72..=89 => Op::Advance(pace / 2 + rng.next_u64() % pace),
+            90..=91 => {
+                let (key, value) = traffic.reset(rng, rules);
+                Op::Reset(r, key, value)
+            }
+            92 => Op::Reload(r),
+            93 => Op::Crash(r),
+            94..=95 => Op::Step(
+                r,
+                [-30_000_000, -1_500_000, -300_000, 400_000, 2_000_000][pick(rng, 5)],
+            ),
+            96..=97 => Op::Slow(r, [0, 0, 5_000, 300_000, 2_000_000][pick(rng, 5)]),
+            _ => Op::Faults(r, [0, 0, 10, 40][pick(rng, 4)]),
+        };
+        ops.push(op);
+    }
+    ops
+}
