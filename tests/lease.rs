@@ -1173,3 +1173,79 @@ async fn a_busy_limiter_does_not_make_the_walk_look_at_quiet_ones() {
     assert!(walked < 6.0, "{walked:.1} looks per limiter and window");
     assert!(c.local > c.store_calls, "{c:?}");
 }
+
+/// A replica whose wall clock steps back 30 s in the middle of a window
+/// (an NTP step, a VM resumed) never admits more than the limit in any
+/// window of the store, which keeps its own clock (as Redis does): a
+/// lease lives as long as the store's answer said, on this replica's
+/// monotonic clock, however the wall clock steps. The replica takes
+/// leases early in a window of 10 s, its clock steps back while it holds
+/// one, and in the next window another client takes the whole limit from
+/// the store while the replica goes on hitting.
+#[tokio::test]
+async fn a_wall_clock_step_back_does_not_extend_a_lease() {
+    const WINDOW: u64 = 10_000_000;
+    let t0 = 6_000_000 * 1_000_000;
+    let store_clock = Arc::new(ManualClock::at_micros(t0 + 1_000_000));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(store_clock.clone()));
+    let clock = Arc::new(ManualClock::at_micros(t0 + 1_000_000));
+    let replica = Leasing::new(store.clone(), clock.clone() as Arc<dyn Clock>);
+    let entries = vec![("user".to_string(), "stepped".to_string())];
+    let shape = Shape {
+        algorithm: Algorithm::FixedWindow,
+        limit: 100,
+        unit: Unit::Second,
+        keys: 1,
+        step: 0,
+        quiet: false,
+    };
+    let h = Hit {
+        window: tollgate::limit::Window::new(Unit::Second, 10).unwrap(),
+        ..hit_of(shape, &entries, true)
+    };
+    // Admitted hits by the store's window.
+    let mut per_window = std::collections::BTreeMap::<u64, u64>::new();
+    let tick = |micros: u64| {
+        clock.advance_micros(micros);
+        store_clock.advance_micros(micros);
+    };
+    let mut hits = 0;
+    // Hits until the replica holds a lease with hits left.
+    while hits < 100 {
+        hits += 1;
+        assert!(replica.hit(h).await.unwrap().admitted);
+        *per_window
+            .entry(store_clock.now_micros() / WINDOW)
+            .or_default() += 1;
+        tick(50_000);
+        let c = replica.counts();
+        if c.taken > 0 && c.taken_hits > hits {
+            break;
+        }
+    }
+    clock.step_wall_micros(-30_000_000);
+    // The next window: another client takes all it can.
+    tick(WINDOW - store_clock.now_micros() % WINDOW + 100_000);
+    let window = store_clock.now_micros() / WINDOW;
+    let direct = Hit { lease: false, ..h };
+    for _ in 0..200 {
+        if store.hit(direct).await.unwrap().admitted {
+            *per_window.entry(window).or_default() += 1;
+        }
+    }
+    for _ in 0..50 {
+        if replica.hit(h).await.unwrap().admitted {
+            *per_window
+                .entry(store_clock.now_micros() / WINDOW)
+                .or_default() += 1;
+        }
+        tick(20_000);
+    }
+    for (window, n) in &per_window {
+        assert!(
+            *n <= 100,
+            "window {window}: {n} admitted of 100 ({per_window:?}, {:?})",
+            replica.counts()
+        );
+    }
+}

@@ -21,7 +21,8 @@ pub(super) struct Held {
     pub(super) tokens: u64,
     /// What the store recorded for the lease, to give unused hits back.
     pub(super) receipt: Option<Receipt>,
-    /// The lease counts until then (this replica's clock).
+    /// The lease counts until then (this replica's monotonic clock, as
+    /// every time here).
     pub(super) until: u64,
     /// A lease was refused: hits go to the store alone until then.
     pub(super) tight_until: u64,
@@ -43,7 +44,7 @@ pub(super) struct Held {
     /// (answered or dropped). Hits that find no tokens meanwhile wait for
     /// it rather than ask for leases of their own.
     pub(super) asking: Option<watch::Receiver<()>>,
-    /// When the lease was asked (this replica's clock).
+    /// When the lease was asked (this replica's monotonic clock).
     pub(super) leased_at: u64,
     /// Hits reserved in the windows after the lease's, in order.
     pub(super) ahead: Vec<Reserved>,
@@ -56,7 +57,7 @@ pub(super) struct Held {
 /// window has begun.
 pub(super) struct Reserved {
     pub(super) tokens: u64,
-    /// Spendable from `from` until `until` (this replica's clock): from
+    /// Spendable from `from` until `until` (this replica's monotonic clock): from
     /// the window's start as seen from when the lease's answer came, to
     /// its end as seen from when the lease was asked, so every hit spent
     /// from it falls in its window.
@@ -252,7 +253,7 @@ impl Held {
     /// replica's demand, at least the cost and at most a tenth of the
     /// limit ([`MAX_LEASE_DIVISOR`]); the largest of:
     /// - [`LEASE_SHARE`] of a second of demand;
-    /// - the demand until the window's `end` (this replica's clock, never
+    /// - the demand until the window's `end` (this replica's monotonic clock, never
     ///   further than [`MAX_HORIZON_MICROS`]) within an eighth of what the
     ///   store had left at the last call ([`STORE_SHARE`]); at a fixed
     ///   window's first call, of a replica whose demand over a window is

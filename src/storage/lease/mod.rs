@@ -95,6 +95,14 @@
 //!   so are its reservations, which are not given back: at most a
 //!   [`KEEP_DIVISOR`]-th of the limit in each of the next seven windows.
 //!
+//! - **Clocks.** A lease's life, its reservations' and every other time
+//!   this layer keeps are on the replica's monotonic clock
+//!   ([`Clock::monotonic_micros`]), counted from the store's answer (a
+//!   duration): a step of the wall clock (an NTP step, a VM resumed)
+//!   never makes a lease last longer than the store said, so it is never
+//!   spent in a window where the store counts afresh. Only a lease's size
+//!   reads the wall clock, for the time left in a fixed window.
+//!
 //! Everything else goes to the store as before: give-backs, checks,
 //! usage reports, limiters that take receipts, lists, sharded limiters and
 //! the sliding windows (load refuses `lease: true` on them).
@@ -264,7 +272,8 @@ impl Leasing {
                 return Step::Wait(rx);
             }
             let unused = h.take_unused(now, &self.counters);
-            let size = h.size(now, hit.hits, capacity(hit), horizon(hit, now));
+            let end = horizon(hit, now, self.clock.now_micros());
+            let size = h.size(now, hit.hits, capacity(hit), end);
             let ahead = if size > hit.hits {
                 h.ahead(now, capacity(hit))
             } else {
@@ -335,7 +344,7 @@ impl Leasing {
             lease: true,
             ..*hit
         };
-        self.with_held(&leased, self.clock.now_micros(), |h| {
+        self.with_held(&leased, self.clock.monotonic_micros(), |h| {
             h.tokens = 0;
             h.receipt = None;
             h.tight_until = 0;
@@ -345,7 +354,7 @@ impl Leasing {
 
     async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
         let generation = self.resets_seen();
-        let mut now = self.clock.now_micros();
+        let mut now = self.clock.monotonic_micros();
         let mut first = true;
         let (size, ahead, unused, asking) = loop {
             match self.step(&hit, now, first) {
@@ -367,7 +376,7 @@ impl Leasing {
                     // dropped), however it ends.
                     let _ = rx.changed().await;
                     first = false;
-                    now = self.clock.now_micros();
+                    now = self.clock.monotonic_micros();
                 }
             }
         };
@@ -382,7 +391,7 @@ impl Leasing {
         self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
         let (_, d) = tokio::join!(self.give_back(&hit, unused), self.inner.hit(lease));
         let d = d?;
-        let answered = self.clock.now_micros();
+        let answered = self.clock.monotonic_micros();
         if !d.admitted {
             // Less than a lease is left in this window: what the refusal
             // recorded goes back, and the window's last hits are decided
@@ -484,13 +493,14 @@ fn capacity(hit: &Hit<'_>) -> u64 {
     }
 }
 
-/// How far ahead a lease taken `now` may be spent at least (this
-/// replica's clock): to the fixed window's end, for a token bucket one
-/// lease period.
-fn horizon(hit: &Hit<'_>, now: u64) -> u64 {
+/// How far ahead a lease taken `now` (this replica's monotonic clock)
+/// may be spent at least, on that clock: to the fixed window's end as
+/// the wall clock reads `wall` now (only sizing reads it), for a token
+/// bucket one lease period.
+fn horizon(hit: &Hit<'_>, now: u64, wall: u64) -> u64 {
     match hit.algorithm {
         Algorithm::TokenBucket => now + lease_period(hit.window.micros()),
-        _ => hit.window.span(now).end,
+        _ => now.saturating_add(hit.window.span(wall).end.saturating_sub(wall)),
     }
 }
 
@@ -526,7 +536,7 @@ impl Store for Leasing {
             return None;
         }
         self.follow_resets();
-        let now = self.clock.now_micros();
+        let now = self.clock.monotonic_micros();
         self.with_held(hit, now, |h| {
             h.roll(now, &self.counters);
             let d = self.spend(h, hit, now)?;

@@ -94,7 +94,7 @@ impl Leasing {
     /// what ended, and forgets limiters with nothing in force: only those
     /// whose queued time has come.
     pub async fn give_back_idle(&self) {
-        let now = self.clock.now_micros();
+        let now = self.clock.monotonic_micros();
         let mut back = Vec::new();
         for (shard, due) in self.held.iter().zip(self.due.iter()) {
             if now < due.load(Ordering::Relaxed) {
