@@ -23,8 +23,11 @@ const SECOND: u64 = 1_000_000;
 /// Poisson arrivals at twice the limit (fixed seed) for a few seconds,
 /// each call deciding a 60-bucket and a 2-bucket counter on the same
 /// timeline. The 60-bucket one never admits more than 1.05x the limit in
-/// any true trailing second. Times are this process's, the middle of each
-/// call: Redis decides in between, within the call's round trip.
+/// any true trailing second. Times are this process's: Redis decides each
+/// call within its round trip, so the bound is checked on the calls known
+/// to be decided inside a second (sent and answered in it), which a busy
+/// machine's long round trips cannot push over; the middle of each call
+/// places it for the log line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_buckets_stay_within_five_percent_under_poisson_traffic() {
     let server = RedisServer::start();
@@ -81,15 +84,18 @@ descriptors:
                 .into_inner();
             let after = start.elapsed().as_micros() as u64;
             let ok = |i: usize| r.statuses[i].code == Code::Ok as i32;
-            ((before + after) / 2, ok(0), ok(1))
+            (before, after, ok(0), ok(1))
         }));
     }
     let (mut admitted60, mut admitted2) = (Vec::new(), Vec::new());
+    let mut spans60 = Vec::new();
     let mut refused60 = 0;
     for call in calls {
-        let (when, ok60, ok2) = call.await.expect("the call task ends");
+        let (before, after, ok60, ok2) = call.await.expect("the call task ends");
+        let when = (before + after) / 2;
         if ok60 {
             admitted60.push(when);
+            spans60.push((before, after));
         } else {
             refused60 += 1;
         }
@@ -101,9 +107,10 @@ descriptors:
     admitted2.sort_unstable();
     let max60 = max_in_trailing_window(&admitted60, SECOND);
     let max2 = max_in_trailing_window(&admitted2, SECOND);
+    let within60 = max_surely_within(&spans60, SECOND);
     eprintln!(
-        "{} arrivals ({late} late by over 20 ms): 60 buckets admitted {} (largest second {max60}), \
-         2 buckets admitted {} (largest second {max2})",
+        "{} arrivals ({late} late by over 20 ms): 60 buckets admitted {} (largest second {max60}, \
+         {within60} surely decided in one), 2 buckets admitted {} (largest second {max2})",
         arrivals.len(),
         admitted60.len(),
         admitted2.len()
@@ -120,10 +127,24 @@ descriptors:
         admitted60.len()
     );
     assert!(
-        max60 * 100 <= LIMIT * 105,
-        "60 buckets admitted {max60} in one trailing second (limit {LIMIT})"
+        within60 * 100 <= LIMIT * 105,
+        "60 buckets admitted {within60} in one trailing second (limit {LIMIT})"
     );
     t.stop().await;
+}
+
+/// The most calls of `spans` (sent, answered; micros) that were both sent
+/// and answered within one `window`: those the store surely decided in it.
+fn max_surely_within(spans: &[(u64, u64)], window: u64) -> u64 {
+    spans
+        .iter()
+        .map(|&(from, _)| {
+            let inside =
+                |&&(sent, answered): &&(u64, u64)| sent >= from && answered <= from + window;
+            spans.iter().filter(inside).count() as u64
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// One line of `tollgate simulate`'s table: the largest count admitted in

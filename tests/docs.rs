@@ -300,8 +300,11 @@ fn deploy_client_example_runs_as_written() {
     let mut waits = 0;
     for line in &got {
         if let Some(wait) = line.strip_prefix("over budget; waiting ") {
+            // Printed to the millisecond: a call that lands within half
+            // a millisecond of the window's end (a busy machine spreads
+            // the calls) prints 0.000.
             let secs: f64 = wait.trim_end_matches('s').parse().unwrap();
-            assert!(secs > 0.0 && secs <= 1.0, "{line}");
+            assert!((0.0..=1.0).contains(&secs), "{line}");
             waits += 1;
         } else {
             calls += 1;

@@ -50,9 +50,9 @@ fn rules(domain: &str) -> String {
 
 /// One client flooding one rule: `RATE` plain requests a second for
 /// `SECONDS`, each sent on schedule whatever the earlier ones got. Returns
-/// the requests admitted in each second since the start (by when each was
-/// sent).
-async fn flood(t: Arc<Tollgate>, domain: String, algo: &'static str) -> Vec<u64> {
+/// the requests admitted and those sent in each second since the start (by
+/// when each was sent), and how long the flood took until its last answer.
+async fn flood(t: Arc<Tollgate>, domain: String, algo: &'static str) -> Flood {
     let client = t.client().await;
     let start = Instant::now();
     let mut sends = Vec::new();
@@ -72,13 +72,26 @@ async fn flood(t: Arc<Tollgate>, domain: String, algo: &'static str) -> Vec<u64>
         }));
     }
     let mut admitted = vec![0u64; SECONDS as usize + 1];
+    let mut sent_in = vec![0u64; SECONDS as usize + 1];
     for s in sends {
         let (sent, ok) = s.await.unwrap();
+        let second = (sent.as_secs() as usize).min(SECONDS as usize);
+        sent_in[second] += 1;
         if ok {
-            admitted[(sent.as_secs() as usize).min(SECONDS as usize)] += 1;
+            admitted[second] += 1;
         }
     }
-    admitted
+    Flood {
+        admitted,
+        sent: sent_in,
+        took: start.elapsed(),
+    }
+}
+
+struct Flood {
+    admitted: Vec<u64>,
+    sent: Vec<u64>,
+    took: Duration,
 }
 
 /// Every rule flooded at once on one store: at least 70% of the limit in
@@ -95,22 +108,32 @@ async fn a_client_over_its_limit_keeps_its_limit(settings: &[(&str, &str)]) {
         .collect();
     let mut failures = Vec::new();
     for (algo, run) in RULES.iter().zip(runs) {
-        let admitted = run.await.unwrap();
+        let Flood {
+            admitted,
+            sent,
+            took,
+        } = run.await.unwrap();
         let total: u64 = admitted.iter().sum();
         // The last slot holds sends a busy machine made after the run.
         let seconds = &admitted[..SECONDS as usize];
         let floor = LIMIT * 7 / 10;
-        if seconds[1..].iter().any(|&n| n < floor) {
+        // A second in which a busy machine sent well under the rate says
+        // nothing of the floor.
+        let pressed = |i: usize| sent[i] >= RATE * 9 / 10;
+        if (1..seconds.len()).any(|i| pressed(i) && seconds[i] < floor) {
             failures.push(format!(
-                "{algo}: admitted per second {admitted:?}, below {floor} after the first"
+                "{algo}: admitted per second {admitted:?} (sent {sent:?}), below {floor} after the first"
             ));
         }
-        if total > LIMIT * SECONDS + LIMIT {
+        // The limit for every second the flood took, up to its last
+        // answer (a busy machine stretches it), plus a window.
+        let most = LIMIT * took.as_secs_f64().ceil() as u64 + LIMIT;
+        if total > most {
             failures.push(format!(
-                "{algo}: {total} admitted in {SECONDS} s ({admitted:?}), over {LIMIT}/s plus {LIMIT}"
+                "{algo}: {total} admitted in {took:?} ({admitted:?}), over {LIMIT}/s plus {LIMIT}"
             ));
         }
-        eprintln!("{algo}: admitted per second {seconds:?}");
+        eprintln!("{algo}: admitted per second {seconds:?}, sent {sent:?}, in {took:?}");
     }
     assert!(failures.is_empty(), "{failures:#?}");
 

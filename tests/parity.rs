@@ -274,6 +274,14 @@ async fn two_second_windows(store: &[(&str, &str)]) -> Tollgate {
     let domain = domain.as_str();
     early_in_an_even_second().await;
     let start = tokio::time::Instant::now();
+    // The fixed window ends this long after `start` (the log's first hit
+    // leaves later, the counter later still).
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        % 2_000_000;
+    let window_end = start + Duration::from_micros((2_000_000 - into) as u64);
     let runs = ALGORITHMS.iter().map(|&algorithm| async move {
         let ask = || t.ask(req(domain, &[(algorithm, "x")]));
         for _ in 0..3 {
@@ -305,7 +313,15 @@ async fn two_second_windows(store: &[(&str, &str)]) -> Tollgate {
         );
         tokio::time::sleep_until(start + Duration::from_millis(1_200)).await;
         let expected = if algorithm == "token_bucket" { ok } else { over };
-        assert_eq!(ask().await.overall_code, expected, "{algorithm} at 1.2 s");
+        let code = ask().await.overall_code;
+        // A busy machine may answer that call after the window's end,
+        // where it proves nothing: checked when it came back before.
+        let in_time = tokio::time::Instant::now() + Duration::from_millis(50) < window_end;
+        if expected == ok || in_time {
+            assert_eq!(code, expected, "{algorithm} at 1.2 s");
+        } else {
+            eprintln!("{algorithm}: the call at 1.2 s came back past the window's end");
+        }
         tokio::time::sleep_until(start + Duration::from_millis(3_100)).await;
         let r = ask().await;
         assert_eq!(r.overall_code, ok, "{algorithm} at 3.1 s");

@@ -380,13 +380,18 @@ async fn redis_outage_fails_fast_and_recovers() {
         );
         assert!(took <= timeout + SLACK, "a call took {took:?}");
     }
+    // Open for the cooldown: answered without waiting for the store (the
+    // timeout). A busy machine may take the calls past the cooldown, where
+    // the breaker lets a probe through: that one may fail as Redis does.
+    let opened = Instant::now();
     for _ in 0..10 {
         let (result, took) = l.timed_hit(&breaker).await;
-        assert!(matches!(result, Err(StoreError::CircuitOpen)), "{result:?}");
-        assert!(
-            took < Duration::from_millis(5),
-            "an open circuit took {took:?}"
-        );
+        if opened.elapsed() < Duration::from_millis(300) {
+            assert!(matches!(result, Err(StoreError::CircuitOpen)), "{result:?}");
+            assert!(took < timeout, "an open circuit took {took:?}");
+        } else {
+            assert!(result.is_err(), "{result:?}");
+        }
     }
 
     // Back on the same port: the same store recovers on its own.
