@@ -218,3 +218,43 @@ async fn check_says_a_cost_can_never_pass() {
     assert!(!out.contains("never"), "{out}");
     t.stop().await;
 }
+
+/// The shipped client example (examples/client/quota_job.py) stops with a
+/// message, exit code 1, on tollgate's answer, also where its own numbers
+/// could not tell: 30 a call is within the budget's rate (100 a second)
+/// but above the bucket's burst of 20.
+#[tokio::test]
+async fn the_client_example_stops_instead_of_waiting() {
+    let python = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .output();
+    assert!(
+        python.is_ok_and(|o| o.status.success()),
+        "Python 3 with grpcio and grpcio-tools is needed (scripts/test installs them)"
+    );
+    let rules = "domain: upstream_quota\ndescriptors:\n  - key: upstream_api\n    value: partner-search\n    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 20}\n";
+    let t = Tollgate::start(&[("budget.yaml", rules)], &[]).await;
+    let addr = t.grpc.to_string();
+    let job = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["examples/client/quota_job.py", "--addr", &addr])
+            .args(["--calls", "3", "--cost", "30", "--max-wait", "5"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&job.stdout),
+        String::from_utf8_lossy(&job.stderr),
+    );
+    assert_eq!(job.status.code(), Some(1), "{out}{err}");
+    assert!(
+        err.contains(
+            "a call costs 30 and tollgate gives no time to retry (budget 100 per second): it can never pass as it is"
+        ),
+        "{out}{err}"
+    );
+    assert!(!out.contains("waiting"), "{out}{err}");
+    t.stop().await;
+}
