@@ -30,6 +30,8 @@ descriptors:
       - {unit: day, requests_per_unit: 1000, name: per_day}
   - key: reports
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window, usage_reports: true}
+  - key: sharded
+    rate_limit: {unit: hour, requests_per_unit: 8, algorithm: fixed_window, shards: 4}
 "#;
 
 async fn ask(t: &Tollgate, key: &str, hits: u32) -> RateLimitResponse {
@@ -93,6 +95,16 @@ async fn a_cost_above_the_limit_is_refused_with_no_reset() {
     let r = ask(&t, "list", 5).await;
     assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
 
+    // A sharded limit: one shard decides a hit, so a cost above a share
+    // (8 over 4 shards: 2) never passes.
+    let r = ask(&t, "sharded", 3).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    let (s, limit) = only(&r);
+    assert_eq!(limit, (8, hour, ""), "{r:?}");
+    assert_eq!(s.duration_until_reset, None, "{r:?}");
+    let r = ask(&t, "sharded", 2).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "a share passes: {r:?}");
+
     // A usage report is spent already: it is recorded, and its reset says
     // when the debt it left is paid.
     let mut report = descriptor(&[("reports", "x")]);
@@ -133,6 +145,7 @@ async fn a_cost_above_the_limit_is_refused_with_no_reset() {
         ("list[0]", 1),
         ("list[1]", 0),
         ("reports", 0),
+        ("sharded", 1),
     ] {
         assert_eq!(
             counted(&page, "never", rule),
