@@ -1249,3 +1249,133 @@ async fn a_wall_clock_step_back_does_not_extend_a_lease() {
         );
     }
 }
+
+/// Distinct values a client sends on a leased rule in the memory test.
+const VALUES: u64 = 150_000;
+/// The variable that makes the test binary's child run one side of
+/// `a_client_s_values_keep_the_lease_map_bounded`: `lease` or `plain`.
+const MEMORY_SIDE: &str = "TOLLGATE_TEST_LEASE_MEMORY_SIDE";
+
+/// This process's resident memory, in bytes.
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("Linux /proc");
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// One side of the memory test, in a child process of its own (so the
+/// other side's allocations do not count): [`VALUES`] distinct values on
+/// a fixed window of 10 a minute through a leasing layer over the
+/// embedded store, leased or not; prints what resident memory grew by.
+#[tokio::test]
+async fn lease_memory_side() {
+    let Ok(side) = std::env::var(MEMORY_SIDE) else {
+        return;
+    };
+    let clock = Arc::new(ManualClock::at_secs(7_000_020));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
+    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+    let shape = Shape {
+        algorithm: Algorithm::FixedWindow,
+        limit: 10,
+        unit: Unit::Minute,
+        keys: 1,
+        step: 0,
+        quiet: false,
+    };
+    let before = resident_bytes();
+    let mut entries = vec![("api_key".to_string(), String::new())];
+    for i in 0..VALUES {
+        entries[0].1 = format!("key-{i:012}");
+        let d = layer
+            .hit(hit_of(shape, &entries, side == "lease"))
+            .await
+            .unwrap();
+        assert!(d.admitted, "value {i}: {d:?}");
+        clock.advance_micros(20);
+    }
+    // Past the cap a limiter is decided in the store, exactly.
+    entries[0].1 = "one-more".to_string();
+    let mut admitted = 0;
+    for _ in 0..15 {
+        admitted += u64::from(
+            layer
+                .hit(hit_of(shape, &entries, true))
+                .await
+                .unwrap()
+                .admitted,
+        );
+    }
+    assert_eq!(admitted, 10, "{:?}", layer.counts());
+    let c = layer.counts();
+    println!(
+        "grew={} limiters={} past_cap={}",
+        resident_bytes().saturating_sub(before),
+        c.limiters,
+        c.past_cap
+    );
+}
+
+/// A client sending [`VALUES`] distinct values on a leased rule (random
+/// API keys) grows tollgate's memory by what the same rule costs without
+/// leases and at most a fixed margin: the lease map holds at most
+/// `lease.max_limiters` limiters, and past it hits go to the store as
+/// without leases (each admitted, and a limiter past the cap is still
+/// limited exactly), counted. Resident memory of a child process per
+/// side, measured from /proc.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_s_values_keep_the_lease_map_bounded() {
+    let run = |side: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "lease_memory_side",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(MEMORY_SIDE, side)
+            .output()
+            .expect("the test binary runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{side}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = text
+            .lines()
+            .find_map(|l| l.find("grew=").map(|at| l[at..].to_string()))
+            .expect(&text);
+        let field = |name: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        (field("grew="), field("limiters="), field("past_cap="))
+    };
+    let (leased, limiters, past_cap) = tokio::task::spawn_blocking(move || run("lease"))
+        .await
+        .unwrap();
+    let (plain, _, _) = tokio::task::spawn_blocking(move || run("plain"))
+        .await
+        .unwrap();
+    let cap = tollgate::storage::lease::DEFAULT_MAX_LIMITERS as u64;
+    // A kibibyte per limiter the map may hold.
+    let margin = cap * 1024;
+    eprintln!(
+        "{VALUES} values: leased +{:.1} MiB ({limiters} limiters held, {past_cap} hits past \
+         the cap), plain +{:.1} MiB, margin {:.1} MiB",
+        leased as f64 / 1048576.0,
+        plain as f64 / 1048576.0,
+        margin as f64 / 1048576.0
+    );
+    assert!(limiters <= cap, "{limiters} limiters held, cap {cap}");
+    assert!(past_cap >= VALUES - cap, "{past_cap} hits past the cap");
+    assert!(
+        leased <= plain + margin,
+        "leased: +{leased} bytes, plain +{plain}, margin {margin}"
+    );
+}

@@ -10,7 +10,7 @@ use crate::storage::lease::LeaseCounts;
 
 pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
     type Pick = fn(&LeaseCounts) -> u64;
-    let all: [(&str, &str, Pick); 8] = [
+    let all: [(&str, &str, Pick); 9] = [
         ("tollgate.lease.taken", "Leases the store granted", |c| {
             c.taken
         }),
@@ -49,6 +49,11 @@ pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
             "Leased limiters the housekeeping walk looked at (only where one may have a lease to give back or forget)",
             |c| c.walked,
         ),
+        (
+            "tollgate.lease.past_cap_hits",
+            "Leased hits on limiters past lease.max_limiters, decided in the store as without leases",
+            |c| c.past_cap,
+        ),
     ];
     for (name, description, pick) in all {
         let store = store.clone();
@@ -62,4 +67,13 @@ pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
             })
             .build();
     }
+    meter
+        .u64_observable_gauge("tollgate.lease.limiters")
+        .with_description("Leased limiters held (at most lease.max_limiters)")
+        .with_callback(move |o| {
+            if let Some(c) = store.gauges().lease {
+                o.observe(c.limiters, &[]);
+            }
+        })
+        .build();
 }

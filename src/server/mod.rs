@@ -155,7 +155,7 @@ pub fn layers(
     let tracker = HotKeys::new(hotkeys::DEFAULT_CAPACITY, hotkeys::DEFAULT_WINDOW_MICROS);
     let tracked: Arc<dyn Store> = Arc::new(HotKeyStore::new(sharded, clock.clone(), tracker));
     // Outermost: a hit decided from a lease needs nothing below.
-    Leasing::wrap(tracked, clock)
+    Leasing::wrap_with(tracked, clock, settings.lease_max_limiters)
 }
 
 /// The quota service's options from the settings.

@@ -118,6 +118,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         usage_reports,
         count_refused,
         lease: v.bool("lease")?,
+        lease_max_limiters: v.get("lease.max_limiters")?,
         shadow_mode: v.bool("shadow_mode")?,
         rate_limit_headers: v.bool("rate_limit_headers")?.then_some(names),
         store,

@@ -208,6 +208,8 @@ pub struct Settings {
     pub count_refused: bool,
     /// `lease` of rules that do not say (where a rule may lease).
     pub lease: bool,
+    /// Leased limiters one replica holds (`lease.max_limiters`).
+    pub lease_max_limiters: usize,
     pub shadow_mode: bool,
     /// `Some` when `RateLimit-*` headers are enabled.
     pub rate_limit_headers: Option<HeaderNames>,

@@ -143,6 +143,12 @@ pub const SETTINGS: &[Setting] = &[
         "`lease` of rules that do not say: `true` decides the fixed-window and token-bucket limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed",
     ),
     s(
+        "lease.max_limiters",
+        Some("50000"),
+        count(1, u64::MAX),
+        "leased limiters one replica holds leases and demand estimates of (about 600 bytes each, so some 30 MB at the default); past it a new limiter's hits go to the store as without leases (neither refused nor admitted unchecked), counted in `tollgate_lease_past_cap_hits_total`, until limiters idle for two minutes are forgotten",
+    ),
+    s(
         "shadow_mode",
         Some("false"),
         Kind::Bool,

@@ -23,6 +23,11 @@ pub struct LeaseCounts {
     /// Limiters the housekeeping walk looked at (a map is skipped while
     /// none of its limiters has anything due).
     pub walked: u64,
+    /// Leased hits on limiters the layer had no room for
+    /// (`lease.max_limiters`), decided in the store as without leases.
+    pub past_cap: u64,
+    /// Limiters held now.
+    pub limiters: u64,
 }
 
 #[derive(Default)]
@@ -35,6 +40,7 @@ pub(super) struct Counters {
     pub(super) local: AtomicU64,
     pub(super) store_calls: AtomicU64,
     pub(super) walked: AtomicU64,
+    pub(super) past_cap: AtomicU64,
 }
 
 impl Counters {
@@ -49,6 +55,8 @@ impl Counters {
             local: c.local.load(Ordering::Relaxed),
             store_calls: c.store_calls.load(Ordering::Relaxed),
             walked: c.walked.load(Ordering::Relaxed),
+            past_cap: c.past_cap.load(Ordering::Relaxed),
+            limiters: 0,
         }
     }
 }

@@ -95,6 +95,12 @@
 //!   so are its reservations, which are not given back: at most a
 //!   [`KEEP_DIVISOR`]-th of the limit in each of the next seven windows.
 //!
+//! - **Bounded.** The layer holds at most `lease.max_limiters` limiters
+//!   ([`DEFAULT_MAX_LIMITERS`]), a share of it per map, so the values a
+//!   client sends bound what it costs. A new limiter past that is decided
+//!   in the store as without leases (never refused for it, never admitted
+//!   unchecked), counted ([`LeaseCounts::past_cap`]), until limiters idle
+//!   for two minutes are forgotten.
 //! - **Clocks.** A lease's life, its reservations' and every other time
 //!   this layer keeps are on the replica's monotonic clock
 //!   ([`Clock::monotonic_micros`]), counted from the store's answer (a
@@ -114,15 +120,16 @@ use tokio::sync::watch;
 
 mod counts;
 mod held;
+mod hits;
 mod walk;
 
 use counts::Counters;
 pub use counts::LeaseCounts;
 use held::{Held, reservations};
+use hits::{capacity, horizon, lease_hit, leased, store_hit};
 use walk::{HeldMap, SHARDS, lock};
 
 use crate::clock::Clock;
-use crate::limit::{Algorithm, effective_burst, lease_period};
 use crate::storage::limiter::Limiter;
 use crate::storage::{Ahead, BoxFuture, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
 
@@ -165,6 +172,11 @@ const RECENT_HITS: u64 = 8;
 const LONG_MICROS: u64 = 60_000_000;
 /// A limiter not hit for this long is forgotten (with its estimates).
 const FORGET_MICROS: u64 = 2 * LONG_MICROS;
+/// Limiters the layer holds at most, by default (`lease.max_limiters`):
+/// about 600 bytes each, so some 30 MB (measured in `tests/lease.rs`: a
+/// client's 150,000 values grew resident memory 27 MiB beyond the same
+/// rule without leases, 102 MiB without the cap).
+pub const DEFAULT_MAX_LIMITERS: usize = 50_000;
 
 /// The leasing layer over any store. Cheap to share.
 pub struct Leasing {
@@ -185,6 +197,9 @@ pub struct Leasing {
     generation: AtomicU64,
     /// Resets through this replica so far.
     resets: AtomicU64,
+    /// Limiters one map may hold ([`DEFAULT_MAX_LIMITERS`] or the
+    /// setting, divided among the maps, rounded down, at least one).
+    per_map: usize,
     counters: Counters,
 }
 
@@ -206,7 +221,16 @@ impl Leasing {
     /// leases back every [`IDLE_MICROS`] while the layer lives (it must
     /// be called inside a Tokio runtime).
     pub fn wrap(inner: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Arc<Leasing> {
-        let layer = Arc::new(Leasing::new(inner, clock));
+        Leasing::wrap_with(inner, clock, DEFAULT_MAX_LIMITERS)
+    }
+
+    /// [`Leasing::wrap`], holding at most `max_limiters` limiters.
+    pub fn wrap_with(
+        inner: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        max_limiters: usize,
+    ) -> Arc<Leasing> {
+        let layer = Arc::new(Leasing::with_max_limiters(inner, clock, max_limiters));
         let weak = Arc::downgrade(&layer);
         tokio::spawn(async move {
             let mut every = tokio::time::interval(std::time::Duration::from_micros(IDLE_MICROS));
@@ -223,6 +247,16 @@ impl Leasing {
     }
 
     pub fn new(inner: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        Leasing::with_max_limiters(inner, clock, DEFAULT_MAX_LIMITERS)
+    }
+
+    /// A layer holding at most `max_limiters` limiters (see
+    /// [`Leasing::with_held`]); without its housekeeping task.
+    pub fn with_max_limiters(
+        inner: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        max_limiters: usize,
+    ) -> Self {
         let generation = AtomicU64::new(inner.reset_generation());
         Self {
             inner,
@@ -231,31 +265,39 @@ impl Leasing {
             due: Leasing::new_due(),
             generation,
             resets: AtomicU64::new(0),
+            per_map: (max_limiters / SHARDS).max(1),
             counters: Counters::default(),
         }
     }
 
     pub fn counts(&self) -> LeaseCounts {
-        self.counters.read()
+        LeaseCounts {
+            limiters: self.held.iter().map(|m| lock(m).len() as u64).sum(),
+            ..self.counters.read()
+        }
     }
 
     /// `f` on the limiter of `hit` (made if new), under its map's lock, at
     /// `now`; the limiter is queued for the walk when its time came
-    /// forward, and the map's time with it.
-    fn with_held<T>(&self, hit: &Hit<'_>, now: u64, f: impl FnOnce(&mut Held) -> T) -> T {
+    /// forward, and the map's time with it. `None` when the limiter is
+    /// new and its map holds all it may: what a client's values create
+    /// stays bounded, and such a limiter's hits go to the store as
+    /// without leases (neither refused nor admitted unchecked) until the
+    /// walk has forgotten limiters idle for [`FORGET_MICROS`].
+    fn with_held<T>(&self, hit: &Hit<'_>, now: u64, f: impl FnOnce(&mut Held) -> T) -> Option<T> {
         let fingerprint = hit.fingerprint();
         let shard = (fingerprint % SHARDS as u64) as usize;
-        let (out, due) = lock(&self.held[shard]).with(fingerprint, hit, now, f);
+        let (out, due) = lock(&self.held[shard]).with(fingerprint, hit, now, self.per_map, f)?;
         if due != u64::MAX {
             self.due[shard].fetch_min(due, Ordering::Relaxed);
         }
-        out
+        Some(out)
     }
 
     /// What to do with `hit` now; `first` on its first look (its demand
     /// is counted once, not again after waiting for a lease).
     fn step(&self, hit: &Hit<'_>, now: u64, first: bool) -> Step {
-        self.with_held(hit, now, |h| {
+        let step = self.with_held(hit, now, |h| {
             if first {
                 h.observe(now, hit.hits);
             }
@@ -285,6 +327,10 @@ impl Leasing {
                 tx
             });
             Step::Lease(size, ahead, unused, asking)
+        });
+        step.unwrap_or_else(|| {
+            self.counters.past_cap.fetch_add(1, Ordering::Relaxed);
+            Step::Alone(None)
         })
     }
 
@@ -451,73 +497,23 @@ impl Leasing {
             h.ahead.extend(reserved);
             Some((older, h.local_reset(now)))
         });
-        let Some((older, reset)) = kept else {
-            // The lease may predate a reset: its hits are not used.
+        let Some((older, reset)) = kept.flatten() else {
+            // The lease may predate a reset: its hits are not used. Or
+            // the map had no room left for the limiter: they go back.
+            drop(asking);
+            if self.generation_now() == generation {
+                let unused = d.receipt.map(|r| Receipt {
+                    hits: left.min(r.hits),
+                    ..r
+                });
+                self.give_back(&hit, unused.filter(|r| r.hits > 0)).await;
+            }
             return Ok(Decision::new(true, d.remaining, d.reset_micros));
         };
         drop(asking);
         self.give_back(&hit, older).await;
         Ok(Decision::new(true, d.remaining.saturating_add(left), reset))
     }
-}
-
-/// `hit` as the store sees it, with `cost`: not leased further down.
-fn store_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
-    Hit {
-        hits: cost,
-        lease: false,
-        receipt: false,
-        ..*hit
-    }
-}
-
-/// A lease of `cost` on `hit`'s limiter as the store sees it (and its
-/// end, given to [`Store::undo`]): a fixed window's is a weighted hit
-/// with a receipt; a token bucket's tells the store it is a lease, whose
-/// tokens keep their room in the bucket while it lives.
-fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
-    Hit {
-        hits: cost,
-        lease: hit.algorithm == Algorithm::TokenBucket,
-        receipt: true,
-        ..*hit
-    }
-}
-
-/// The size leases are measured against: the fixed window's limit, the
-/// token bucket's burst.
-fn capacity(hit: &Hit<'_>) -> u64 {
-    match hit.algorithm {
-        Algorithm::TokenBucket => effective_burst(hit.burst, hit.limit, hit.window),
-        _ => hit.limit,
-    }
-}
-
-/// How far ahead a lease taken `now` (this replica's monotonic clock)
-/// may be spent at least, on that clock: to the fixed window's end as
-/// the wall clock reads `wall` now (only sizing reads it), for a token
-/// bucket one lease period.
-fn horizon(hit: &Hit<'_>, now: u64, wall: u64) -> u64 {
-    match hit.algorithm {
-        Algorithm::TokenBucket => now + lease_period(hit.window.micros()),
-        _ => now.saturating_add(hit.window.span(wall).end.saturating_sub(wall)),
-    }
-}
-
-/// Whether a hit is decided from leased quota here.
-fn leased(hit: &Hit<'_>) -> bool {
-    hit.lease
-        && matches!(
-            hit.algorithm,
-            Algorithm::FixedWindow | Algorithm::TokenBucket
-        )
-        && hit.hits > 0
-        && !hit.negative
-        && !hit.usage_reports
-        && !hit.receipt
-        && hit.also.is_empty()
-        && !hit.shard.is_sharded()
-        && hit.window.zone().is_none()
 }
 
 impl Store for Leasing {
@@ -543,6 +539,7 @@ impl Store for Leasing {
             h.observe(now, hit.hits);
             Some(d)
         })
+        .flatten()
     }
 
     /// Forgets this replica's lease of the limiter (the reset gives the

@@ -35,6 +35,8 @@ type Limiters = HashMap<u64, Bucket, foldhash::fast::FixedState>;
 #[derive(Default)]
 pub(super) struct Shard {
     limiters: Limiters,
+    /// Limiters held (a fingerprint's bucket may hold more than one).
+    count: usize,
     /// (when, fingerprint): a limiter's live entry is the one whose time
     /// is its [`Held::queued`]; others are stale.
     queue: BinaryHeap<Reverse<(u64, u64)>>,
@@ -47,21 +49,32 @@ pub(super) fn lock(map: &HeldMap) -> MutexGuard<'_, Shard> {
 }
 
 impl Shard {
-    /// `f` on the limiter of `hit` (made if new); it is queued again when
-    /// its time came forward. Returns `f`'s answer and the time the map's
-    /// walk must come by (`u64::MAX`: no sooner than before).
+    /// `f` on the limiter of `hit`, made if new while the map holds fewer
+    /// than `cap` (else `None`: the hit goes to the store as without
+    /// leases); it is queued again when its time came forward. Returns
+    /// `f`'s answer and the time the map's walk must come by (`u64::MAX`:
+    /// no sooner than before).
     pub(super) fn with<T>(
         &mut self,
         fingerprint: u64,
         hit: &Hit<'_>,
         now: u64,
+        cap: usize,
         f: impl FnOnce(&mut Held) -> T,
-    ) -> (T, u64) {
+    ) -> Option<(T, u64)> {
+        let held = self
+            .limiters
+            .get(&fingerprint)
+            .and_then(|b| b.iter().position(|h| hit.is(&h.id)));
+        if held.is_none() && self.count >= cap {
+            return None;
+        }
         let bucket = self.limiters.entry(fingerprint).or_default();
-        let i = match bucket.iter().position(|h| hit.is(&h.id)) {
+        let i = match held {
             Some(i) => i,
             None => {
                 bucket.push(Held::new(hit.to_id()));
+                self.count += 1;
                 bucket.len() - 1
             }
         };
@@ -71,15 +84,21 @@ impl Shard {
         if due < h.queued {
             h.queued = due;
             self.queue.push(Reverse((due, fingerprint)));
-            return (out, due);
+            return Some((out, due));
         }
-        (out, u64::MAX)
+        Some((out, u64::MAX))
     }
 
     /// Forgets every limiter.
     pub(super) fn clear(&mut self) {
         self.limiters.clear();
         self.queue.clear();
+        self.count = 0;
+    }
+
+    /// Limiters held.
+    pub(super) fn len(&self) -> usize {
+        self.count
     }
 
     /// The earliest queued time (`u64::MAX`: nothing queued).
@@ -121,6 +140,7 @@ impl Leasing {
                         back.push((h.id.clone(), r));
                     }
                 }
+                let before = bucket.len();
                 bucket.retain(|h| {
                     h.queued != u64::MAX
                         || h.tokens > 0
@@ -128,6 +148,7 @@ impl Leasing {
                         || now < h.tight_until
                         || now.saturating_sub(h.last_seen) < FORGET_MICROS
                 });
+                map.count -= before - bucket.len();
                 for h in bucket.iter_mut().filter(|h| h.queued == u64::MAX) {
                     // Never now again: at the next tick at the soonest.
                     let next = h.due(now).max(now + 1);
