@@ -619,7 +619,7 @@ async fn the_cli_resets_through_the_binary() {
 
 use std::sync::Arc;
 
-use tollgate::clock::{ManualClock, SystemClock};
+use tollgate::clock::{Clock, ManualClock, SystemClock};
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::lease::Leasing;
 use tollgate::storage::{
@@ -820,4 +820,63 @@ async fn a_lease_asked_during_a_reset_is_not_kept() {
         after <= 100,
         "{after} admitted after the reset, limit 100: a lease from before it was kept"
     );
+}
+
+/// On Redis, as on the embedded store: a reservation given back after a
+/// reset and a new lease's reservations takes nothing off the new ones.
+/// Real time, windows of a second: a case whose calls straddle a
+/// window's end (the clock read around them says so) is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_given_back_after_a_reset_takes_nothing_on_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(RedisConfig {
+        url: server.url(),
+        command_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    })
+    .await
+    .expect("valid settings");
+    assert!(store.wait_ready(Duration::from_secs(20)).await, "not ready");
+    let wall = || SystemClock.now_micros();
+    for attempt in 0.. {
+        assert!(attempt < 5, "no attempt fit in one second");
+        // Early in a second.
+        let into = wall() % 1_000_000;
+        tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
+        let entries = vec![("user".to_string(), unique_domain("reserved"))];
+        let h = fixed(&entries, 10, Unit::Second, 1);
+        let lease = Hit {
+            hits: 2,
+            receipt: true,
+            ahead: Ahead {
+                windows: 7,
+                hits: 3,
+            },
+            ..h
+        };
+        let old = store.hit(lease).await.unwrap().receipt.unwrap();
+        store.reset(h).await.unwrap();
+        let new = store.hit(lease).await.unwrap().receipt.unwrap();
+        let next = tollgate::storage::Receipt {
+            hits: 3,
+            at: old.at + 1,
+            mark: 0,
+            ..old
+        };
+        store.undo(lease, next).await.unwrap();
+        if new.at != old.at || wall() / 1_000_000 != old.at {
+            continue;
+        }
+        assert_eq!(new.mark, 7, "{new:?}");
+        tokio::time::sleep(Duration::from_micros(
+            (old.at + 1) * 1_000_000 + 20_000 - wall(),
+        ))
+        .await;
+        let n = admitted(&store, h, 20).await;
+        if wall() / 1_000_000 != old.at + 1 {
+            continue;
+        }
+        assert_eq!(n, 7, "the next window holds the new lease's 3");
+        break;
+    }
 }
