@@ -95,6 +95,10 @@ fn of_algorithm(f: &Features) -> Bound {
 
 const FAULTS: &str = "replica crashes, wall-clock steps, store errors, calls cut after the write, a slow store, concurrent callers, resets, reloads";
 
+/// A lease call cut after its write is left out: the ledger then holds a
+/// share the stream never heard of, while Envoy spends its last one.
+const RLQS_FAULTS: &str = "streams closing and reopening, Envoys moving between replicas and restarting, replica crashes, resets, store errors (a lease call cut after its write excepted), a slow store, and the faults above on RLS";
+
 pub const TABLE: &[Row] = &[
     Row {
         combination: "`shadow_mode: true`, any algorithm",
@@ -137,18 +141,18 @@ pub const TABLE: &[Row] = &[
         bound: of_algorithm,
     },
     Row {
-        combination: "RLQS beside RLS, `fixed_window` or `token_bucket`, not sharded, not calendar",
-        bound_text: "the algorithm's bound for both protocols together, plus the Envoys' buckets' bursts",
-        faults_text: "streams closing, replica crashes, resets",
-        checked_by: "`tests/lease.rs`, `tests/rlqs.rs`",
+        combination: "RLQS beside RLS, `fixed_window` or `token_bucket`, not sharded, not calendar (also in a list, under `share_threshold`, leased)",
+        bound_text: "the algorithm's bound for both protocols together, plus the Envoys' buckets' bursts: what they hold as the window (a bucket: the interval) begins and what they are given beyond their rates within it",
+        faults_text: RLQS_FAULTS,
+        checked_by: "`tests/model.rs`, `tests/lease.rs`, `tests/rlqs.rs`",
         applies: |f| f.rlqs && counted(f),
         bound: of_algorithm,
     },
     Row {
-        combination: "RLQS beside RLS, any other rule",
+        combination: "RLQS beside RLS, any other rule (the sliding windows, sharded; a calendar limit, which RLQS skips: Envoy's `no_assignment_behavior` applies)",
         bound_text: "the algorithm's bound for each protocol alone (RLQS: plus the Envoys' buckets' bursts)",
-        faults_text: "streams closing, replica crashes, resets",
-        checked_by: "`tests/lease.rs`, `tests/rlqs.rs`",
+        faults_text: RLQS_FAULTS,
+        checked_by: "`tests/model.rs`, `tests/lease.rs`, `tests/rlqs.rs`",
         applies: |f| f.rlqs,
         bound: of_algorithm,
     },
@@ -160,6 +164,7 @@ pub const ALLOWANCES: &[&str] = &[
     "Usage reports are recorded whatever they answer and admit nothing: requests' admitted hits keep the bound.",
     "With `lease`, a reset through one replica forgets that replica's lease at once; each other replica may still spend what it held of a lease taken before the reset, until it reads the reset (Redis: within 200 ms): at most a tenth of the limit (a bucket: of its burst) per other replica, in the window holding the reset.",
     "A replica that crashes loses its leases: they only admit less, for the rest of their window.",
+    "A reset forgets the Envoys' shares of the limiter too: what each Envoy spends until its next report's answer comes on top of the limit.",
 ];
 
 /// The promise for a rule combining `f`: the first row of [`TABLE`] that

@@ -9,6 +9,15 @@
 //! - On a real Redis and a 3+3 Redis Cluster, on the real clock, bounded
 //!   in time.
 //!
+//! In about half the cases one or two Envoys with the quota filter (RLQS,
+//! `tests/model/envoy.rs`) take part: each replica serves
+//! `rlqs::QuotaService` over real gRPC on in-memory pipes, each Envoy
+//! keeps a stream to one replica, offers its buckets' requests at their
+//! rates, reports every second and enforces the answers; its streams close,
+//! reopen and move, it restarts, replicas crash under it. Its admitted
+//! requests count on the limiters the model's own matcher gives, together
+//! with RLS's hits where the promise says one count, else on their own.
+//!
 //! A failing case is shrunk (ops, then rules, dropped while it still
 //! fails) and printed as a rule file and a trace, with the seed that
 //! replays it: `TOLLGATE_MODEL_SEED=<seed> cargo test --test model`.
@@ -17,6 +26,8 @@
 
 mod support;
 
+#[path = "model/envoy.rs"]
+mod envoy;
 #[path = "model/grammar.rs"]
 mod grammar;
 #[path = "model/oracle.rs"]
@@ -30,8 +41,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy::{Envoy, EnvoyOp, EnvoySpec, Observer};
 use grammar::{Rules, pick};
-use oracle::{Moment, Oracle};
+use oracle::{Moment, Oracle, Track};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use support::redis::{RedisCluster, RedisServer};
@@ -58,6 +70,8 @@ struct Case {
     rules: Rules,
     replicas: usize,
     ops: Vec<Op>,
+    /// Envoys with the quota filter (RLQS), on streams to the replicas.
+    envoys: Vec<EnvoySpec>,
     /// The virtual clock's start (near a calendar boundary now and then).
     start: u64,
 }
@@ -70,7 +84,14 @@ struct Coverage {
     admitted: u64,
     /// Decisions the replicas answered from leases.
     leased: u64,
+    /// Requests Envoys' filters admitted, and their reports answered.
+    envoy_admitted: u64,
+    envoy_reports: u64,
+    /// Of those, answered while Tokio's paused time moved (a slow store).
+    envoy_moved: u64,
     refused_rule_files: u64,
+    /// Cases that failed (`TOLLGATE_MODEL_KEEP_GOING`).
+    failed: u64,
     features: BTreeMap<String, u64>,
 }
 
@@ -104,7 +125,7 @@ fn draw_case(seed: u64, real: bool) -> (Case, u64) {
     } else {
         100 + pick(&mut rng, 300)
     };
-    let ops = world::draw_ops(&mut rng, &rules, replicas, len);
+    let (ops, envoys) = world::draw_ops(&mut rng, &rules, replicas, len);
     // 2026-12-01, a few seconds before 22:00 UTC (a calendar day's end
     // in Etc/GMT-2), 00:00 UTC or 05:00 UTC (Etc/GMT+5), or any time.
     let day = 1_796_083_200u64;
@@ -121,6 +142,7 @@ fn draw_case(seed: u64, real: bool) -> (Case, u64) {
             rules,
             replicas,
             ops,
+            envoys,
             start,
         },
         refused,
@@ -212,10 +234,14 @@ fn reset(oracle: &mut Oracle, rules: &Rules, key: &str, value: &str, at: Moment)
         let identity = rules.identity(rule, value);
         for (k, limit) in rules.rules[rule].limits.iter().enumerate() {
             let promise = guarantees::promise(&rules.rules[rule].features(limit, false));
-            oracle
-                .limiter((rule, k, identity.clone()), limit, promise)
-                .resets
-                .push(at);
+            let l = oracle.limiter((rule, k, identity.clone()), limit, promise);
+            l.resets.push(at);
+            // The Envoys' shares are forgotten too: until each one's next
+            // answer, what it spends comes on top of the limit.
+            let tracks = l.tracks.clone();
+            for t in tracks {
+                oracle.tracks[t].grace = true;
+            }
         }
     }
 }
@@ -244,16 +270,117 @@ impl Clocks {
     }
 }
 
+/// The oracle as the Envoys' filters report to it.
+struct Observe<'a> {
+    oracle: &'a mut Oracle,
+    rules: &'a Rules,
+    admitted: u64,
+}
+
+impl Observer for Observe<'_> {
+    fn track(&mut self, key: &str, value: &str) -> usize {
+        let id = self.oracle.tracks.len();
+        self.oracle.tracks.push(Track::default());
+        if let Some(r) = self.rules.find(key, value) {
+            let identity = self.rules.identity(r, value);
+            for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
+                let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
+                self.oracle
+                    .limiter((r, k, identity.clone()), limit, promise)
+                    .tracks
+                    .push(id);
+            }
+        }
+        id
+    }
+
+    fn filter(
+        &mut self,
+        track: usize,
+        now: u64,
+        filter: &tollgate::rlqs::filter::Filter,
+        gained: f64,
+        answered: bool,
+    ) {
+        let t = &mut self.oracle.tracks[track];
+        t.push(now, filter, gained);
+        if answered {
+            t.grace = false;
+        }
+    }
+
+    fn admitted(&mut self, track: usize, key: &str, value: &str, now: u64, seq: usize, n: u64) {
+        if self.oracle.tracks[track].grace {
+            return;
+        }
+        self.admitted += n;
+        let Some(r) = self.rules.find(key, value) else {
+            return;
+        };
+        let identity = self.rules.identity(r, value);
+        for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
+            let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
+            self.oracle
+                .limiter((r, k, identity.clone()), limit, promise)
+                .envoy_admitted
+                .push((
+                    Moment {
+                        lo: now,
+                        hi: now,
+                        seq,
+                    },
+                    n,
+                ));
+        }
+    }
+}
+
 /// Time passes: the virtual clock, and Tokio's with it (so the leasing
-/// layer's housekeeping runs when it would); on the real clock a short
-/// sleep.
-async fn advance(clocks: &Clocks, micros: u64) {
+/// layer's housekeeping runs when it would), stopping wherever an Envoy
+/// has requests or a report due; on the real clock a short sleep, then
+/// the Envoys catch up.
+async fn advance(
+    clocks: &Clocks,
+    micros: u64,
+    envoys: &mut [Envoy],
+    world: &World,
+    obs: &mut Observe<'_>,
+    seq: usize,
+) {
     match &clocks.virtual_clock {
         Some(c) => {
-            c.advance_micros(micros);
-            tokio::time::advance(Duration::from_micros(micros)).await;
+            let target = c.now_micros() + micros;
+            loop {
+                let now = c.now_micros();
+                let next = envoys
+                    .iter()
+                    .map(Envoy::next_event)
+                    .min()
+                    .unwrap_or(u64::MAX)
+                    .clamp(now, target);
+                c.advance_micros(next - now);
+                tokio::time::advance(Duration::from_micros(next - now)).await;
+                for e in envoys.iter_mut() {
+                    if e.next_event() <= next {
+                        let server = &world.replicas[e.replica].quota;
+                        e.tick(next, seq, server, obs).await;
+                    }
+                }
+                if next >= target {
+                    break;
+                }
+            }
         }
-        None => tokio::time::sleep(Duration::from_micros(micros.min(30_000))).await,
+        None => {
+            tokio::time::sleep(Duration::from_micros(micros.min(30_000))).await;
+            for e in envoys.iter_mut() {
+                let now = clocks.now();
+                if e.next_event() <= now {
+                    let server = &world.replicas[e.replica].quota;
+                    e.tick(now, seq, server, obs).await;
+                }
+            }
+        }
     }
 }
 
@@ -284,6 +411,16 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
         replicas: case.replicas as u64,
         ..Oracle::default()
     };
+    let mut obs = Observe {
+        oracle: &mut oracle,
+        rules: &case.rules,
+        admitted: 0,
+    };
+    let mut envoys: Vec<Envoy> = case
+        .envoys
+        .iter()
+        .map(|spec| Envoy::new(spec, &case.rules.domain, clocks.now(), &mut obs))
+        .collect();
     let domain = case.rules.domain.clone();
     let ask = |w: &World, r: usize, req: &Req| {
         let engine = w.replicas[r].engine.clone();
@@ -295,9 +432,14 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                 .map_err(|e| e.to_string())
         }
     };
+    // Replicas made slow at some point: their sleeps move Tokio's time.
+    let mut slow: Vec<usize> = Vec::new();
     for (n, op) in case.ops.iter().enumerate() {
         match op {
-            Op::Advance(micros) => advance(&clocks, *micros).await,
+            Op::Advance(micros) => {
+                advance(&clocks, *micros, &mut envoys, &world, &mut obs, n).await
+            }
+            Op::Envoy(e, op) => envoys[*e].apply(op, &mut obs),
             Op::Ask(r, req) => {
                 let lo = clocks.now();
                 let answer = ask(&world, *r, req).await;
@@ -307,7 +449,7 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     seq: n,
                 };
                 check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
-                coverage.admitted += record(&mut oracle, &case.rules, req, &answer, at);
+                coverage.admitted += record(obs.oracle, &case.rules, req, &answer, at);
             }
             Op::Together(r, calls) => {
                 let lo = clocks.now();
@@ -337,10 +479,10 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     match (c, answer) {
                         (Call::Ask(req), Some(answer)) => {
                             check_answer(req, answer).map_err(|e| format!("op {n}: {e}"))?;
-                            coverage.admitted += record(&mut oracle, &case.rules, req, answer, at);
+                            coverage.admitted += record(obs.oracle, &case.rules, req, answer, at);
                         }
                         (Call::Reset(key, value), _) => {
-                            reset(&mut oracle, &case.rules, key, value, at)
+                            reset(obs.oracle, &case.rules, key, value, at)
                         }
                         _ => {}
                     }
@@ -357,21 +499,31 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     hi: clocks.now(),
                     seq: n,
                 };
-                reset(&mut oracle, &case.rules, key, value, at);
+                reset(obs.oracle, &case.rules, key, value, at);
             }
             Op::Reload(r) => world.reload(*r),
-            Op::Crash(r) => world.crash(*r, n as u64 + 1),
+            Op::Crash(r) => {
+                for e in &mut envoys {
+                    e.lost(*r);
+                }
+                world.crash(*r, n as u64 + 1);
+            }
             Op::Step(r, micros) => world.step(*r, *micros),
             Op::Faults(r, p) => world.faults(*r, *p),
             // On the real clock a slow store is slow in earnest: a few ms.
-            Op::Slow(r, micros) => world.slow(
-                *r,
-                if virtual_clock.is_some() {
-                    *micros
-                } else {
-                    (*micros).min(5_000)
-                },
-            ),
+            Op::Slow(r, micros) => {
+                if *micros > 0 {
+                    slow.push(*r);
+                }
+                world.slow(
+                    *r,
+                    if virtual_clock.is_some() {
+                        *micros
+                    } else {
+                        (*micros).min(5_000)
+                    },
+                );
+            }
             Op::Flood(r, req, times) => {
                 for _ in 0..*times {
                     let lo = clocks.now();
@@ -382,13 +534,25 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         seq: n,
                     };
                     check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
-                    coverage.admitted += record(&mut oracle, &case.rules, req, &answer, at);
-                    advance(&clocks, 1_000).await;
+                    coverage.admitted += record(obs.oracle, &case.rules, req, &answer, at);
+                    advance(&clocks, 1_000, &mut envoys, &world, &mut obs, n).await;
                 }
             }
         }
         coverage.ops += 1;
     }
+    coverage.envoy_admitted += obs.admitted;
+    coverage.envoy_reports += envoys.iter().map(|e| e.reports).sum::<u64>();
+    if virtual_clock.is_some() {
+        coverage.envoy_moved += envoys.iter().map(|e| e.moved).sum::<u64>();
+    }
+    if virtual_clock.is_some() && envoys.iter().any(|e| e.moved > 0) && slow.is_empty() {
+        return Err(
+            "Tokio's paused time moved while an Envoy's report was answered, with no slow store"
+                .into(),
+        );
+    }
+    drop(envoys);
     coverage.leased += world
         .replicas
         .iter()
@@ -428,6 +592,45 @@ fn note_features(case: &Case, coverage: &mut Coverage) {
             }
         }
     }
+    for spec in &case.envoys {
+        *coverage
+            .features
+            .entry("RLQS: an Envoy".into())
+            .or_default() += 1;
+        for b in &spec.buckets {
+            let Some(r) = case.rules.find(&b.key, &b.value) else {
+                continue;
+            };
+            let rule = &case.rules.rules[r];
+            for l in &rule.limits {
+                let algorithm = l.algorithm.as_str();
+                let one = guarantees::promise(&rule.features(l, true)).one_count;
+                let what = if one {
+                    "one count"
+                } else {
+                    "each its own bound"
+                };
+                *coverage
+                    .features
+                    .entry(format!("{algorithm} + RLQS ({what})"))
+                    .or_default() += 1;
+                for (on, what) in [
+                    (rule.list, "in a list"),
+                    (
+                        matches!(rule.value, grammar::Value::Wildcard { shared: true, .. }),
+                        "share_threshold",
+                    ),
+                ] {
+                    if on {
+                        *coverage
+                            .features
+                            .entry(format!("{algorithm} + RLQS + {what}"))
+                            .or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
     for op in &case.ops {
         let what = match op {
             Op::Advance(_) | Op::Ask(..) => continue,
@@ -442,6 +645,10 @@ fn note_features(case: &Case, coverage: &mut Coverage) {
             Op::Faults(..) => "fault: store errors",
             Op::Slow(..) => "fault: a slow store",
             Op::Flood(..) => "a client at its limit",
+            Op::Envoy(_, EnvoyOp::Rate(..)) => "RLQS: an Envoy's demand changes",
+            Op::Envoy(_, EnvoyOp::Close) => "RLQS: a stream closes",
+            Op::Envoy(_, EnvoyOp::Move(..)) => "RLQS: an Envoy moves to another replica",
+            Op::Envoy(_, EnvoyOp::Restart) => "RLQS: an Envoy restarts",
         };
         *coverage.features.entry(what.into()).or_default() += 1;
     }
@@ -479,6 +686,10 @@ async fn shrink(mut case: Case, backend: &Backend, mut error: String) -> (Case, 
 }
 
 fn report(case: &Case, error: &str) -> String {
+    let mut envoys = String::new();
+    for (i, e) in case.envoys.iter().enumerate() {
+        envoys.push_str(&format!("  {i}: {e:?}\n"));
+    }
     let mut trace = String::new();
     for (i, op) in case.ops.iter().enumerate() {
         trace.push_str(&format!("  {i}: {}\n", abbreviate(&format!("{op:?}"))));
@@ -486,7 +697,7 @@ fn report(case: &Case, error: &str) -> String {
     format!(
         "the model found a limit passed: {error}\n\
          replay: TOLLGATE_MODEL_SEED={} cargo test --test model\n\
-         replicas: {}, virtual start {} µs\n--- model.yaml\n{}--- trace (shrunk)\n{trace}",
+         replicas: {}, virtual start {} µs\n--- model.yaml\n{}--- Envoys (RLQS)\n{envoys}--- trace (shrunk)\n{trace}",
         case.seed,
         case.replicas,
         case.start,
@@ -540,8 +751,16 @@ async fn explore(backend: Backend, budget: Duration) -> Coverage {
         coverage.refused_rule_files += refused;
         note_features(&case, &mut coverage);
         if let Err(error) = run(&case, &backend, &mut coverage).await {
-            let (small, error) = shrink(case, &backend, error).await;
-            panic!("{}", report(&small, &error));
+            if std::env::var("TOLLGATE_MODEL_KEEP_GOING").is_ok() {
+                // Every failure of the budget, unshrunk: to see which
+                // defects a run finds, not only the first.
+                let lists = case.rules.rules.iter().any(|r| r.list);
+                println!("seed {seed} (a list in the rules: {lists}): {error}");
+                coverage.failed += 1;
+            } else {
+                let (small, error) = shrink(case, &backend, error).await;
+                panic!("{}", report(&small, &error));
+            }
         }
         if fixed.is_some() || started.elapsed() >= budget {
             break;
@@ -552,8 +771,17 @@ async fn explore(backend: Backend, budget: Duration) -> Coverage {
 
 fn print(store: &str, c: &Coverage, took: Duration) {
     println!(
-        "model on {store}: {} cases, {} ops, {} hits admitted ({} decisions from leases), {} rule files refused at load, in {:.0?}",
-        c.cases, c.ops, c.admitted, c.leased, c.refused_rule_files, took
+        "model on {store}: {} cases ({:.1}/s), {} ops, {} hits admitted ({} decisions from leases), {} requests admitted by Envoys ({} reports answered, {} while a slow store moved Tokio's time), {} rule files refused at load, in {:.0?}",
+        c.cases,
+        c.cases as f64 / took.as_secs_f64(),
+        c.ops,
+        c.admitted,
+        c.leased,
+        c.envoy_admitted,
+        c.envoy_reports,
+        c.envoy_moved,
+        c.refused_rule_files,
+        took
     );
     println!(
         "  hits admitted on leased rules: {}",
@@ -570,6 +798,7 @@ async fn the_embedded_store_on_a_virtual_clock() {
     let c = explore(Backend::Virtual, budget()).await;
     print("the embedded store", &c, started.elapsed());
     assert!(c.cases > 0 && c.admitted > 0, "the model ran no traffic");
+    assert_eq!(c.failed, 0, "cases failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -579,6 +808,7 @@ async fn redis_on_the_real_clock() {
     let c = explore(Backend::Real(connect(redis.url()).await), budget() / 3).await;
     print("Redis", &c, started.elapsed());
     assert!(c.cases > 0 && c.admitted > 0, "the model ran no traffic");
+    assert_eq!(c.failed, 0, "cases failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -588,6 +818,7 @@ async fn a_redis_cluster_on_the_real_clock() {
     let c = explore(Backend::Real(connect(cluster.url()).await), budget() / 3).await;
     print("a 3+3 Redis Cluster", &c, started.elapsed());
     assert!(c.cases > 0 && c.admitted > 0, "the model ran no traffic");
+    assert_eq!(c.failed, 0, "cases failed");
 }
 
 /// Each defect the model found, as a small case: none passes a limit.
@@ -600,11 +831,19 @@ async fn the_defects_found_stay_fixed() {
             rules: r.rules,
             replicas: r.replicas,
             ops: r.ops,
+            envoys: r.envoys,
             start: 1_796_083_200_000_000 + 400_000,
         };
         world::load(&case.rules).unwrap_or_else(|e| panic!("{}: {e}", r.name));
-        if let Err(e) = run(&case, &Backend::Virtual, &mut Coverage::default()).await {
+        let mut seen = Coverage::default();
+        if let Err(e) = run(&case, &Backend::Virtual, &mut seen).await {
             failed.push(format!("{}: {e}", r.name));
+        }
+        if std::env::var("TOLLGATE_MODEL_DEBUG").is_ok() {
+            eprintln!(
+                "{}: {} hits admitted, {} by Envoys ({} reports answered)",
+                r.name, seen.admitted, seen.envoy_admitted, seen.envoy_reports
+            );
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));

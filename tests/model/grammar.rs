@@ -182,7 +182,38 @@ pub fn draw(rng: &mut ChaCha8Rng, domain: &str) -> Rules {
         let list = chance(rng, 30);
         let mut limits = Vec::new();
         for _ in 0..if list { 2 } else { 1 } {
-            let l = draw_limit(rng, names, &limits, leases);
+            let mut l = draw_limit(rng, names, &limits, leases);
+            // Half the lists: two algorithms on one window length (their
+            // keys and ledgers must still differ), now and then one limit
+            // far above the other.
+            if let Some(first) = limits.first()
+                && chance(rng, 50)
+                && first.zone.is_none()
+            {
+                let other = ALGORITHMS
+                    .iter()
+                    .copied()
+                    .filter(|a| *a != first.algorithm)
+                    .collect::<Vec<_>>();
+                l.algorithm =
+                    if matches!(first.algorithm, Algorithm::FixedWindow) && chance(rng, 60) {
+                        Algorithm::TokenBucket
+                    } else if matches!(first.algorithm, Algorithm::TokenBucket) && chance(rng, 60) {
+                        Algorithm::FixedWindow
+                    } else {
+                        other[pick(rng, other.len())]
+                    };
+                l.unit = first.unit;
+                l.multiplier = first.multiplier;
+                l.zone = None;
+                l.buckets = (l.algorithm == Algorithm::SlidingWindowCounter && chance(rng, 50))
+                    .then(|| [2, 3, 4, 10][pick(rng, 4)]);
+                if chance(rng, 30) {
+                    l.limit = first.limit * [10, 50, 100][pick(rng, 3)];
+                }
+                l.burst = (l.algorithm == Algorithm::TokenBucket && chance(rng, 50))
+                    .then(|| l.limit * (1 + pick(rng, 3) as u64));
+            }
             names += 1;
             limits.push(l);
         }

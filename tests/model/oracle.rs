@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use tollgate::guarantees::{Bound, Promise};
+use tollgate::rlqs::filter::Filter;
 
 use super::grammar::Limit;
 
@@ -31,6 +32,47 @@ pub struct Limiter {
     pub admitted: Vec<(Moment, u64)>,
     pub given_back: Vec<(Moment, u64)>,
     pub resets: Vec<Moment>,
+    /// Requests Envoys' quota filters admitted on it (RLQS).
+    pub envoy_admitted: Vec<(Moment, u64)>,
+    /// The Envoys' buckets counting on it: indices of [`Oracle::tracks`].
+    pub tracks: Vec<usize>,
+}
+
+/// One Envoy bucket's filter over time: its state after each change (the
+/// last at each time), and what it was given beyond its rate so far.
+#[derive(Default)]
+pub struct Track {
+    events: Vec<(u64, Filter, f64)>,
+    /// A reset of its limiter came after its last answer: until the next
+    /// answer its share is forgotten by the store, and README lets its
+    /// spending come on top of the limit.
+    pub grace: bool,
+}
+
+impl Track {
+    pub fn push(&mut self, at: u64, filter: &Filter, gained: f64) {
+        match self.events.last_mut() {
+            Some(last) if last.0 == at => *last = (at, filter.clone(), gained),
+            _ => self.events.push((at, filter.clone(), gained)),
+        }
+    }
+
+    /// The state before anything happened at `t`.
+    fn before(&self, t: u64) -> Option<&(u64, Filter, f64)> {
+        let i = self.events.partition_point(|e| e.0 < t);
+        i.checked_sub(1).map(|i| &self.events[i])
+    }
+
+    /// Tokens it held as `t` began, and what it gained from `t` to `to`
+    /// (inclusive): what it could spend there beyond its rate.
+    fn beyond_rate(&self, t: u64, to: u64) -> f64 {
+        let (held, gained_before) = self
+            .before(t)
+            .map_or((0.0, 0.0), |(_, f, g)| (f.tokens(t), *g));
+        let i = self.events.partition_point(|e| e.0 <= to);
+        let gained_by = i.checked_sub(1).map_or(0.0, |i| self.events[i].2);
+        held + (gained_by - gained_before).max(0.0)
+    }
 }
 
 /// (rule, limit of its list, identity).
@@ -42,6 +84,7 @@ pub struct Oracle {
     /// Replicas that may hold leases: each may spend what it held of a
     /// lease across a reset.
     pub replicas: u64,
+    pub tracks: Vec<Track>,
 }
 
 impl Oracle {
@@ -52,13 +95,15 @@ impl Oracle {
             admitted: Vec::new(),
             given_back: Vec::new(),
             resets: Vec::new(),
+            envoy_admitted: Vec::new(),
+            tracks: Vec::new(),
         })
     }
 
     /// Every limiter's history against its bound: the first violation.
     pub fn check(&self) -> Result<(), String> {
         for (key, l) in &self.limiters {
-            l.check(self.replicas.max(1)).map_err(|e| {
+            l.check(self.replicas.max(1), &self.tracks).map_err(|e| {
                 format!(
                     "limiter {key:?} ({:?} {}/{}s): {e}",
                     l.limit.algorithm,
@@ -76,7 +121,19 @@ fn overlaps(m: Moment, from: u64, to: u64) -> bool {
 }
 
 impl Limiter {
-    fn check(&self, replicas: u64) -> Result<(), String> {
+    fn check(&self, replicas: u64, tracks: &[Track]) -> Result<(), String> {
+        // What the Envoys' buckets could spend in [from, to] beyond their
+        // rates: what they held as it began, and what they were given
+        // beyond their rates within it (first fills, rebuilds).
+        let beyond = |from: u64, to: u64| -> u64 {
+            let sum: f64 = self
+                .tracks
+                .iter()
+                .map(|&t| tracks[t].beyond_rate(from, to))
+                .sum();
+            (sum + 1e-6).ceil() as u64
+        };
+        let none = |_: u64, _: u64| 0;
         // A reset gives the whole limit back: each stretch between resets
         // is checked on its own.
         let mut cuts: Vec<usize> = vec![0];
@@ -84,13 +141,27 @@ impl Limiter {
         cuts.sort();
         for (i, &from) in cuts.iter().enumerate() {
             let to = cuts.get(i + 1).copied().unwrap_or(usize::MAX);
-            let hits: Vec<(Moment, u64)> = self
-                .admitted
-                .iter()
-                .copied()
-                .filter(|(m, _)| (i == 0 || m.seq > from) && m.seq < to)
-                .collect();
-            self.check_stretch(&hits, i > 0, replicas)?;
+            let within = |hits: &[(Moment, u64)]| -> Vec<(Moment, u64)> {
+                hits.iter()
+                    .copied()
+                    .filter(|(m, _)| (i == 0 || m.seq > from) && m.seq < to)
+                    .collect()
+            };
+            let rls = within(&self.admitted);
+            let envoys = within(&self.envoy_admitted);
+            if self.promise.one_count {
+                // RLS and RLQS on one count: their hits together.
+                let mut both = rls;
+                both.extend(envoys);
+                self.check_stretch(&both, i > 0, replicas, &beyond)
+                    .map_err(|e| format!("RLS and Envoys together: {e}"))?;
+            } else {
+                self.check_stretch(&rls, i > 0, replicas, &none)?;
+                if !envoys.is_empty() {
+                    self.check_stretch(&envoys, false, replicas, &beyond)
+                        .map_err(|e| format!("Envoys alone: {e}"))?;
+                }
+            }
         }
         Ok(())
     }
@@ -112,6 +183,7 @@ impl Limiter {
         hits: &[(Moment, u64)],
         after_reset: bool,
         replicas: u64,
+        beyond: &dyn Fn(u64, u64) -> u64,
     ) -> Result<(), String> {
         let l = &self.limit;
         let size = match self.promise.bound {
@@ -137,7 +209,10 @@ impl Limiter {
                 }
                 for (k, sum) in sums {
                     let from = ((k * w) as i64 - offset) as u64;
-                    let allowed = l.limit + self.back_within(from, from + w) + lease_slack;
+                    let allowed = l.limit
+                        + self.back_within(from, from + w)
+                        + lease_slack
+                        + beyond(from, from + w - 1);
                     if sum > allowed {
                         return Err(format!(
                             "{sum} admitted in the window from {from} µs, bound {allowed}"
@@ -154,8 +229,10 @@ impl Limiter {
                         .filter(|(m, _)| m.lo >= from && m.hi < from + w)
                         .map(|(_, c)| c)
                         .sum();
-                    let allowed =
-                        l.limit + self.back_within(from.saturating_sub(w), from + w) + lease_slack;
+                    let allowed = l.limit
+                        + self.back_within(from.saturating_sub(w), from + w)
+                        + lease_slack
+                        + beyond(from, from + w - 1);
                     if sum > allowed {
                         return Err(format!(
                             "{sum} admitted in the trailing window from {from} µs, bound {allowed}"
@@ -177,8 +254,10 @@ impl Limiter {
                         .sum();
                     let from = first * w / n;
                     let to = (first + n) * w / n + 1;
-                    let allowed =
-                        l.limit + self.back_within(from.saturating_sub(w), to) + lease_slack;
+                    let allowed = l.limit
+                        + self.back_within(from.saturating_sub(w), to)
+                        + lease_slack
+                        + beyond(from, to);
                     if sum > allowed {
                         return Err(format!(
                             "{sum} admitted in {n} buckets of {w}/{n} µs from {from} µs, bound {allowed}"
@@ -196,11 +275,15 @@ impl Limiter {
                         sum += sorted[j].1;
                         let (from, to) = (sorted[i].0.lo, sorted[j].0.hi.max(sorted[i].0.lo));
                         let refill = (l.limit as u128 * (to - from) as u128 / w as u128) as u64;
-                        let allowed =
-                            l.burst() + refill + self.back_within(from, to + 1) + lease_slack;
+                        let base = l.burst() + refill + lease_slack;
+                        if sum <= base {
+                            continue;
+                        }
+                        let envoys = beyond(from, to);
+                        let allowed = base + self.back_within(from, to + 1) + envoys;
                         if sum > allowed {
                             return Err(format!(
-                                "{sum} admitted from {from} to {to} µs, bound burst {} + refill {refill} (+ given back, leases) = {allowed}",
+                                "{sum} admitted from {from} to {to} µs, bound burst {} + refill {refill} + Envoys' beyond their rates {envoys} (+ given back, leases) = {allowed}",
                                 l.burst()
                             ));
                         }

@@ -1,6 +1,7 @@
 //! One case per defect the model found (or was shown to find), kept as a
 //! rule file and a trace: each failed before its fix.
 
+use super::envoy::{BucketSpec, EnvoySpec};
 use super::grammar::{Limit, Rule, Rules, Value};
 use super::world::{Call, Desc, Op, Req};
 use tollgate::limit::Algorithm;
@@ -10,6 +11,8 @@ pub struct Regression {
     pub rules: Rules,
     pub replicas: usize,
     pub ops: Vec<Op>,
+    /// Envoys with the quota filter (RLQS) beside the replicas.
+    pub envoys: Vec<EnvoySpec>,
 }
 
 fn limit(algorithm: Algorithm, limit: u64, unit: &'static str) -> Limit {
@@ -88,6 +91,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::FixedWindow, 100, "second"),
             replicas: 2,
             ops,
+            envoys: Vec::new(),
         });
     }
 
@@ -106,6 +110,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::FixedWindow, 100, "minute"),
             replicas: 1,
             ops,
+            envoys: Vec::new(),
         });
     }
 
@@ -125,6 +130,92 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::TokenBucket, 100, "second"),
             replicas: 2,
             ops,
+            envoys: Vec::new(),
+        });
+    }
+
+    // Issue 43, defect 1 (cdcaecd): the limits of a `rate_limits:` list
+    // shared one RLQS ledger; an Envoy reporting on the list gave the
+    // token bucket back tokens it never charged, and RLS callers got
+    // about 12x its limit.
+    {
+        let list = vec![
+            Limit {
+                name: "l0".into(),
+                ..limit(Algorithm::FixedWindow, 6000, "minute")
+            },
+            Limit {
+                name: "l1".into(),
+                ..limit(Algorithm::TokenBucket, 60, "minute")
+            },
+        ];
+        let mut ops = Vec::new();
+        for _ in 0..1000 {
+            ops.push(Op::Ask(0, ask("k")));
+            ops.push(Op::Advance(10_000));
+        }
+        out.push(Regression {
+            name: "the limits of a list share one RLQS ledger",
+            rules: Rules {
+                domain: "regression".into(),
+                rules: vec![rule("api_key", list)],
+            },
+            replicas: 1,
+            ops,
+            envoys: vec![EnvoySpec {
+                replica: 0,
+                buckets: vec![BucketSpec {
+                    key: "api_key".into(),
+                    value: "k".into(),
+                    rate: 0.2,
+                }],
+            }],
+        });
+    }
+
+    // Issue 43, defect 2 (b172f88): RLQS ignored `share_threshold`: each
+    // value under a shared `p0/*` got a ledger (and the whole limit) of
+    // its own, beside RLS counting on the pattern.
+    {
+        let mut ops = Vec::new();
+        for _ in 0..100 {
+            ops.push(Op::Ask(
+                0,
+                Req {
+                    hits: 1,
+                    descriptors: vec![Desc {
+                        key: "files".into(),
+                        value: "p0/c".into(),
+                        hits: None,
+                        negative: false,
+                    }],
+                },
+            ));
+            ops.push(Op::Advance(50_000));
+        }
+        let envoy = |value: &str| EnvoySpec {
+            replica: 0,
+            buckets: vec![BucketSpec {
+                key: "files".into(),
+                value: value.into(),
+                rate: 30.0,
+            }],
+        };
+        out.push(Regression {
+            name: "values under a share_threshold wildcard get a ledger each",
+            rules: Rules {
+                domain: "regression".into(),
+                rules: vec![Rule {
+                    value: Value::Wildcard {
+                        prefix: "p0".into(),
+                        shared: true,
+                    },
+                    ..rule("files", vec![limit(Algorithm::FixedWindow, 10, "second")])
+                }],
+            },
+            replicas: 1,
+            ops,
+            envoys: vec![envoy("p0/a"), envoy("p0/b")],
         });
     }
     out
