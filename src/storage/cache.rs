@@ -69,9 +69,14 @@
 //! checks until its reset, which is when the recorded usage is back within
 //! the limit; a give-back goes to the store and drops the entry.
 //!
-//! The entry's end is this replica's clock when the call was sent plus the
-//! reset the store answered: never later than the store's own reset, at most
-//! one round trip earlier (the reset answered locally is that much shorter).
+//! The entry's end is this replica's monotonic clock
+//! ([`Clock::monotonic_micros`]) when the call was sent plus the reset the
+//! store answered: never later than the store's own reset, at most one round
+//! trip earlier (the reset answered locally is that much shorter). A step of
+//! the wall clock does not move it: stepped back, the store's window now
+//! ends later, and the cache asks the store again at the reset it answered
+//! (early is fine: the store decides again); stepped forward, the cache
+//! keeps no refusal longer than the store said.
 //!
 //! The cache is per replica: hits given back through another replica are
 //! not seen, and the entries of this one stay until their reset. A refusal
@@ -138,7 +143,9 @@ struct Refusal {
     /// The refused cost (`fixed_window`: any cost; stored as 0).
     cost: u64,
     remaining: u64,
-    /// Until this instant (this replica's clock, microseconds).
+    /// Until this instant (this replica's monotonic clock, microseconds):
+    /// the store's reset is a duration from its answer, and a step of the
+    /// wall clock must not make the cache refuse longer.
     until: u64,
     /// A limiter with several limits: each limit's answer when the
     /// refusal was cached, and when that was.
@@ -404,7 +411,7 @@ impl OverLimitCache {
 
     /// Drops the entries whose refusals have all expired.
     pub fn sweep(&self) {
-        let now = self.clock.now_micros();
+        let now = self.clock.monotonic_micros();
         self.lock().retain(|_, e| {
             e.refusals.retain(|r| r.until > now);
             !e.refusals.is_empty()
@@ -416,7 +423,9 @@ impl Store for OverLimitCache {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
             let id = hit.fingerprint();
-            let now = self.clock.now_micros();
+            // Only durations are timed here (from the store's answers):
+            // nothing in the cache is aligned to windows.
+            let now = self.clock.monotonic_micros();
             let generation = self.follow_resets();
             let give_backs = self.give_backs.load(Ordering::SeqCst);
             let cost = match self.plan(id, &hit, now) {
@@ -655,5 +664,39 @@ mod tests {
         clock.advance_secs(1);
         cached.sweep();
         assert_eq!(cached.counts().entries, 0);
+    }
+
+    /// The wall clock stepping back (an NTP step, a VM resumed) does not
+    /// keep a refusal past the reset the store answered: the cache times it
+    /// on the monotonic clock, and past it asks the store, which here counts
+    /// afresh in the window the wall clock stepped back into.
+    #[tokio::test]
+    async fn a_wall_step_back_does_not_keep_a_refusal_past_its_reset() {
+        let clock = ManualClock::at_micros(1_000_000_000_000 + 300_000);
+        let cached = OverLimitCache::new(
+            Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+            Arc::new(clock.clone()),
+            16,
+        );
+        let e = entries();
+        let h = hit(&e, Algorithm::FixedWindow, 1, false);
+        for _ in 0..5 {
+            assert!(cached.hit(h).await.unwrap().admitted);
+        }
+        let refused = cached.hit(h).await.unwrap();
+        assert!(!refused.admitted);
+        assert_eq!(refused.reset_micros, 700_000);
+        clock.step_wall_micros(-10_000_000);
+        // Still refused here until the reset, as the store answered it.
+        let kept = cached.hit(h).await.unwrap();
+        assert!(!kept.admitted);
+        assert_eq!(kept.reset_micros, 700_000, "{kept:?}");
+        assert_eq!(cached.counts().hits, 1);
+        clock.advance_micros(700_000);
+        let after = cached.hit(h).await.unwrap();
+        assert!(
+            after.admitted,
+            "refused past its reset after the wall clock stepped back: {after:?}"
+        );
     }
 }
