@@ -147,12 +147,14 @@ use tollgate::storage::{
 };
 
 /// The embedded store answering each call after a pause (tokio's time,
-/// paused in the test): long enough for hits to queue behind it.
-struct Slow(MemoryStore);
+/// paused in the test): long enough for hits to queue behind it. Counts
+/// the calls that reached it, so a test sees one in flight.
+struct Slow(MemoryStore, Arc<AtomicUsize>);
 
 impl Store for Slow {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(async move {
+            self.1.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(100)).await;
             self.0.hit(hit).await
         })
@@ -193,7 +195,8 @@ fn bucket(entries: &[(String, String)], hits: u64) -> Hit<'_> {
 async fn a_queued_lease_stays_a_lease() {
     let clock = ManualClock::at_secs(1_800_028_800);
     let memory = MemoryStore::new(Arc::new(clock.clone()));
-    let store = Arc::new(Coalescing::new(Arc::new(Slow(memory))));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(Coalescing::new(Arc::new(Slow(memory, reached.clone()))));
     let entries = vec![("user".to_string(), "queued".to_string())];
     let first = {
         let (store, entries) = (store.clone(), entries.clone());
@@ -206,7 +209,11 @@ async fn a_queued_lease_stays_a_lease() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The first call is in the store before the second is sent (yielding
+    // does not move the paused clock, so it stays there).
+    while reached.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
     let lease = {
         let (store, entries) = (store.clone(), entries.clone());
         tokio::spawn(async move {

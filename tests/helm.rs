@@ -1529,16 +1529,6 @@ async fn the_python_client_spends_a_weighted_budget_and_honours_reset() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(
-        &lines[..4],
-        [
-            "call 1: spent 30, remaining 70",
-            "call 2: spent 30, remaining 40",
-            "call 3: spent 30, remaining 10",
-            lines[3],
-        ]
-    );
-    assert!(lines[3].starts_with("over budget; waiting "), "{stdout}");
     let waits: Vec<f64> = lines
         .iter()
         .filter_map(|l| l.strip_prefix("over budget; waiting "))
@@ -1547,7 +1537,45 @@ async fn the_python_client_spends_a_weighted_budget_and_honours_reset() {
     // A wait is printed to the millisecond: a call landing within half a
     // millisecond of the window's end prints 0.000.
     assert!(waits.iter().all(|w| *w >= 0.0 && *w <= 1.0), "{waits:?}");
-    assert!(waits[0] > 0.0, "{waits:?}");
+    // What any pace allows, on a log of 100 a second: each call adds 30 to
+    // the last second's count (entries older than a second only leave),
+    // and a refusal comes only when the last second holds 10 or less.
+    let mut last = 100;
+    for line in &lines {
+        if let Some(call) = line.strip_prefix("call ") {
+            let remaining: u64 = call.rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(
+                [70, 40, 10].contains(&remaining) && remaining + 30 >= last,
+                "{line} after {last} remaining:\n{stdout}"
+            );
+            last = remaining;
+        } else {
+            assert!(
+                line.starts_with("over budget; waiting ") && last < 30,
+                "{line} after {last} remaining:\n{stdout}"
+            );
+        }
+    }
+    // Calls 1 to 4 come before the first wait: when the whole job, less
+    // its waits, took under a second, they all fell in one second of the
+    // log, and the first three spent it exactly. A busy machine can spread
+    // them further; then only the rules above hold.
+    let unwaited = took.saturating_sub(Duration::from_secs_f64(waits.iter().sum()));
+    if unwaited < Duration::from_secs(1) {
+        assert_eq!(
+            &lines[..4],
+            [
+                "call 1: spent 30, remaining 70",
+                "call 2: spent 30, remaining 40",
+                "call 3: spent 30, remaining 10",
+                lines[3],
+            ]
+        );
+        assert!(lines[3].starts_with("over budget; waiting "), "{stdout}");
+        assert!(waits[0] > 0.0, "{waits:?}");
+    } else {
+        eprintln!("the job took {unwaited:?} besides its waits: too long to expect exact counts");
+    }
     assert_eq!(
         lines.iter().filter(|l| l.starts_with("call ")).count(),
         5,

@@ -739,11 +739,13 @@ async fn a_store_failure_keeps_the_last_share_then_follows_the_policy() {
     t.wait_serving(WAIT).await;
     let bucket = [("case", "failure"), ("name", "strict")];
     let mut q = Quota::open(&t, &domain).await;
+    // The share is assigned after this: it cannot run out before 3 s
+    // from here, however long the calls below take.
+    let started = tokio::time::Instant::now();
     let before = outcome(&q.report(vec![usage(&bucket, 5, 0, 5)]).await, &bucket);
     let Outcome::Bucket { per_fill, .. } = before else {
         panic!("{before:?}");
     };
-    let started = tokio::time::Instant::now();
     redis.stop();
     let during = outcome(&q.report(vec![usage(&bucket, 5, 0, 5)]).await, &bucket);
     match during {
@@ -759,7 +761,8 @@ async fn a_store_failure_keeps_the_last_share_then_follows_the_policy() {
             );
         }
         other => {
-            // Only once the last share has run out.
+            // Only once the last share has run out: 3 s after it was
+            // assigned, less a second for its whole-second time to live.
             assert!(started.elapsed() >= Duration::from_secs(2), "{other:?}");
         }
     }
@@ -919,16 +922,21 @@ async fn a_stream_answers_at_most_max_buckets() {
 async fn draining_ends_the_streams() {
     let domain = unique_domain("rlqs-drain");
     let text = rules(&domain);
-    let t = Tollgate::start(&[("rules.yaml", &text)], &[("shutdown_grace_ms", "20000")]).await;
+    const GRACE: Duration = Duration::from_secs(20);
+    let grace = GRACE.as_millis().to_string();
+    let t = Tollgate::start(&[("rules.yaml", &text)], &[("shutdown_grace_ms", &grace)]).await;
     t.wait_serving(WAIT).await;
     let mut q = Quota::open(&t, &domain).await;
     q.report(vec![usage(&[("name", "free")], 1, 0, 0)]).await;
     let started = tokio::time::Instant::now();
     t.stop().await;
+    // A held stream keeps the server for the whole grace; half of it
+    // leaves a busy machine seconds to stop a debug build.
+    let stopped = started.elapsed();
+    eprintln!("stopped after {stopped:?}");
     assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "stopped after {:?}: the open stream held it",
-        started.elapsed()
+        stopped < GRACE / 2,
+        "stopped after {stopped:?}: the open stream held it"
     );
     let status = q.next().await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
