@@ -164,7 +164,7 @@ pub const ALLOWANCES: &[&str] = &[
     "Usage reports are recorded whatever they answer and admit nothing: requests' admitted hits keep the bound.",
     "With `lease`, a reset through one replica forgets that replica's lease at once; each other replica may still spend what it held of a lease taken before the reset, until it reads the reset (Redis: within 200 ms): at most a tenth of the limit (a bucket: of its burst) per other replica, in the window holding the reset.",
     "A replica that crashes loses its leases: they only admit less, for the rest of their window.",
-    "A reset forgets the Envoys' shares of the limiter too: what each Envoy spends until its next report's answer comes on top of the limit.",
+    "A reset forgets the Envoys' shares of the limiter too: what each Envoy spends until a report of it reaches the store again comes on top of the limit (while the store fails, the stream re-sends the last assignment: up to its time to live).",
 ];
 
 /// The promise for a rule combining `f`: the first row of [`TABLE`] that

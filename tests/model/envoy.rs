@@ -273,6 +273,9 @@ pub trait Observer {
     /// A new record of a bucket's filter, counting on `key`=`value`'s
     /// limiters.
     fn track(&mut self, key: &str, value: &str) -> usize;
+    /// `answered`: the ledger saw the report this state answers.
+    /// A bucket's filter after a change; `answered`: by an answer the
+    /// ledger made (not a store failure's re-sent assignment).
     fn filter(&mut self, track: usize, now: u64, filter: &Filter, gained: f64, answered: bool);
     fn admitted(&mut self, track: usize, key: &str, value: &str, now: u64, seq: usize, n: u64);
 }
@@ -290,6 +293,8 @@ pub struct Envoy {
     pub reports: u64,
     /// Answers during which Tokio's (paused) time moved.
     pub moved: u64,
+    /// The time to live of an assignment the ledger has just made.
+    full_ttl: u64,
 }
 
 impl Envoy {
@@ -305,6 +310,8 @@ impl Envoy {
             broken: 0,
             reports: 0,
             moved: 0,
+            full_ttl: tollgate::server::quota_options(&super::world::settings())
+                .assignment_ttl_secs,
         };
         for b in &spec.buckets {
             e.buckets.push(Bucket {
@@ -490,8 +497,10 @@ impl Envoy {
             else {
                 continue;
             };
+            let mut fresh = false;
             match action.bucket_action.as_ref() {
                 Some(Kind::AbandonAction(_)) => {
+                    fresh = true;
                     // Envoy forgets the bucket; its next request subscribes
                     // it again, without an assignment.
                     b.gained_before += b.filter.gained();
@@ -503,6 +512,10 @@ impl Envoy {
                         .assignment_time_to_live
                         .as_ref()
                         .map_or(0, |d| d.seconds.max(0) as u64);
+                    // A whole time to live: the ledger saw this report
+                    // (a store failure re-sends the last assignment for
+                    // what is left of it).
+                    fresh = ttl >= self.full_ttl;
                     if let Some(assignment) = assignment(
                         a.rate_limit_strategy
                             .as_ref()
@@ -518,7 +531,7 @@ impl Envoy {
                 now,
                 &b.filter,
                 b.gained_before + b.filter.gained(),
-                true,
+                fresh,
             );
         }
     }
