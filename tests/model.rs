@@ -32,6 +32,8 @@ mod envoy;
 mod grammar;
 #[path = "model/oracle.rs"]
 mod oracle;
+#[path = "model/refusals.rs"]
+mod refusals;
 #[path = "model/regressions.rs"]
 mod regressions;
 #[path = "model/world.rs"]
@@ -90,6 +92,8 @@ struct Coverage {
     /// Of those, answered while Tokio's paused time moved (a slow store).
     envoy_moved: u64,
     refused_rule_files: u64,
+    /// Refusals the refusal check could judge (`model/refusals.rs`).
+    refusals_checked: u64,
     /// Cases that failed (`TOLLGATE_MODEL_KEEP_GOING`).
     failed: u64,
     features: BTreeMap<String, u64>,
@@ -223,6 +227,24 @@ fn reset_request(key: &str, value: &str) -> Req {
             hits: None,
             negative: false,
         }],
+    }
+}
+
+/// A reset: what the refusal check knows of the rule's limiters starts
+/// again (`clean`: decided alone, with no fault in force).
+fn forget(
+    refusals: &mut refusals::Refusals,
+    replica: usize,
+    rules: &Rules,
+    key: &str,
+    value: &str,
+    clean: bool,
+) {
+    if let Some(rule) = rules.find(key, value) {
+        let identity = rules.identity(rule, value);
+        for k in 0..rules.rules[rule].limits.len() {
+            refusals.reset((rule, k, identity.clone()), replica, clean);
+        }
     }
 }
 
@@ -434,6 +456,11 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
     };
     // Replicas made slow at some point: their sleeps move Tokio's time.
     let mut slow: Vec<usize> = Vec::new();
+    // Refusals are checked on the virtual clock, where a call's moment is
+    // exact, and where no Envoy holds a share of what the store counts.
+    let mut refusals = refusals::Refusals::new(virtual_clock.is_none() || !case.envoys.is_empty());
+    let mut stepped = vec![false; case.replicas];
+    let mut faulty = vec![false; case.replicas];
     for (n, op) in case.ops.iter().enumerate() {
         match op {
             Op::Advance(micros) => {
@@ -449,6 +476,16 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     seq: n,
                 };
                 check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
+                refusals
+                    .note(
+                        (!stepped[*r]).then_some(*r),
+                        &case.rules,
+                        req,
+                        &answer,
+                        lo,
+                        true,
+                    )
+                    .map_err(|e| format!("op {n}: {e}"))?;
                 coverage.admitted += record(obs.oracle, &case.rules, req, &answer, at);
             }
             Op::Together(r, calls) => {
@@ -479,10 +516,12 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     match (c, answer) {
                         (Call::Ask(req), Some(answer)) => {
                             check_answer(req, answer).map_err(|e| format!("op {n}: {e}"))?;
+                            let _ = refusals.note(None, &case.rules, req, answer, lo, false);
                             coverage.admitted += record(obs.oracle, &case.rules, req, answer, at);
                         }
                         (Call::Reset(key, value), _) => {
-                            reset(obs.oracle, &case.rules, key, value, at)
+                            reset(obs.oracle, &case.rules, key, value, at);
+                            forget(&mut refusals, *r, &case.rules, key, value, false);
                         }
                         _ => {}
                     }
@@ -500,6 +539,8 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     seq: n,
                 };
                 reset(obs.oracle, &case.rules, key, value, at);
+                let clean = !refusals.blind;
+                forget(&mut refusals, *r, &case.rules, key, value, clean);
             }
             Op::Reload(r) => world.reload(*r),
             Op::Crash(r) => {
@@ -507,9 +548,20 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     e.lost(*r);
                 }
                 world.crash(*r, n as u64 + 1);
+                stepped[*r] = false;
             }
-            Op::Step(r, micros) => world.step(*r, *micros),
-            Op::Faults(r, p) => world.faults(*r, *p),
+            Op::Step(r, micros) => {
+                // A replica's wall clock stepped: refusals through it are
+                // not checked (their resets were read on the old clock).
+                stepped[*r] = true;
+                world.step(*r, *micros)
+            }
+            Op::Faults(r, p) => {
+                faulty[*r] = *p > 0;
+                refusals.blind =
+                    virtual_clock.is_none() || !case.envoys.is_empty() || faulty.iter().any(|f| *f);
+                world.faults(*r, *p)
+            }
             // On the real clock a slow store is slow in earnest: a few ms.
             Op::Slow(r, micros) => {
                 if *micros > 0 {
@@ -534,6 +586,16 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         seq: n,
                     };
                     check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
+                    refusals
+                        .note(
+                            (!stepped[*r]).then_some(*r),
+                            &case.rules,
+                            req,
+                            &answer,
+                            lo,
+                            true,
+                        )
+                        .map_err(|e| format!("op {n}: {e}"))?;
                     coverage.admitted += record(obs.oracle, &case.rules, req, &answer, at);
                     advance(&clocks, 1_000, &mut envoys, &world, &mut obs, n).await;
                 }
@@ -541,6 +603,7 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
         }
         coverage.ops += 1;
     }
+    coverage.refusals_checked += refusals.checked;
     coverage.envoy_admitted += obs.admitted;
     coverage.envoy_reports += envoys.iter().map(|e| e.reports).sum::<u64>();
     if virtual_clock.is_some() {
@@ -783,6 +846,7 @@ fn print(store: &str, c: &Coverage, took: Duration) {
         c.refused_rule_files,
         took
     );
+    println!("  refusals judged: {}", c.refusals_checked);
     println!(
         "  hits admitted on leased rules: {}",
         LEASED_RULE_HITS.load(std::sync::atomic::Ordering::Relaxed)

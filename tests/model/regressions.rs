@@ -218,5 +218,32 @@ pub fn all() -> Vec<Regression> {
             envoys: vec![envoy("p0/a"), envoy("p0/b")],
         });
     }
+    out.push(list_take_back());
     out
+}
+
+/// Not a defect found but a check that the refusal check bites: a list
+/// of a log and a bucket that the bucket refuses must take back what the
+/// log recorded. With the take-back removed (`src/storage/memory/group.rs`)
+/// the log refuses later while what it admitted leaves room.
+pub fn list_take_back() -> Regression {
+    let mut log = limit(Algorithm::SlidingWindowLog, 5, "second");
+    let mut bucket = limit(Algorithm::TokenBucket, 3, "second");
+    log.name = "log".into();
+    log.multiplier = 2;
+    bucket.name = "bucket".into();
+    let mut ops = Vec::new();
+    asks(&mut ops, 0, 5, "k");
+    ops.push(Op::Advance(1_500_000));
+    asks(&mut ops, 0, 2, "k");
+    Regression {
+        name: "a list's take-back",
+        rules: Rules {
+            domain: "regression".into(),
+            rules: vec![rule("api_key", vec![log, bucket])],
+        },
+        replicas: 1,
+        ops,
+        envoys: Vec::new(),
+    }
 }
