@@ -220,6 +220,41 @@ pub fn token_bucket_within(grants: &[(u64, Window)], burst: f64) -> Assignment {
     }
 }
 
+/// The stricter of two assignments: the slower rate, in a bucket no
+/// larger than either's (within both, whichever fills faster).
+pub fn stricter(a: Assignment, b: Assignment) -> Assignment {
+    match (a, b) {
+        (Assignment::DenyAll, _) | (_, Assignment::DenyAll) => Assignment::DenyAll,
+        (Assignment::AllowAll, other) | (other, Assignment::AllowAll) => other,
+        (
+            Assignment::TokenBucket {
+                max_tokens: ma,
+                tokens_per_fill: ta,
+                fill_secs: fa,
+            },
+            Assignment::TokenBucket {
+                max_tokens: mb,
+                tokens_per_fill: tb,
+                fill_secs: fb,
+            },
+        ) => {
+            // ta / fa against tb / fb, exactly.
+            let (tokens_per_fill, fill_secs) = if u128::from(ta) * u128::from(fb.max(1))
+                <= u128::from(tb) * u128::from(fa.max(1))
+            {
+                (ta, fa)
+            } else {
+                (tb, fb)
+            };
+            Assignment::TokenBucket {
+                max_tokens: ma.min(mb),
+                tokens_per_fill,
+                fill_secs,
+            }
+        }
+    }
+}
+
 /// What a bucket gets when the store fails and no earlier grant is in
 /// force: the rule's failure policy (`error` cannot be said per bucket,
 /// so it leaves Envoy to its own no-assignment behaviour: no answer).
@@ -247,6 +282,30 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_stricter_assignment_is_the_slower_within_both() {
+        let bucket = |max_tokens, tokens_per_fill, fill_secs| Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_secs,
+        };
+        // 12000 a minute against 6000 a minute: the slower rate, the
+        // smaller bucket, whichever order.
+        let old = bucket(200, 12_000, 60);
+        let new = bucket(100, 6_000, 60);
+        assert_eq!(stricter(old, new), new);
+        assert_eq!(stricter(new, old), new);
+        // Rates compared exactly across fill intervals: 10 per 2 s is
+        // slower than 6 per second, and the bucket is the smaller one.
+        assert_eq!(
+            stricter(bucket(50, 10, 2), bucket(6, 6, 1)),
+            bucket(6, 10, 2)
+        );
+        assert_eq!(stricter(Assignment::DenyAll, new), Assignment::DenyAll);
+        assert_eq!(stricter(Assignment::AllowAll, new), new);
+        assert_eq!(stricter(new, Assignment::AllowAll), new);
     }
 
     #[test]

@@ -244,8 +244,10 @@ async fn answer(
         (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
     let store = inner.engine.store();
     let default_algorithm = inner.engine.options().default_algorithm;
-    type Lease<'a> =
-        crate::storage::BoxFuture<'a, Option<Result<Vec<(Grant, Window)>, StoreError>>>;
+    // On an error, the grants the list's earlier limits already got: their
+    // ledgers hold them now, whatever the bucket is sent.
+    type Grants = Vec<(Grant, Window)>;
+    type Lease<'a> = crate::storage::BoxFuture<'a, Option<Result<Grants, (StoreError, Grants)>>>;
     let leases: Vec<Lease<'_>> = items
         .iter()
         .map(|item| {
@@ -303,7 +305,7 @@ async fn answer(
                     };
                     match store.lease(call).await {
                         Ok(grant) => grants.push((grant, window)),
-                        Err(e) => return Some(Err(e)),
+                        Err(e) => return Some(Err((e, grants))),
                     }
                 }
                 Some(Ok(grants))
@@ -335,9 +337,21 @@ async fn answer(
                 let shares: Vec<_> = grants.iter().map(|(g, w)| (g.tokens, *w)).collect();
                 Some((bucket::token_bucket_within(&shares, options.burst), ttl))
             }
-            (Plan::Leased { .. }, _) => {
+            (Plan::Leased { .. }, grant) => {
                 inner.stats.store_error();
-                fallback(inner, state, item, now)
+                let fallback = fallback(inner, state, item, now);
+                match grant {
+                    // A list whose lease failed past its first limit: the
+                    // limits before it hold their new shares in their
+                    // ledgers (the others' grants count on them), so what
+                    // is re-sent stays within those too.
+                    Some(Err((_, written))) if !written.is_empty() => {
+                        let shares: Vec<_> = written.iter().map(|(g, w)| (g.tokens, *w)).collect();
+                        let within = bucket::token_bucket_within(&shares, options.burst);
+                        fallback.map(|(a, ttl)| (bucket::stricter(a, within), ttl))
+                    }
+                    _ => fallback,
+                }
             }
         };
         let Some((assignment, ttl)) = assignment else {
