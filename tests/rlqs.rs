@@ -341,12 +341,16 @@ async fn shares_and_requests_keep_one_count(t: &Tollgate, domain: &str) {
     let before = wall();
     let share = daily_share(&q.report(vec![usage(&first, BUSY, 0, 5)]).await, &first);
     assert!(share > 0);
+    // Whether one more request passes depends on the time of day: the
+    // requests already counted more than their fair half, so early in the
+    // day the share holds all that is left (its rate over most of a day),
+    // late in the day its rate to the day's end is a small part of it.
+    // Either way the two keep one count.
     let (ok, left) = ask(t, domain, &first, 1).await;
     let after = wall();
-    assert!(ok);
     let (least, most) = (held_from(share, after), held_from(share, before));
     assert!(600_000.0 + least <= limit + 1.0, "{share}");
-    let counted = 600_001.0 + left as f64;
+    let counted = 600_000.0 + f64::from(u8::from(ok)) + left as f64;
     assert!(
         counted + least <= limit + 1.0 && counted + most >= limit - 2.0,
         "{left} left, {least} to {most} held"
