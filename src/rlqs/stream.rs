@@ -334,24 +334,15 @@ async fn answer(
             }
             (Plan::Leased { .. }, Some(Ok(grants))) => {
                 ledger = grants.first().map(|g| g.0);
-                let shares: Vec<_> = grants.iter().map(|(g, w)| (g.tokens, *w)).collect();
-                Some((bucket::token_bucket_within(&shares, options.burst), ttl))
+                Some((within(&grants, options.burst), ttl))
             }
             (Plan::Leased { .. }, grant) => {
                 inner.stats.store_error();
-                let fallback = fallback(inner, state, item, now);
-                match grant {
-                    // A list whose lease failed past its first limit: the
-                    // limits before it hold their new shares in their
-                    // ledgers (the others' grants count on them), so what
-                    // is re-sent stays within those too.
-                    Some(Err((_, written))) if !written.is_empty() => {
-                        let shares: Vec<_> = written.iter().map(|(g, w)| (g.tokens, *w)).collect();
-                        let within = bucket::token_bucket_within(&shares, options.burst);
-                        fallback.map(|(a, ttl)| (bucket::stricter(a, within), ttl))
-                    }
-                    _ => fallback,
-                }
+                let written = match grant {
+                    Some(Err((_, written))) => written,
+                    _ => Vec::new(),
+                };
+                fallback(inner, state, item, now, &written)
             }
         };
         let Some((assignment, ttl)) = assignment else {
@@ -405,9 +396,33 @@ fn counted_on(
     (limiter, format!("{stream}/{:016x}", h.finish()))
 }
 
+/// The token bucket within every share of `grants` (a list's limits).
+fn within(grants: &[(Grant, Window)], burst: f64) -> Assignment {
+    let shares: Vec<_> = grants.iter().map(|(g, w)| (g.tokens, *w)).collect();
+    bucket::token_bucket_within(&shares, burst)
+}
+
 /// A store failure: the last assignment while it holds (for what is left
-/// of it, in whole seconds), else the rule's failure policy.
+/// of it, in whole seconds), else the rule's failure policy. `written`:
+/// the grants a list's earlier limits got before a later one failed.
+/// Their ledgers hold those new shares now (the other holders' grants
+/// count on them), so what is sent stays within them too.
 fn fallback(
+    inner: &Inner,
+    state: &State,
+    item: &Item<'_>,
+    now: Instant,
+    written: &[(Grant, Window)],
+) -> Option<(Assignment, std::time::Duration)> {
+    let sent = fallback_alone(inner, state, item, now);
+    if written.is_empty() {
+        return sent;
+    }
+    let cap = within(written, inner.options.burst);
+    sent.map(|(a, ttl)| (bucket::stricter(a, cap), ttl))
+}
+
+fn fallback_alone(
     inner: &Inner,
     state: &State,
     item: &Item<'_>,
