@@ -86,8 +86,10 @@ struct Coverage {
     cases: u64,
     ops: u64,
     admitted: u64,
-    /// Decisions the replicas answered from leases.
+    /// Decisions the replicas answered from leases, and hits admitted
+    /// on leased rules.
     leased: u64,
+    admitted_on_leased: u64,
     /// Requests Envoys' filters admitted, and their reports answered.
     envoy_admitted: u64,
     envoy_reports: u64,
@@ -172,8 +174,6 @@ async fn connect(url: String) -> Arc<dyn Store> {
     Arc::new(Coalescing::new(Arc::new(store)))
 }
 
-static LEASED_RULE_HITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// What one answer tells the oracle.
 fn record(
     oracle: &mut Oracle,
@@ -181,7 +181,8 @@ fn record(
     req: &Req,
     answer: &Result<Response, String>,
     at: Moment,
-) -> u64 {
+    coverage: &mut Coverage,
+) {
     // Hits given back make room whatever the answer: record them as sent.
     let matched: Vec<Option<usize>> = req
         .descriptors
@@ -193,7 +194,6 @@ fn record(
         .flatten()
         .flat_map(|&r| rules.rules[r].replaces.iter().map(String::as_str))
         .collect();
-    let mut admitted = 0;
     for (i, d) in req.descriptors.iter().enumerate() {
         let Some(r) = matched[i] else { continue };
         let rule = &rules.rules[r];
@@ -210,14 +210,13 @@ fn record(
                 l.given_back.push((at, cost));
             } else if passed && cost > 0 && !(rule.usage_reports && d.hits.is_some()) {
                 l.admitted.push((at, cost));
-                admitted += cost;
+                coverage.admitted += cost;
                 if rule.lease {
-                    LEASED_RULE_HITS.fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
+                    coverage.admitted_on_leased += cost;
                 }
             }
         }
     }
-    admitted
 }
 
 fn reset_request(key: &str, value: &str) -> Req {
@@ -469,26 +468,30 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                 advance(&clocks, *micros, &mut envoys, &world, &mut obs, n).await
             }
             Op::Envoy(e, op) => envoys[*e].apply(op, &mut obs),
-            Op::Ask(r, req) => {
-                let lo = clocks.now();
-                let answer = ask(&world, *r, req).await;
-                let at = Moment {
-                    lo,
-                    hi: clocks.now(),
-                    seq: n,
+            // One call, or a client's calls a millisecond apart (a flood).
+            Op::Ask(r, req) | Op::Flood(r, req, _) => {
+                let times = match op {
+                    Op::Flood(_, _, times) => *times,
+                    _ => 1,
                 };
-                check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
-                refusals
-                    .note(
-                        (!stepped[*r]).then_some(*r),
-                        &case.rules,
-                        req,
-                        &answer,
+                for _ in 0..times {
+                    let lo = clocks.now();
+                    let answer = ask(&world, *r, req).await;
+                    let at = Moment {
                         lo,
-                        true,
-                    )
-                    .map_err(|e| format!("op {n}: {e}"))?;
-                coverage.admitted += record(obs.oracle, &case.rules, req, &answer, at);
+                        hi: clocks.now(),
+                        seq: n,
+                    };
+                    check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
+                    let through = (!stepped[*r]).then_some(*r);
+                    refusals
+                        .note(through, &case.rules, req, &answer, lo, true)
+                        .map_err(|e| format!("op {n}: {e}"))?;
+                    record(obs.oracle, &case.rules, req, &answer, at, coverage);
+                    if matches!(op, Op::Flood(..)) {
+                        advance(&clocks, 1_000, &mut envoys, &world, &mut obs, n).await;
+                    }
+                }
             }
             Op::Together(r, calls) => {
                 let lo = clocks.now();
@@ -519,7 +522,7 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         (Call::Ask(req), Some(answer)) => {
                             check_answer(req, answer).map_err(|e| format!("op {n}: {e}"))?;
                             let _ = refusals.note(None, &case.rules, req, answer, lo, false);
-                            coverage.admitted += record(obs.oracle, &case.rules, req, answer, at);
+                            record(obs.oracle, &case.rules, req, answer, at, coverage);
                         }
                         (Call::Reset(key, value), _) => {
                             reset(obs.oracle, &case.rules, key, value, at);
@@ -577,30 +580,6 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         (*micros).min(5_000)
                     },
                 );
-            }
-            Op::Flood(r, req, times) => {
-                for _ in 0..*times {
-                    let lo = clocks.now();
-                    let answer = ask(&world, *r, req).await;
-                    let at = Moment {
-                        lo,
-                        hi: clocks.now(),
-                        seq: n,
-                    };
-                    check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
-                    refusals
-                        .note(
-                            (!stepped[*r]).then_some(*r),
-                            &case.rules,
-                            req,
-                            &answer,
-                            lo,
-                            true,
-                        )
-                        .map_err(|e| format!("op {n}: {e}"))?;
-                    coverage.admitted += record(obs.oracle, &case.rules, req, &answer, at);
-                    advance(&clocks, 1_000, &mut envoys, &world, &mut obs, n).await;
-                }
             }
         }
         coverage.ops += 1;
@@ -857,10 +836,7 @@ fn print(store: &str, c: &Coverage, took: Duration) {
         took
     );
     println!("  refusals judged: {}", c.refusals_checked);
-    println!(
-        "  hits admitted on leased rules: {}",
-        LEASED_RULE_HITS.load(std::sync::atomic::Ordering::Relaxed)
-    );
+    println!("  hits admitted on leased rules: {}", c.admitted_on_leased);
     for (what, n) in &c.features {
         println!("  {n:>6}  {what}");
     }
