@@ -97,6 +97,10 @@ struct Quota {
 
 impl Quota {
     async fn open(t: &Tollgate, domain: &str) -> Quota {
+        Self::try_open(t, domain).await.unwrap()
+    }
+
+    async fn try_open(t: &Tollgate, domain: &str) -> Result<Quota, tonic::Status> {
         let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", t.grpc))
             .await
             .unwrap();
@@ -104,14 +108,13 @@ impl Quota {
         let outbound = tokio_stream::wrappers::ReceiverStream::new(rx);
         let rx = client
             .stream_rate_limit_quotas(outbound)
-            .await
-            .unwrap()
+            .await?
             .into_inner();
-        Quota {
+        Ok(Quota {
             tx: Some(tx),
             rx,
             domain: domain.to_owned(),
-        }
+        })
     }
 
     async fn send(&mut self, usages: Vec<BucketQuotaUsage>) {
@@ -916,6 +919,82 @@ async fn a_stream_answers_at_most_max_buckets() {
     assert_eq!(outcome(&second, &b), Outcome::Abandon);
     let third = q.report(vec![usage(&c, 0, 1, 1)]).await;
     assert_eq!(outcome(&third, &c), Outcome::Deny);
+    t.stop().await;
+}
+
+/// What Envoys' bucket ids and streams cost a replica is bounded: past
+/// `rlqs.max_streams` a new stream is refused with `RESOURCE_EXHAUSTED`
+/// (and counted) until one closes, and past `rlqs.max_total_buckets` on
+/// all streams together new buckets are skipped while the answered ones
+/// still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_holds_at_most_max_streams_and_max_total_buckets() {
+    let domain = unique_domain("rlqs-caps");
+    let text = rules(&domain);
+    let settings = [("rlqs.max_streams", "2"), ("rlqs.max_total_buckets", "3")];
+    let t = Tollgate::start(&[("rules.yaml", &text)], &settings).await;
+    t.wait_serving(WAIT).await;
+    let [a, b, c] = [[("name", "free")], [("name", "open")], [("name", "banned")]];
+    let mut first = Quota::open(&t, &domain).await;
+    let mut second = Quota::open(&t, &domain).await;
+    let answered = first
+        .report(vec![usage(&a, 1, 0, 0), usage(&b, 1, 0, 0)])
+        .await;
+    assert_eq!(answered.bucket_action.len(), 2, "{answered:?}");
+    // One bucket left on the replica: the second stream gets one of two.
+    let answered = second
+        .report(vec![usage(&a, 1, 0, 0), usage(&c, 1, 0, 0)])
+        .await;
+    assert_eq!(answered.bucket_action.len(), 1, "{answered:?}");
+    let refused = Quota::try_open(&t, &domain)
+        .await
+        .err()
+        .expect("a third stream past rlqs.max_streams is refused");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("rlqs.max_streams"),
+        "{refused:?}"
+    );
+    let (_, metrics) = support::http_get(t.http, "/metrics").await;
+    let series = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+            .to_owned()
+    };
+    assert!(
+        series("tollgate_rlqs_streams_refused_total").ends_with(" 1"),
+        "{metrics}"
+    );
+    let skipped = metrics
+        .lines()
+        .find(|l| l.starts_with("tollgate_rlqs_skipped_total{") && l.contains("too_many_buckets"))
+        .unwrap_or_else(|| panic!("no skipped series in\n{metrics}"));
+    assert!(skipped.ends_with(" 1"), "{skipped}");
+    // A stream that closes frees its place and its buckets. The server
+    // sees the close when the stream's task ends: wait for that, bounded.
+    first.close();
+    drop(first);
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut third = loop {
+        match Quota::try_open(&t, &domain).await {
+            Ok(q) => break q,
+            Err(status) if std::time::Instant::now() < deadline => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("no stream within {WAIT:?} of one closing: {status:?}"),
+        }
+    };
+    let answered = third
+        .report(vec![usage(&b, 1, 0, 0), usage(&c, 1, 0, 0)])
+        .await;
+    assert_eq!(answered.bucket_action.len(), 2, "{answered:?}");
     t.stop().await;
 }
 

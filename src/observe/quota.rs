@@ -19,6 +19,12 @@ pub(super) fn register(meter: &Meter, stats: Arc<QuotaStats>) {
         .build();
     let s = stats.clone();
     meter
+        .u64_observable_counter("tollgate.rlqs.streams_refused")
+        .with_description("Quota (RLQS) streams refused past rlqs.max_streams")
+        .with_callback(move |o| o.observe(s.snapshot().streams_refused, &[]))
+        .build();
+    let s = stats.clone();
+    meter
         .u64_observable_gauge("tollgate.rlqs.buckets")
         .with_description("Buckets answered on this replica's open quota streams")
         .with_callback(move |o| o.observe(s.snapshot().buckets, &[]))

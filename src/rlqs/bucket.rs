@@ -22,7 +22,8 @@ pub enum Skip {
     /// More entries than `max_entries`, or a key past `max_key_bytes`:
     /// both come from the operator's bucket builders.
     TooLarge,
-    /// The stream already tracks `rlqs.max_buckets` buckets.
+    /// The stream already tracks `rlqs.max_buckets` buckets, or the
+    /// replica's streams `rlqs.max_total_buckets` together.
     TooManyBuckets,
     /// The bucket's rule counts in calendar windows (`timezone`): a
     /// budget renewed at a local boundary is not a rate a token bucket in

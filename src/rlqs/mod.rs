@@ -67,6 +67,11 @@ pub struct QuotaOptions {
     pub abandon_after: Option<Duration>,
     /// Buckets one stream may have answered at once.
     pub max_buckets: usize,
+    /// Buckets all of this replica's streams may have answered at once:
+    /// with `max_streams`, what Envoys' bucket ids cost a replica.
+    pub max_total_buckets: u64,
+    /// Streams open at once; a new one past it is refused.
+    pub max_streams: u64,
     pub ids: IdLimits,
 }
 
@@ -134,11 +139,16 @@ impl RateLimitQuotaService for QuotaService {
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
         let inbound = request.into_inner();
+        let most = self.inner.options.max_streams;
+        if !self.inner.stats.stream_opened(most) {
+            return Err(Status::resource_exhausted(format!(
+                "this replica already has {most} quota streams open (rlqs.max_streams): open it again later, or through another replica"
+            )));
+        }
         let (tx, rx) = mpsc::channel(OUTBOX);
         let number = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let inner = self.inner.clone();
         tokio::spawn(async move {
-            inner.stats.stream_opened();
             stream::run(&inner, number, inbound, tx).await;
             inner
                 .shares

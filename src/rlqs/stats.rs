@@ -10,6 +10,7 @@ use super::bucket::{Assignment, Skip};
 pub struct QuotaStats {
     streams_open: AtomicU64,
     streams_total: AtomicU64,
+    streams_refused: AtomicU64,
     buckets: AtomicU64,
     allow_all: AtomicU64,
     deny_all: AtomicU64,
@@ -27,6 +28,8 @@ pub struct QuotaStatsSnapshot {
     /// Streams open now.
     pub streams_open: u64,
     pub streams_total: u64,
+    /// Streams refused past `rlqs.max_streams`.
+    pub streams_refused: u64,
     /// Buckets answered on the open streams now.
     pub buckets: u64,
     /// Assignments sent, by kind.
@@ -54,9 +57,29 @@ fn sub(counter: &AtomicU64, n: u64) {
 }
 
 impl QuotaStats {
-    pub(super) fn stream_opened(&self) {
-        add(&self.streams_open, 1);
-        add(&self.streams_total, 1);
+    /// Counts a stream opened, unless `most` are open already: then it
+    /// is counted refused, and `false`.
+    pub(super) fn stream_opened(&self, most: u64) -> bool {
+        let opened = self
+            .streams_open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |open| {
+                (open < most).then_some(open + 1)
+            })
+            .is_ok();
+        add(
+            if opened {
+                &self.streams_total
+            } else {
+                &self.streams_refused
+            },
+            1,
+        );
+        opened
+    }
+
+    /// Buckets answered on the open streams now.
+    pub(super) fn buckets(&self) -> u64 {
+        self.buckets.load(Ordering::Relaxed)
     }
 
     pub(super) fn stream_closed(&self) {
@@ -105,6 +128,7 @@ impl QuotaStats {
         QuotaStatsSnapshot {
             streams_open: get(&self.streams_open),
             streams_total: get(&self.streams_total),
+            streams_refused: get(&self.streams_refused),
             buckets: get(&self.buckets),
             allow_all: get(&self.allow_all),
             deny_all: get(&self.deny_all),

@@ -161,7 +161,8 @@ async fn answer(
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         inner.stats.reported(allowed, denied);
         let identity = bucket::identity(&entries, options.ids.max_value_bytes);
-        let full = state.buckets.len() >= options.max_buckets;
+        let full = state.buckets.len() >= options.max_buckets
+            || inner.stats.buckets() >= options.max_total_buckets;
         let tracked = match state.buckets.entry(identity.clone()) {
             Entry::Occupied(known) => known.into_mut(),
             Entry::Vacant(_) if full => {

@@ -165,6 +165,8 @@ pub fn quota_options(settings: &Settings) -> QuotaOptions {
         burst: settings.rlqs.burst,
         abandon_after: settings.rlqs.abandon_after,
         max_buckets: settings.rlqs.max_buckets,
+        max_total_buckets: settings.rlqs.max_total_buckets,
+        max_streams: settings.rlqs.max_streams,
         ids: IdLimits {
             max_entries: settings.limits.max_entries,
             max_key_bytes: settings.limits.max_key_bytes,

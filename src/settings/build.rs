@@ -129,6 +129,8 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
             burst: v.get("rlqs.burst")?,
             abandon_after: v.every("rlqs.abandon_after_ms")?,
             max_buckets: v.get("rlqs.max_buckets")?,
+            max_total_buckets: v.get("rlqs.max_total_buckets")?,
+            max_streams: v.get("rlqs.max_streams")?,
         },
         limits,
         max_log_limit: v.get("max_log_limit")?,

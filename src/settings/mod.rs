@@ -175,6 +175,8 @@ pub struct RlqsSettings {
     pub burst: f64,
     pub abandon_after: Option<Duration>,
     pub max_buckets: usize,
+    pub max_total_buckets: u64,
+    pub max_streams: u64,
 }
 
 /// Bounds on the HTTP listeners (see `server::listen`).

@@ -300,6 +300,18 @@ pub const SETTINGS: &[Setting] = &[
         "buckets one quota stream may have answered at once; reports of more are skipped (and counted), the others answered",
     ),
     s(
+        "rlqs.max_total_buckets",
+        Some("100000"),
+        count(1, 1 << 24),
+        "buckets all quota streams of a replica may have answered at once; past it, reports of new buckets are skipped (and counted, as `too_many_buckets`), the buckets already answered still are",
+    ),
+    s(
+        "rlqs.max_streams",
+        Some("10000"),
+        count(1, 1 << 20),
+        "quota streams open on a replica at once; a new one past it is refused with `RESOURCE_EXHAUSTED` (counted in `tollgate_rlqs_streams_refused_total`): Envoy opens it again at its next report, through the load balancer",
+    ),
+    s(
         "deadline_margin_ms",
         Some("2"),
         Kind::Millis,
