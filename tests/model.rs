@@ -51,7 +51,7 @@ use oracle::{Moment, Oracle, Track};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use support::redis::{RedisCluster, RedisServer};
-use tollgate::clock::{Clock, ManualClock, SystemClock};
+use tollgate::clock::{Clock, SystemClock};
 use tollgate::engine::{Code, Response};
 use tollgate::guarantees;
 use tollgate::storage::{Coalescing, MemoryStore, RedisConfig, RedisStore, Store};
@@ -280,8 +280,38 @@ fn check_answer(req: &Req, answer: &Result<Response, String>) -> Result<(), Stri
     }
 }
 
+/// The virtual clock: Tokio's paused time, counted from the case's
+/// start. The one clock of a case on the embedded store: the store, the
+/// replicas and every sleep read it, so a slow store's wait (a give-back
+/// landing late, a call its deadline cuts) passes for the store as for
+/// the caller, and Tokio's own moves of paused time (when every task
+/// waits on a timer) move it too.
+struct VirtualClock {
+    origin: tokio::time::Instant,
+    start: u64,
+}
+
+impl VirtualClock {
+    fn at_micros(start: u64) -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+            start,
+        }
+    }
+
+    async fn advance_micros(&self, micros: u64) {
+        tokio::time::advance(Duration::from_micros(micros)).await;
+    }
+}
+
+impl Clock for VirtualClock {
+    fn now_micros(&self) -> u64 {
+        self.start + self.origin.elapsed().as_micros() as u64
+    }
+}
+
 struct Clocks {
-    virtual_clock: Option<Arc<ManualClock>>,
+    virtual_clock: Option<Arc<VirtualClock>>,
 }
 
 impl Clocks {
@@ -380,9 +410,10 @@ async fn advance(
                     .map(Envoy::next_event)
                     .min()
                     .unwrap_or(u64::MAX)
-                    .clamp(now, target);
-                c.advance_micros(next - now);
-                tokio::time::advance(Duration::from_micros(next - now)).await;
+                    // Paused time may have moved past the target on its
+                    // own (every task waiting on a slow store's timer).
+                    .clamp(now, target.max(now));
+                c.advance_micros(next - now).await;
                 for e in envoys.iter_mut() {
                     if e.next_event() <= next {
                         let server = &world.replicas[e.replica].quota;
@@ -411,7 +442,7 @@ async fn advance(
 /// the oracle finds one.
 async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<(), String> {
     let virtual_clock =
-        matches!(backend, Backend::Virtual).then(|| Arc::new(ManualClock::at_micros(case.start)));
+        matches!(backend, Backend::Virtual).then(|| Arc::new(VirtualClock::at_micros(case.start)));
     let world_clock: Arc<dyn Clock> = match &virtual_clock {
         Some(c) => c.clone(),
         None => Arc::new(SystemClock),
@@ -485,7 +516,10 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
                     let through = (!stepped[*r]).then_some(*r);
                     refusals
-                        .note(through, &case.rules, req, &answer, lo, true)
+                        // A call during which time passed (a slow
+                        // store) was recorded at some moment the model
+                        // cannot tell: its limiters go blind.
+                        .note(through, &case.rules, req, &answer, lo, at.hi == lo)
                         .map_err(|e| format!("op {n}: {e}"))?;
                     record(obs.oracle, &case.rules, req, &answer, at, coverage);
                     if matches!(op, Op::Flood(..)) {
@@ -875,7 +909,12 @@ async fn a_redis_cluster_on_the_real_clock() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_defects_found_stay_fixed() {
     let mut failed = Vec::new();
+    // `TOLLGATE_MODEL_REGRESSION=<part of a name>` runs only those.
+    let only = std::env::var("TOLLGATE_MODEL_REGRESSION").ok();
     for r in regressions::all() {
+        if only.as_ref().is_some_and(|o| !r.name.contains(o.as_str())) {
+            continue;
+        }
         let case = Case {
             seed: 0,
             rules: r.rules,

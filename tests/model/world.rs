@@ -90,16 +90,20 @@ impl Faulty {
         }
     }
 
-    async fn run<T>(
-        &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
+    /// The call is made only once its wait is over and its fate drawn
+    /// (`call` builds it then): the embedded store does its work when a
+    /// call is made, not when it is awaited, so a call made early would
+    /// land before its wait and be recorded even when failed "before".
+    async fn run<T, F>(&self, call: impl FnOnce() -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
         self.delay().await;
         match self.fate() {
-            Fate::Pass => call.await,
+            Fate::Pass => call().await,
             Fate::Before => Err(StoreError::Unavailable("the model failed this call".into())),
             Fate::After => {
-                let _ = call.await;
+                let _ = call().await;
                 Err(StoreError::Timeout(1))
             }
         }
@@ -108,7 +112,7 @@ impl Faulty {
 
 impl Store for Faulty {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
-        Box::pin(self.run(self.inner.hit(hit)))
+        Box::pin(self.run(move || self.inner.hit(hit)))
     }
 
     fn hit_batch<'a>(
@@ -116,7 +120,7 @@ impl Store for Faulty {
         hit: Hit<'a>,
         more: &'a [Cost],
     ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
-        Box::pin(self.run(self.inner.hit_batch(hit, more)))
+        Box::pin(self.run(move || self.inner.hit_batch(hit, more)))
     }
 
     fn lease<'a>(&'a self, call: LeaseCall<'a>) -> BoxFuture<'a, Result<quota::Grant, StoreError>> {
@@ -134,11 +138,11 @@ impl Store for Faulty {
                 }
             });
         }
-        Box::pin(self.run(self.inner.lease(call)))
+        Box::pin(self.run(move || self.inner.lease(call)))
     }
 
     fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.run(self.inner.undo(hit, receipt)))
+        Box::pin(self.run(move || self.inner.undo(hit, receipt)))
     }
 
     fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
