@@ -71,7 +71,7 @@ fn links(line: &str) -> Vec<String> {
         match after.find(')') {
             Some(end) => {
                 let target = &after[..end];
-                if !target.is_empty() && !target.contains(char::is_whitespace) {
+                if !target.contains(char::is_whitespace) {
                     out.push(target.to_string());
                 }
                 rest = &after[end..];
@@ -139,6 +139,10 @@ fn every_link_resolves() {
                     continue;
                 }
                 checked += 1;
+                if target.is_empty() {
+                    broken.push(format!("{}: a link with no target", page.display()));
+                    continue;
+                }
                 let (path, anchor) = match target.split_once('#') {
                     Some((p, a)) => (p, Some(a)),
                     None => (target.as_str(), None),
