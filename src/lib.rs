@@ -19,6 +19,7 @@ pub mod limit;
 pub mod observe;
 pub mod proto;
 pub mod quota;
+pub mod reference;
 pub mod reload;
 pub mod rlqs;
 pub mod rules;

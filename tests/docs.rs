@@ -1,7 +1,8 @@
-//! A newcomer's first steps, run as the docs write them: README's quick
-//! start (`serve`, `check` four times, `validate`, the metrics loop,
-//! `POST /json`) and docs/deploy.md's plain gRPC client, in the order
-//! written, each compared with the output the docs show. The commands are
+//! A newcomer's first steps, run as the docs write them: the book's "One
+//! machine" page (`serve`, `check` four times, `validate`, the metrics
+//! loop, `POST /json`; README's quick start is the same two commands),
+//! its "Reset" page, its Envoy walkthrough and its plain gRPC client, in
+//! the order written, each compared with the output the docs show. The commands are
 //! read from the Markdown itself, so an edit that no longer runs, or that
 //! prints something else, fails here. Only the addresses change: every
 //! server listens on free loopback ports, and `cargo run --` /
@@ -20,6 +21,12 @@ use std::time::Duration;
 
 use support::free_port;
 use support::process::{Proc, tollgate_bin};
+
+/// The pages whose commands run here.
+const ONE_MACHINE: &str = "docs/src/start/one-machine.md";
+const RESET: &str = "docs/src/rules/reset.md";
+const GRPC_CLIENTS: &str = "docs/src/start/grpc-clients.md";
+const ENVOY: &str = "docs/src/start/envoy.md";
 
 /// The fenced blocks of a Markdown text, in order: (language, body).
 fn blocks(markdown: &str) -> Vec<(String, String)> {
@@ -129,11 +136,27 @@ fn spawn_documented(line: &str, ports: &Ports, env: &[(&str, &str)]) -> Proc {
     p
 }
 
-/// README, top to bottom.
+/// The book's first page, top to bottom, then its reset page; README's
+/// quick start is the page's first two commands and the answer shown.
 #[test]
-fn readme_runs_as_written() {
-    let readme = std::fs::read_to_string("README.md").unwrap();
-    let blocks = blocks(&readme);
+fn first_steps_run_as_written() {
+    let page = std::fs::read_to_string(ONE_MACHINE).unwrap();
+    let reset = std::fs::read_to_string(RESET).unwrap();
+    let mut blocks = blocks(&page);
+    let readme = self::blocks(&std::fs::read_to_string("README.md").unwrap());
+    for start in [
+        "cargo run -- serve --rules examples/rules",
+        "cargo run -- check --domain demo",
+    ] {
+        let (_, ours, shown) = block(&blocks, 0, start);
+        let (_, theirs, theirs_shown) = block(&readme, 0, start);
+        assert_eq!(
+            (theirs, theirs_shown),
+            (ours, shown),
+            "README's quick start differs from {ONE_MACHINE}"
+        );
+    }
+    blocks.extend(self::blocks(&reset));
     let (grpc, http, debug) = (free_port(), free_port(), free_port());
     let ports = Ports {
         swaps: vec![
@@ -165,7 +188,7 @@ fn readme_runs_as_written() {
     let (at, check, shown) = block(&blocks, at, "cargo run -- check --domain demo");
     let first = sh(&check, &ports);
     assert_eq!(first.status.code(), Some(0), "{}", show(&first));
-    assert_eq!(stdout(&first), shown, "README's check answer");
+    assert_eq!(stdout(&first), shown, "the check answer shown");
     sh(&check, &ports);
     sh(&check, &ports);
     let fourth = sh(&check, &ports);
@@ -180,7 +203,7 @@ fn readme_runs_as_written() {
     let (at, validate, shown) = block(&blocks, at, "cargo run -- validate examples/rules");
     let o = sh(&validate, &ports);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(stdout(&o), shown, "README's validate output");
+    assert_eq!(stdout(&o), shown, "the validate output shown");
 
     // Metrics: the loop refuses, and the rule's refusals are counted.
     let (at, metrics, _) = block(&blocks, at, "for i in 1 2 3 4; do cargo run -q -- check");
@@ -200,10 +223,10 @@ fn readme_runs_as_written() {
     let got: serde_json::Value =
         serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
     let want: serde_json::Value = serde_json::from_str(&shown).unwrap();
-    assert_eq!(got, want, "README's POST /json answer");
+    assert_eq!(got, want, "the POST /json answer shown");
 
     // Resetting a limiter: the quick start's is spent by the checks above;
-    // the README's curl resets it (the answer shown), and so does its
+    // the reset page's curl resets it (the answer shown), and so does its
     // command line.
     let spent = sh(&check, &ports);
     assert_eq!(spent.status.code(), Some(2), "{}", show(&spent));
@@ -212,7 +235,7 @@ fn readme_runs_as_written() {
     let got: serde_json::Value =
         serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", show(&o)));
     let want: serde_json::Value = serde_json::from_str(&shown).unwrap();
-    assert_eq!(got, want, "README's POST /reset answer");
+    assert_eq!(got, want, "the POST /reset answer shown");
     for _ in 0..3 {
         let o = sh(&check, &ports);
         assert_eq!(o.status.code(), Some(0), "after the reset: {}", show(&o));
@@ -220,7 +243,7 @@ fn readme_runs_as_written() {
     let (_, cli, shown) = block(&blocks, 0, "cargo run -- reset --addr");
     let o = sh(&cli, &ports);
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    assert_eq!(stdout(&o), shown, "README's tollgate reset output");
+    assert_eq!(stdout(&o), shown, "the tollgate reset output shown");
     let o = sh(&check, &ports);
     assert_eq!(
         o.status.code(),
@@ -231,9 +254,10 @@ fn readme_runs_as_written() {
     drop(server);
 }
 
-/// docs/deploy.md, section 7: the quota job against its own server.
+/// The book's "Plain gRPC clients" page: the quota job against its own
+/// server.
 #[test]
-fn deploy_client_example_runs_as_written() {
+fn grpc_client_example_runs_as_written() {
     let python = Command::new("python3")
         .args(["-c", "import grpc, grpc_tools"])
         .output();
@@ -241,15 +265,8 @@ fn deploy_client_example_runs_as_written() {
         python.is_ok_and(|o| o.status.success()),
         "Python 3 with grpcio and grpcio-tools is needed (scripts/test installs them)"
     );
-    let deploy = std::fs::read_to_string("docs/deploy.md").unwrap();
-    let section = deploy
-        .split_once("## 7. Plain gRPC clients")
-        .unwrap()
-        .1
-        .split_once("\n## 8.")
-        .unwrap()
-        .0;
-    let blocks = blocks(section);
+    let section = std::fs::read_to_string(GRPC_CLIENTS).unwrap();
+    let blocks = blocks(&section);
     let (_, run, shown) = block(&blocks, 0, "cargo build --release");
     let (grpc, http) = (free_port(), free_port());
     let ports = Ports {
@@ -311,7 +328,7 @@ fn deploy_client_example_runs_as_written() {
             let remaining = line
                 .strip_prefix(&format!("call {calls}: spent 30, remaining "))
                 .unwrap_or_else(|| panic!("{got:#?}"));
-            // The range docs/deploy.md gives.
+            // The range the page gives.
             assert!(
                 ["70", "40", "10"].contains(&remaining),
                 "{remaining}: {got:#?}"
@@ -606,17 +623,18 @@ fn two_servers_on_one_host_with_debug_addr() {
     }
 }
 
-/// docs/deploy.md, section 1: tollgate, the stand-in upstream and a real
-/// Envoy 1.40 with the example bootstrap (its ports moved to free ones),
-/// then the documented requests, each compared with the output shown.
+/// The book's Envoy page, its walkthrough: tollgate, the stand-in upstream
+/// and a real Envoy 1.40 with the example bootstrap (its ports moved to
+/// free ones), then the documented requests, each compared with the output
+/// shown.
 #[test]
-fn deploy_walkthrough_runs_through_envoy() {
-    let deploy = std::fs::read_to_string("docs/deploy.md").unwrap();
-    let section = deploy
-        .split_once("## 1. Try it on one machine")
+fn envoy_walkthrough_runs_through_envoy() {
+    let page = std::fs::read_to_string(ENVOY).unwrap();
+    let section = page
+        .split_once("## Try it through Envoy on one machine")
         .unwrap()
         .1
-        .split_once("\n## 2.")
+        .split_once("\n## ")
         .unwrap()
         .0;
     let blocks = blocks(section);

@@ -3,7 +3,7 @@
 //! the manifests against the Kubernetes schemas, assertions read the parsed
 //! objects, the environment the Deployment gives the container starts the
 //! real binary, and the descriptors the Envoy and Istio examples produce are
-//! answered by a running tollgate as docs/deploy.md says.
+//! answered by a running tollgate as the book's Envoy and Istio pages say.
 //!
 //! Needs helm 3 and 4 (`TOLLGATE_TEST_HELM3` / `TOLLGATE_TEST_HELM4`, see
 //! scripts/fetch-helm.sh), `kubernetes-validate`, and Python 3 with PyYAML,
@@ -1261,7 +1261,7 @@ fn find_filter<'a>(filters: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no filter {name}"))
 }
 
-/// The Envoy example: its actions produce the descriptors docs/deploy.md
+/// The Envoy example: its actions produce the descriptors docs/src/start/envoy.md
 /// lists, in Envoy's order, and tollgate serving the example rules answers
 /// them as the docs say (search limited at the third call, the API key at
 /// the sixth, the internal key never; X-RateLimit-* material on every

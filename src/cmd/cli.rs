@@ -137,7 +137,7 @@ fn settings_help() -> String {
     use tollgate::settings::table::SETTINGS;
     let mut text = String::from(
         "Settings: a YAML file (--config), then TOLLGATE_* variables, then flags. \
-         Every setting, its variable and its default (README's Settings section explains them):\n",
+         Every setting, its variable and its default (docs/src/reference/settings.md has them all):\n",
     );
     for s in SETTINGS {
         let default = s.default.map_or("unset".to_string(), |d| {

@@ -12,6 +12,7 @@
 //! `traceparent` or B3 headers, with a child span per store call
 //! ([`ObservedStore`]). Spans go to the OTLP endpoint in batches.
 
+pub mod catalog;
 mod engine;
 mod lease;
 mod log;
@@ -302,34 +303,17 @@ fn register_observers(meter: &Meter, s: Sources) {
     quota::register(meter, s.quota.clone());
     lease::register(meter, s.store.clone());
     type Pick = fn(&CountsSnapshot) -> u64;
-    let per_rule: [(&'static str, &'static str, Pick); 7] = [
-        ("hits", "Hits counted against the rule", |c| c.total_hits),
-        ("within_limit", "Hits admitted by the rule", |c| {
-            c.within_limit
-        }),
-        (
-            "near_limit",
-            "Hits past the near-limit share of the rule's limit, up to the limit",
-            |c| c.near_limit,
-        ),
-        ("over_limit", "Hits over the rule's limit", |c| c.over_limit),
-        (
-            "shadow_over_limit",
-            "Hits over the limit of a shadow-mode rule (answered OK)",
-            |c| c.shadow_mode,
-        ),
-        (
-            "usage_recorded_over_limit",
-            "Hits refused but recorded: usage reported past the limit of a usage_reports rule (also in over_limit)",
-            |c| c.recorded_over,
-        ),
-        (
-            "taken_back",
-            "Hits a count_refused: false rule admitted, then took back: another descriptor refused the request (in hits, not in within_limit)",
-            |c| c.taken_back,
-        ),
+    // In the order of `catalog::PER_RULE`, which names and describes them.
+    let picks: [Pick; catalog::PER_RULE.len()] = [
+        |c| c.total_hits,
+        |c| c.within_limit,
+        |c| c.near_limit,
+        |c| c.over_limit,
+        |c| c.shadow_mode,
+        |c| c.recorded_over,
+        |c| c.taken_back,
     ];
-    for (name, help, pick) in per_rule {
+    for (&(name, help), pick) in catalog::PER_RULE.iter().zip(picks) {
         let rules = s.rules.clone();
         meter
             .u64_observable_counter(format!("tollgate.rule.{name}"))
@@ -347,9 +331,7 @@ fn register_observers(meter: &Meter, s: Sources) {
         let rules = s.rules.clone();
         meter
             .u64_observable_counter(format!("tollgate.rule.detailed.{name}"))
-            .with_description(format!(
-                "{help}, per descriptor value of detailed_metric and value_to_metric rules ({OVERFLOW} past the cap)"
-            ))
+            .with_description(catalog::detailed_meaning(help))
             .with_callback(move |o| {
                 for (domain, rule) in rules.current().rules() {
                     let named = rule.detailed_metric || rule.value_to_metric;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use crate::limit::{Algorithm, FailurePolicy, Window};
 
+pub use load::keys::{Place, REFUSED, RULE_KEYS, Refused, RuleKey};
 pub use load::{LoadOptions, MAX_DEPTH, load_dir, load_texts, parse_file};
 pub use matcher::Step;
 pub use stats::{Counts, CountsSnapshot, OVERFLOW, RuleStats};

@@ -7,10 +7,12 @@
 //! from its name (`redis.pool_size` is `TOLLGATE_REDIS__POOL_SIZE`); a bad
 //! value, from whichever source, is `name=value is not valid: reason (set
 //! by SOURCE)`. The settings table with every default is `tollgate serve
-//! --help`'s and [`table::markdown`]'s; README's table of the common ones is
-//! checked against the declaration by a test. [`Settings`] is what the rest
-//! of the program reads: the declared values, composed into the shapes the
-//! stores and listeners take, with the checks that span several settings.
+//! --help`'s and the generated settings reference's
+//! (`docs/src/reference/settings.md`, `crate::reference`); tests/reference.rs
+//! holds hand-written tables of settings and the chart's values to it.
+//! [`Settings`] is what the rest of the program reads: the declared
+//! values, composed into the shapes the stores and listeners take, with
+//! the checks that span several settings.
 
 mod build;
 mod env;

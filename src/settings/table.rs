@@ -2,8 +2,8 @@
 //! the values it takes, and what it means. The variable that sets it, the
 //! list of known names (which tells a mistyped `TOLLGATE_*` variable from a
 //! Kubernetes service link), the checks a given value meets and the
-//! settings table people read are all derived from [`SETTINGS`]; README's
-//! table of the common ones is checked against it by a test.
+//! settings reference people read (`crate::reference`) are all derived from
+//! [`SETTINGS`]; tests/reference.rs checks hand-written tables against it.
 
 pub use super::kind::{Kind, Setting, check, parse_bool};
 
@@ -592,18 +592,27 @@ pub fn find(name: &str) -> Option<&'static Setting> {
     SETTINGS.iter().find(|s| s.name == name)
 }
 
-/// The settings table as Markdown, one row per setting: what
-/// `tollgate serve --help` points to and README links.
-pub fn markdown() -> String {
-    let mut out = String::from("| setting | variable | default | meaning |\n|---|---|---|---|\n");
-    for s in SETTINGS {
-        let default = s.default.map_or("unset".to_string(), |d| format!("`{d}`"));
-        out.push_str(&format!(
-            "| `{}` | `{}` | {default} | {} |\n",
-            s.name,
-            env_name(s.name),
-            s.meaning
-        ));
-    }
-    out
+/// The command-line flags that set a setting: (setting, flag, the
+/// commands that take it). `src/cmd/cli.rs` declares them; a test holds
+/// this list to their `--help`.
+pub const FLAGS: &[(&str, &str, &[&str])] = &[
+    ("grpc_addr", "--grpc-addr", &["serve"]),
+    ("http_addr", "--http-addr", &["serve"]),
+    ("debug_addr", "--debug-addr", &["serve"]),
+    ("rules_dir", "--rules", &["serve"]),
+    (
+        "default_algorithm",
+        "--default-algorithm",
+        &["serve", "validate"],
+    ),
+    ("max_log_limit", "--max-log-limit", &["validate"]),
+    ("store", "--store", &["serve"]),
+];
+
+/// The flag that sets `name`, if one does.
+pub fn flag(name: &str) -> Option<&'static str> {
+    FLAGS
+        .iter()
+        .find(|(s, _, _)| *s == name)
+        .map(|(_, f, _)| *f)
 }

@@ -10,8 +10,8 @@ use super::yaml::{Walker, join, key_line, kind, line_of};
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS, Unit};
 use crate::rules::{Level, LimitSpec, Node, Rule, Source};
 
-const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
-const DESCRIPTOR_KEYS: &[&str] = &[
+pub(super) const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
+pub(super) const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
@@ -24,7 +24,7 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "share_threshold",
     "metadata",
 ];
-const RATE_LIMIT_KEYS: &[&str] = &[
+pub(super) const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
     "requests_per_unit",
     "unit_multiplier",

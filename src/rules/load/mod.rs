@@ -20,6 +20,7 @@ mod build;
 mod burst;
 mod depth;
 mod fast;
+pub mod keys;
 pub(super) mod lease;
 mod list;
 mod metadata;

@@ -4,7 +4,7 @@
 use super::tree::Yaml;
 use super::yaml::{Walker, join, kind, line_of};
 
-const REPLACES_KEYS: &[&str] = &["name"];
+pub(super) const REPLACES_KEYS: &[&str] = &["name"];
 
 impl Walker<'_> {
     pub(super) fn replaces(&mut self, node: &Yaml, path: &str, own: Option<&str>) -> Vec<String> {
