@@ -952,14 +952,14 @@ async fn the_defects_found_stay_fixed() {
 /// fixed in `rlqs::stream`).
 const FOUND_BY_SEED: &[u64] = &[147943623812281];
 
-/// README's Guarantees table is the list the oracle reads.
+/// The book's Guarantees page holds the list the oracle reads.
 #[test]
 fn readme_states_the_promises_the_oracle_checks() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let page = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/src/guarantees.md");
+    let text = std::fs::read_to_string(page).unwrap();
     let table = guarantees::markdown();
     assert!(
-        readme.contains(&table),
-        "README's Guarantees table differs from tollgate::guarantees::markdown(); it should read:\n{table}"
+        text.contains(&table),
+        "the Guarantees table in docs/src/guarantees.md differs from tollgate::guarantees::markdown(); it should read:\n{table}"
     );
 }
