@@ -23,7 +23,7 @@
 # minute (never above 100 outside a failover), and the keys in Redis.
 #
 # Usage: scripts/soak.sh   (SOAK_MINUTES=60 by default; 10 is enough for
-# the figures in docs/benchmarks.md)
+# the figures in docs/src/benchmarks/)
 # Knobs: SOAK_MINUTES=60 KILL_EVERY=3 CONNS=16 PACE_MS=2 NODE_TIMEOUT_MS=2000
 #        BENCH_BIN=path ENVOY=path
 set -euo pipefail

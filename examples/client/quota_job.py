@@ -12,7 +12,7 @@ never exceed the upstream's quota however many run at once.
       --grpc-addr 127.0.0.1:18081 --http-addr 127.0.0.1:18080 &
     python3 examples/client/quota_job.py --addr 127.0.0.1:18081 --calls 5 --cost 30
 
-(docs/deploy.md, section 7, has the whole run.) The gRPC stubs are
+(docs/src/start/grpc-clients.md has the whole run.) The gRPC stubs are
 generated from this repository's proto/ at start. It stops with a message
 and exit code 1 when the server has no limit for the budget (a server
 without examples/client/rules, or another domain) and when tollgate says
