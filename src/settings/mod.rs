@@ -16,6 +16,7 @@
 
 mod build;
 mod env;
+mod flags;
 mod kind;
 pub mod table;
 mod values;

@@ -582,6 +582,8 @@ pub const SETTINGS: &[Setting] = &[
 /// The variable prefix.
 pub const ENV_PREFIX: &str = "TOLLGATE_";
 
+pub use super::flags::{FLAGS, flag};
+
 /// The variable that sets `name`: `redis.pool_size` -> `TOLLGATE_REDIS__POOL_SIZE`.
 pub fn env_name(name: &str) -> String {
     format!("{ENV_PREFIX}{}", name.replace('.', "__").to_uppercase())
@@ -590,29 +592,4 @@ pub fn env_name(name: &str) -> String {
 /// The declaration of `name`, if it is a setting.
 pub fn find(name: &str) -> Option<&'static Setting> {
     SETTINGS.iter().find(|s| s.name == name)
-}
-
-/// The command-line flags that set a setting: (setting, flag, the
-/// commands that take it). `src/cmd/cli.rs` declares them; a test holds
-/// this list to their `--help`.
-pub const FLAGS: &[(&str, &str, &[&str])] = &[
-    ("grpc_addr", "--grpc-addr", &["serve"]),
-    ("http_addr", "--http-addr", &["serve"]),
-    ("debug_addr", "--debug-addr", &["serve"]),
-    ("rules_dir", "--rules", &["serve"]),
-    (
-        "default_algorithm",
-        "--default-algorithm",
-        &["serve", "validate"],
-    ),
-    ("max_log_limit", "--max-log-limit", &["validate"]),
-    ("store", "--store", &["serve"]),
-];
-
-/// The flag that sets `name`, if one does.
-pub fn flag(name: &str) -> Option<&'static str> {
-    FLAGS
-        .iter()
-        .find(|(s, _, _)| *s == name)
-        .map(|(_, f, _)| *f)
 }
