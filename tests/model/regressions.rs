@@ -13,6 +13,8 @@ pub struct Regression {
     pub ops: Vec<Op>,
     /// Envoys with the quota filter (RLQS) beside the replicas.
     pub envoys: Vec<EnvoySpec>,
+    /// Its replicas coalesce hits of one limiter.
+    pub coalesce: bool,
 }
 
 fn limit(algorithm: Algorithm, limit: u64, unit: &'static str) -> Limit {
@@ -52,6 +54,7 @@ fn ask(value: &str) -> Req {
             value: value.into(),
             hits: None,
             negative: false,
+            limit: None,
         }],
     }
 }
@@ -91,6 +94,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::FixedWindow, 100, "second"),
             replicas: 2,
             ops,
+            coalesce: false,
             envoys: Vec::new(),
         });
     }
@@ -110,6 +114,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::FixedWindow, 100, "minute"),
             replicas: 1,
             ops,
+            coalesce: false,
             envoys: Vec::new(),
         });
     }
@@ -137,6 +142,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::TokenBucket, 1000, "second"),
             replicas: 2,
             ops,
+            coalesce: false,
             envoys: Vec::new(),
         });
     }
@@ -169,6 +175,7 @@ pub fn all() -> Vec<Regression> {
             },
             replicas: 1,
             ops,
+            coalesce: false,
             envoys: vec![EnvoySpec {
                 replica: 0,
                 buckets: vec![BucketSpec {
@@ -195,6 +202,7 @@ pub fn all() -> Vec<Regression> {
                         value: "p0/c".into(),
                         hits: None,
                         negative: false,
+                        limit: None,
                     }],
                 },
             ));
@@ -222,6 +230,7 @@ pub fn all() -> Vec<Regression> {
             },
             replicas: 1,
             ops,
+            coalesce: false,
             envoys: vec![envoy("p0/a"), envoy("p0/b")],
         });
     }
@@ -251,6 +260,7 @@ pub fn list_take_back() -> Regression {
         },
         replicas: 1,
         ops,
+        coalesce: false,
         envoys: Vec::new(),
     }
 }
