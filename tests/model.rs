@@ -185,6 +185,7 @@ fn record(
     req: &Req,
     answer: &Result<Response, String>,
     at: Moment,
+    failing: bool,
     coverage: &mut Coverage,
 ) {
     // Hits given back make room whatever the answer: record them as sent.
@@ -223,7 +224,13 @@ fn record(
             if d.negative {
                 l.given_back.push((at, cost));
                 given_back = true;
-            } else if passed && cost > 0 && !(rule.usage_reports && d.hits.is_some()) {
+            } else if passed
+                && cost > 0
+                && !(rule.usage_reports && d.hits.is_some())
+                // Answered OK by `on_store_error: allow` when its call
+                // failed, perhaps: not decided by the store.
+                && !(failing && rule.on_store_error == Some("allow"))
+            {
                 l.admitted.push((at, cost));
                 coverage.admitted += cost;
                 if rule.lease {
@@ -467,7 +474,16 @@ impl Observer for Observe<'_> {
         }
     }
 
-    fn admitted(&mut self, track: usize, key: &str, value: &str, now: u64, seq: usize, n: u64) {
+    fn admitted(
+        &mut self,
+        track: usize,
+        key: &str,
+        value: &str,
+        now: u64,
+        seq: usize,
+        n: u64,
+        allow_all: bool,
+    ) {
         if self.oracle.tracks[track].grace {
             return;
         }
@@ -475,6 +491,11 @@ impl Observer for Observe<'_> {
         let Some(r) = self.rules.find(key, value) else {
             return;
         };
+        if allow_all && self.rules.rules[r].on_store_error == Some("allow") {
+            // The stream's answer while the store failed: the rule's
+            // `on_store_error: allow`.
+            return;
+        }
         let identity = self.rules.identity(r, value);
         for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
             let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
@@ -651,9 +672,25 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         // A call during which time passed (a slow
                         // store) was recorded at some moment the model
                         // cannot tell: its limiters go blind.
-                        .note(through, &case.rules, req, &answer, lo, at.hi == lo)
+                        // A store failing: a refusal may be `on_store_error`'s.
+                        .note(
+                            through,
+                            &case.rules,
+                            req,
+                            &answer,
+                            lo,
+                            at.hi == lo && !world.failing(*r),
+                        )
                         .map_err(|e| format!("op {n}: {e}"))?;
-                    record(obs.oracle, &case.rules, req, &answer, at, coverage);
+                    record(
+                        obs.oracle,
+                        &case.rules,
+                        req,
+                        &answer,
+                        at,
+                        world.failing(*r),
+                        coverage,
+                    );
                     if matches!(op, Op::Flood(..)) {
                         advance(&clocks, 1_000, &mut envoys, &world, &mut obs, n).await;
                     }
@@ -692,7 +729,15 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         (Call::Ask(req) | Call::Later(_, req), Some(answer)) => {
                             check_answer(req, answer).map_err(|e| format!("op {n}: {e}"))?;
                             let _ = refusals.note(None, &case.rules, req, answer, lo, false);
-                            record(obs.oracle, &case.rules, req, answer, at, coverage);
+                            record(
+                                obs.oracle,
+                                &case.rules,
+                                req,
+                                answer,
+                                at,
+                                world.failing(*r),
+                                coverage,
+                            );
                         }
                         (Call::Reset(key, value), _) => {
                             reset(obs.oracle, &case.rules, key, value, at);
@@ -792,6 +837,11 @@ fn note_features(case: &Case, coverage: &mut Coverage) {
                 (rule.usage_reports, "usage_reports"),
                 (l.zone.is_some(), "calendar"),
                 (!rule.replaces.is_empty(), "replaces"),
+                (
+                    rule.on_store_error == Some("allow"),
+                    "on_store_error: allow",
+                ),
+                (rule.on_store_error == Some("deny"), "on_store_error: deny"),
                 (
                     matches!(rule.value, grammar::Value::Wildcard { shared: true, .. }),
                     "share_threshold",

@@ -125,6 +125,11 @@ impl Filter {
         }
     }
 
+    /// Whether an `ALLOW_ALL` assignment is in force at `now`.
+    pub fn allows_all(&self, now: u64) -> bool {
+        matches!(self.enforced, Some(Enforced::Allow)) && now < self.expires
+    }
+
     /// Tokens given beyond the rate so far (see the field).
     pub fn gained(&self) -> f64 {
         self.gained

@@ -277,7 +277,19 @@ pub trait Observer {
     /// A bucket's filter after a change; `answered`: by an answer the
     /// ledger made (not a store failure's re-sent assignment).
     fn filter(&mut self, track: usize, now: u64, filter: &Filter, gained: f64, answered: bool);
-    fn admitted(&mut self, track: usize, key: &str, value: &str, now: u64, seq: usize, n: u64);
+    /// `n` requests admitted at `now`; `allow_all`: under an `ALLOW_ALL`
+    /// assignment.
+    #[allow(clippy::too_many_arguments)]
+    fn admitted(
+        &mut self,
+        track: usize,
+        key: &str,
+        value: &str,
+        now: u64,
+        seq: usize,
+        n: u64,
+        allow_all: bool,
+    );
 }
 
 pub struct Envoy {
@@ -404,7 +416,8 @@ impl Envoy {
                     }
                 }
                 if admitted > 0 {
-                    obs.admitted(b.track, &b.key, &b.value, now, seq, admitted);
+                    let allow_all = b.filter.allows_all(now);
+                    obs.admitted(b.track, &b.key, &b.value, now, seq, admitted, allow_all);
                 }
                 obs.filter(
                     b.track,

@@ -43,6 +43,7 @@ fn rule(key: &str, limits: Vec<Limit>) -> Rule {
         count_refused: None,
         usage_reports: false,
         replaces: Vec::new(),
+        on_store_error: None,
     }
 }
 

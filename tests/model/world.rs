@@ -322,6 +322,13 @@ impl World {
             .store(percent, Ordering::SeqCst);
     }
 
+    /// Whether replica `i`'s store calls may fail or outlive their
+    /// deadline now: an answer may then come from `on_store_error`.
+    pub fn failing(&self, i: usize) -> bool {
+        let f = &self.replicas[i].faults;
+        f.percent.load(Ordering::SeqCst) > 0 || f.slow_micros.load(Ordering::SeqCst) > 0
+    }
+
     pub fn slow(&self, i: usize, micros: u64) {
         self.replicas[i]
             .faults
