@@ -28,12 +28,18 @@
 
 mod support;
 
+#[path = "model/clock.rs"]
+mod clock;
+#[path = "model/coverage.rs"]
+mod coverage;
 #[path = "model/envoy.rs"]
 mod envoy;
 #[path = "model/grammar.rs"]
 mod grammar;
 #[path = "model/oracle.rs"]
 mod oracle;
+#[path = "model/record.rs"]
+mod record;
 #[path = "model/refusals.rs"]
 mod refusals;
 #[path = "model/regressions.rs"]
@@ -41,18 +47,19 @@ mod regressions;
 #[path = "model/world.rs"]
 mod world;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy::{Envoy, EnvoyOp, EnvoySpec, Observer};
+use clock::{Clocks, VirtualClock, advance};
+use coverage::{Coverage, note_features, print};
+use envoy::{Envoy, EnvoySpec};
 use grammar::{Rules, pick};
-use oracle::{Moment, Oracle, Track};
+use oracle::{Moment, Oracle};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
+use record::{Observe, check_answer, forget, record, reset, reset_request};
 use support::redis::{RedisCluster, RedisServer};
 use tollgate::clock::{Clock, SystemClock};
-use tollgate::engine::{Code, EngineOptions, Response};
 use tollgate::guarantees;
 use tollgate::storage::{MemoryStore, RedisConfig, RedisStore, Store};
 use world::{Call, Op, Req, World};
@@ -81,29 +88,6 @@ struct Case {
     /// Replicas coalesce hits of one limiter (always on Redis, as `serve`
     /// does; in half the cases on the embedded store).
     coalesce: bool,
-}
-
-/// Combinations a run met, for its report.
-#[derive(Default)]
-struct Coverage {
-    cases: u64,
-    ops: u64,
-    admitted: u64,
-    /// Decisions the replicas answered from leases, and hits admitted
-    /// on leased rules.
-    leased: u64,
-    admitted_on_leased: u64,
-    /// Requests Envoys' filters admitted, and their reports answered.
-    envoy_admitted: u64,
-    envoy_reports: u64,
-    /// Of those, answered while Tokio's paused time moved (a slow store).
-    envoy_moved: u64,
-    refused_rule_files: u64,
-    /// Refusals the refusal check could judge (`model/refusals.rs`).
-    refusals_checked: u64,
-    /// Cases that failed (`TOLLGATE_MODEL_KEEP_GOING`).
-    failed: u64,
-    features: BTreeMap<String, u64>,
 }
 
 fn draw_case(seed: u64, real: bool) -> (Case, u64) {
@@ -178,394 +162,6 @@ async fn connect(url: String) -> Arc<dyn Store> {
     Arc::new(store)
 }
 
-/// What one answer tells the oracle.
-fn record(
-    oracle: &mut Oracle,
-    rules: &Rules,
-    req: &Req,
-    answer: &Result<Response, String>,
-    at: Moment,
-    failing: bool,
-    coverage: &mut Coverage,
-) {
-    // Hits given back make room whatever the answer: record them as sent.
-    // A descriptor with its own limit (an override) matches no rule.
-    let matched: Vec<Option<usize>> = req
-        .descriptors
-        .iter()
-        .map(|d| match d.limit {
-            Some(_) => None,
-            None => rules.find(&d.key, &d.value),
-        })
-        .collect();
-    let replaced: Vec<&str> = matched
-        .iter()
-        .flatten()
-        .flat_map(|&r| rules.rules[r].replaces.iter().map(String::as_str))
-        .collect();
-    for (i, d) in req.descriptors.iter().enumerate() {
-        if let Some(own) = d.limit {
-            let passed = matches!(answer, Ok(resp) if resp.overall == Code::Ok && resp.statuses[i].code == Code::Ok);
-            record_override(oracle, rules, req, d, own, passed, at, coverage);
-            continue;
-        }
-        let Some(r) = matched[i] else { continue };
-        let rule = &rules.rules[r];
-        let identity = rules.identity(r, &d.value);
-        let cost = req.cost(d);
-        let mut given_back = false;
-        let passed = matches!(answer, Ok(resp) if resp.overall == Code::Ok && resp.statuses[i].code == Code::Ok);
-        for (k, limit) in rule.limits.iter().enumerate() {
-            if replaced.contains(&limit.name.as_str()) {
-                continue;
-            }
-            let promise = guarantees::promise(&rule.features(limit, false));
-            let l = oracle.limiter((r, k, identity.clone()), limit, promise);
-            if d.negative {
-                l.given_back.push((at, cost));
-                given_back = true;
-            } else if passed
-                && cost > 0
-                && !(rule.usage_reports && d.hits.is_some())
-                // Answered OK by `on_store_error: allow` when its call
-                // failed, perhaps: not decided by the store.
-                && !(failing && rule.on_store_error == Some("allow"))
-            {
-                l.admitted.push((at, cost));
-                coverage.admitted += cost;
-                if rule.lease {
-                    coverage.admitted_on_leased += cost;
-                }
-            }
-        }
-        if given_back {
-            // Room too for overrides counting on these entries.
-            oracle.give_back_on(format!("{}={} ", d.key, d.value), at, cost);
-        }
-    }
-}
-
-/// The limit a request's override gives (`RateLimitOverride`): the
-/// default algorithm (`default_algorithm`: the sliding window counter)
-/// and nothing else of a rule's.
-fn override_limit((n, unit): (u32, &'static str)) -> grammar::Limit {
-    grammar::Limit {
-        algorithm: EngineOptions::default().default_algorithm,
-        limit: u64::from(n),
-        unit,
-        multiplier: 1,
-        buckets: None,
-        burst: None,
-        zone: None,
-        name: "override".into(),
-    }
-}
-
-/// The oracle's limiter of an override: its entries, unit and limit.
-/// (The store keys it without the limit, by entries, algorithm and unit
-/// as a rule's limit: overrides of other limits and a rule's limit of
-/// the same algorithm and unit on those entries count on it too, which
-/// only takes room; their hits given back make room on each.)
-fn override_key(d: &world::Desc, (n, unit): (u32, &'static str)) -> oracle::LimiterKey {
-    (usize::MAX, 0, format!("{}={} {n}/{unit}", d.key, d.value))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn record_override(
-    oracle: &mut Oracle,
-    rules: &Rules,
-    req: &Req,
-    d: &world::Desc,
-    own: (u32, &'static str),
-    passed: bool,
-    at: Moment,
-    coverage: &mut Coverage,
-) {
-    let limit = override_limit(own);
-    let features = guarantees::Features {
-        algorithm: limit.algorithm,
-        shadow: false,
-        lease: false,
-        rlqs: false,
-        shards: 1,
-        calendar: false,
-    };
-    let promise = guarantees::promise(&features);
-    let cost = req.cost(d);
-    let entries = format!("{}={} ", d.key, d.value);
-    oracle.override_limiter(override_key(d, own), &entries, &limit, promise);
-    if d.negative {
-        // Given back on the one count the store keeps for these entries:
-        // room for every override on them, and for a rule's limit
-        // sharing it.
-        oracle.give_back_on(entries, at, cost);
-        if let Some(r) = rules.find(&d.key, &d.value) {
-            let identity = rules.identity(r, &d.value);
-            for (k, l) in rules.rules[r].limits.iter().enumerate() {
-                let promise = guarantees::promise(&rules.rules[r].features(l, false));
-                oracle
-                    .limiter((r, k, identity.clone()), l, promise)
-                    .given_back
-                    .push((at, cost));
-            }
-        }
-        return;
-    }
-    // A descriptor carrying its own cost under an override is a usage
-    // report (the `usage_reports` setting's default): it admits nothing.
-    if passed && cost > 0 && d.hits.is_none() {
-        oracle
-            .override_limiter(override_key(d, own), &entries, &limit, promise)
-            .admitted
-            .push((at, cost));
-        coverage.admitted += cost;
-    }
-}
-
-fn reset_request(key: &str, value: &str) -> Req {
-    Req {
-        hits: 0,
-        descriptors: vec![world::Desc {
-            key: key.to_string(),
-            value: value.to_string(),
-            hits: None,
-            negative: false,
-            limit: None,
-        }],
-    }
-}
-
-/// A reset: what the refusal check knows of the rule's limiters starts
-/// again (`clean`: decided alone, with no fault in force).
-fn forget(
-    refusals: &mut refusals::Refusals,
-    replica: usize,
-    rules: &Rules,
-    key: &str,
-    value: &str,
-    clean: bool,
-) {
-    if let Some(rule) = rules.find(key, value) {
-        let identity = rules.identity(rule, value);
-        for k in 0..rules.rules[rule].limits.len() {
-            refusals.reset((rule, k, identity.clone()), replica, clean);
-        }
-    }
-}
-
-/// A reset gives the limiters of the rule it names their whole limit
-/// back (recorded whatever it answered: a reset the model does not know
-/// of could only make it expect less).
-fn reset(oracle: &mut Oracle, rules: &Rules, key: &str, value: &str, at: Moment) {
-    // A rule's limit may share its count with overrides on the same
-    // entries (same algorithm and unit): theirs starts again too.
-    let entries = format!("{key}={value} ");
-    for (k, l) in oracle.limiters.iter_mut() {
-        if k.0 == usize::MAX && k.2.starts_with(&entries) {
-            l.resets.push(at);
-        }
-    }
-    if let Some(rule) = rules.find(key, value) {
-        let identity = rules.identity(rule, value);
-        for (k, limit) in rules.rules[rule].limits.iter().enumerate() {
-            let promise = guarantees::promise(&rules.rules[rule].features(limit, false));
-            let l = oracle.limiter((rule, k, identity.clone()), limit, promise);
-            l.resets.push(at);
-            // The Envoys' shares are forgotten too: until each one's next
-            // answer, what it spends comes on top of the limit.
-            let tracks = l.tracks.clone();
-            for t in tracks {
-                oracle.tracks[t].grace = true;
-            }
-        }
-    }
-}
-
-fn check_answer(req: &Req, answer: &Result<Response, String>) -> Result<(), String> {
-    match answer {
-        Ok(resp) if resp.statuses.len() != req.descriptors.len() => Err(format!(
-            "{} statuses for {} descriptors",
-            resp.statuses.len(),
-            req.descriptors.len()
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// The virtual clock: Tokio's paused time, counted from the case's
-/// start. The one clock of a case on the embedded store: the store, the
-/// replicas and every sleep read it, so a slow store's wait (a give-back
-/// landing late, a call its deadline cuts) passes for the store as for
-/// the caller, and Tokio's own moves of paused time (when every task
-/// waits on a timer) move it too.
-struct VirtualClock {
-    origin: tokio::time::Instant,
-    start: u64,
-}
-
-impl VirtualClock {
-    fn at_micros(start: u64) -> Self {
-        Self {
-            origin: tokio::time::Instant::now(),
-            start,
-        }
-    }
-
-    async fn advance_micros(&self, micros: u64) {
-        tokio::time::advance(Duration::from_micros(micros)).await;
-    }
-}
-
-impl Clock for VirtualClock {
-    fn now_micros(&self) -> u64 {
-        self.start + self.origin.elapsed().as_micros() as u64
-    }
-}
-
-struct Clocks {
-    virtual_clock: Option<Arc<VirtualClock>>,
-}
-
-impl Clocks {
-    fn now(&self) -> u64 {
-        match &self.virtual_clock {
-            Some(c) => c.now_micros(),
-            None => SystemClock.now_micros(),
-        }
-    }
-}
-
-/// The oracle as the Envoys' filters report to it.
-struct Observe<'a> {
-    oracle: &'a mut Oracle,
-    rules: &'a Rules,
-    admitted: u64,
-}
-
-impl Observer for Observe<'_> {
-    fn track(&mut self, key: &str, value: &str) -> usize {
-        let id = self.oracle.tracks.len();
-        self.oracle.tracks.push(Track::default());
-        if let Some(r) = self.rules.find(key, value) {
-            let identity = self.rules.identity(r, value);
-            for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
-                let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
-                self.oracle
-                    .limiter((r, k, identity.clone()), limit, promise)
-                    .tracks
-                    .push(id);
-            }
-        }
-        id
-    }
-
-    fn filter(
-        &mut self,
-        track: usize,
-        now: u64,
-        filter: &tollgate::rlqs::filter::Filter,
-        gained: f64,
-        answered: bool,
-    ) {
-        let t = &mut self.oracle.tracks[track];
-        t.push(now, filter, gained);
-        if answered {
-            t.grace = false;
-        }
-    }
-
-    fn admitted(
-        &mut self,
-        track: usize,
-        key: &str,
-        value: &str,
-        now: u64,
-        seq: usize,
-        n: u64,
-        allow_all: bool,
-    ) {
-        if self.oracle.tracks[track].grace {
-            return;
-        }
-        self.admitted += n;
-        let Some(r) = self.rules.find(key, value) else {
-            return;
-        };
-        if allow_all && self.rules.rules[r].on_store_error == Some("allow") {
-            // The stream's answer while the store failed: the rule's
-            // `on_store_error: allow`.
-            return;
-        }
-        let identity = self.rules.identity(r, value);
-        for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
-            let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
-            self.oracle
-                .limiter((r, k, identity.clone()), limit, promise)
-                .envoy_admitted
-                .push((
-                    Moment {
-                        lo: now,
-                        hi: now,
-                        seq,
-                    },
-                    n,
-                ));
-        }
-    }
-}
-
-/// Time passes: the virtual clock, and Tokio's with it (so the leasing
-/// layer's housekeeping runs when it would), stopping wherever an Envoy
-/// has requests or a report due; on the real clock a short sleep, then
-/// the Envoys catch up.
-async fn advance(
-    clocks: &Clocks,
-    micros: u64,
-    envoys: &mut [Envoy],
-    world: &World,
-    obs: &mut Observe<'_>,
-    seq: usize,
-) {
-    match &clocks.virtual_clock {
-        Some(c) => {
-            let target = c.now_micros() + micros;
-            loop {
-                let now = c.now_micros();
-                let next = envoys
-                    .iter()
-                    .map(Envoy::next_event)
-                    .min()
-                    .unwrap_or(u64::MAX)
-                    // Paused time may have moved past the target on its
-                    // own (every task waiting on a slow store's timer).
-                    .clamp(now, target.max(now));
-                c.advance_micros(next - now).await;
-                for e in envoys.iter_mut() {
-                    if e.next_event() <= next {
-                        let server = &world.replicas[e.replica].quota;
-                        e.tick(next, seq, server, obs).await;
-                    }
-                }
-                if next >= target {
-                    break;
-                }
-            }
-        }
-        None => {
-            tokio::time::sleep(Duration::from_micros(micros.min(30_000))).await;
-            for e in envoys.iter_mut() {
-                let now = clocks.now();
-                if e.next_event() <= now {
-                    let server = &world.replicas[e.replica].quota;
-                    e.tick(now, seq, server, obs).await;
-                }
-            }
-        }
-    }
-}
-
-/// Runs a case: `Err` with the violation (or the panic's message) when
-/// the oracle finds one.
 /// Runs a case. On the virtual clock each case has a runtime of its own,
 /// its time paused from the case's start: nothing an earlier case left
 /// behind (a housekeeping task, a give-back in flight) moves its clock
@@ -590,6 +186,8 @@ async fn run_case(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Re
     outcome
 }
 
+/// Runs a case: `Err` with the violation (or the panic's message) when
+/// the oracle finds one.
 async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<(), String> {
     let virtual_clock =
         matches!(backend, Backend::Virtual).then(|| Arc::new(VirtualClock::at_micros(case.start)));
@@ -821,136 +419,6 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
     oracle.check()
 }
 
-fn note_features(case: &Case, coverage: &mut Coverage) {
-    coverage.cases += 1;
-    for rule in &case.rules.rules {
-        for l in &rule.limits {
-            let algorithm = l.algorithm.as_str();
-            *coverage.features.entry(algorithm.to_string()).or_default() += 1;
-            for (on, what) in [
-                (rule.list, "in a list"),
-                (rule.lease, "lease"),
-                (rule.shards > 1, "shards"),
-                (rule.shadow, "shadow_mode"),
-                (rule.quota, "quota_mode"),
-                (rule.count_refused == Some(false), "count_refused: false"),
-                (rule.usage_reports, "usage_reports"),
-                (l.zone.is_some(), "calendar"),
-                (!rule.replaces.is_empty(), "replaces"),
-                (
-                    rule.on_store_error == Some("allow"),
-                    "on_store_error: allow",
-                ),
-                (rule.on_store_error == Some("deny"), "on_store_error: deny"),
-                (
-                    matches!(rule.value, grammar::Value::Wildcard { shared: true, .. }),
-                    "share_threshold",
-                ),
-            ] {
-                if on {
-                    *coverage
-                        .features
-                        .entry(format!("{algorithm} + {what}"))
-                        .or_default() += 1;
-                }
-            }
-        }
-    }
-    for spec in &case.envoys {
-        *coverage
-            .features
-            .entry("RLQS: an Envoy".into())
-            .or_default() += 1;
-        for b in &spec.buckets {
-            let Some(r) = case.rules.find(&b.key, &b.value) else {
-                continue;
-            };
-            let rule = &case.rules.rules[r];
-            for l in &rule.limits {
-                let algorithm = l.algorithm.as_str();
-                let one = guarantees::promise(&rule.features(l, true)).one_count;
-                let what = if one {
-                    "one count"
-                } else {
-                    "each its own bound"
-                };
-                *coverage
-                    .features
-                    .entry(format!("{algorithm} + RLQS ({what})"))
-                    .or_default() += 1;
-                for (on, what) in [
-                    (rule.list, "in a list"),
-                    (
-                        matches!(rule.value, grammar::Value::Wildcard { shared: true, .. }),
-                        "share_threshold",
-                    ),
-                ] {
-                    if on {
-                        *coverage
-                            .features
-                            .entry(format!("{algorithm} + RLQS + {what}"))
-                            .or_default() += 1;
-                    }
-                }
-            }
-        }
-    }
-    for op in &case.ops {
-        let reqs: Vec<&Req> = match op {
-            Op::Ask(_, q) | Op::Flood(_, q, _) => vec![q],
-            Op::Together(_, calls) => calls
-                .iter()
-                .filter_map(|c| match c {
-                    Call::Ask(q) | Call::Later(_, q) => Some(q),
-                    Call::Reset(..) => None,
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        for d in reqs.iter().flat_map(|q| &q.descriptors) {
-            let Some(own) = d.limit else { continue };
-            let shares = case.rules.find(&d.key, &d.value).is_some_and(|r| {
-                case.rules.rules[r]
-                    .limits
-                    .iter()
-                    .any(|l| l.algorithm == override_limit(own).algorithm && l.unit == own.1)
-            });
-            let what = if shares {
-                "a request's override, on a rule's count"
-            } else {
-                "a request's override"
-            };
-            *coverage.features.entry(what.into()).or_default() += 1;
-        }
-        if matches!(op, Op::Together(_, calls) if calls.iter().any(|c| matches!(c, Call::Later(..))))
-        {
-            *coverage
-                .features
-                .entry("fault: callers while calls are in flight".into())
-                .or_default() += 1;
-        }
-        let what = match op {
-            Op::Advance(_) | Op::Ask(..) => continue,
-            Op::Together(_, calls) if calls.iter().any(|c| matches!(c, Call::Reset(..))) => {
-                "fault: a reset among concurrent callers"
-            }
-            Op::Together(..) => "fault: concurrent callers",
-            Op::Reset(..) => "fault: reset",
-            Op::Reload(..) => "fault: reload",
-            Op::Crash(..) => "fault: crash",
-            Op::Step(..) => "fault: clock step",
-            Op::Faults(..) => "fault: store errors",
-            Op::Slow(..) => "fault: a slow store",
-            Op::Flood(..) => "a client at its limit",
-            Op::Envoy(_, EnvoyOp::Rate(..)) => "RLQS: an Envoy's demand changes",
-            Op::Envoy(_, EnvoyOp::Close) => "RLQS: a stream closes",
-            Op::Envoy(_, EnvoyOp::Move(..)) => "RLQS: an Envoy moves to another replica",
-            Op::Envoy(_, EnvoyOp::Restart) => "RLQS: an Envoy restarts",
-        };
-        *coverage.features.entry(what.into()).or_default() += 1;
-    }
-}
-
 /// A smaller case that still fails: ops dropped in chunks, then rules.
 async fn shrink(mut case: Case, backend: &Backend, mut error: String) -> (Case, String) {
     let mut scratch = Coverage::default();
@@ -1072,27 +540,6 @@ async fn explore(backend: Backend, budget: Duration) -> Coverage {
         }
     }
     coverage
-}
-
-fn print(store: &str, c: &Coverage, took: Duration) {
-    println!(
-        "model on {store}: {} cases ({:.1}/s), {} ops, {} hits admitted ({} decisions from leases), {} requests admitted by Envoys ({} reports answered, {} while a slow store moved Tokio's time), {} rule files refused at load, in {:.0?}",
-        c.cases,
-        c.cases as f64 / took.as_secs_f64(),
-        c.ops,
-        c.admitted,
-        c.leased,
-        c.envoy_admitted,
-        c.envoy_reports,
-        c.envoy_moved,
-        c.refused_rule_files,
-        took
-    );
-    println!("  refusals judged: {}", c.refusals_checked);
-    println!("  hits admitted on leased rules: {}", c.admitted_on_leased);
-    for (what, n) in &c.features {
-        println!("  {n:>6}  {what}");
-    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -465,7 +465,12 @@ async fn a_batch_with_a_moved_and_a_migrating_slot() {
         let want = if i == migrating.0 { 99 } else { 98 };
         assert_eq!(d.remaining, want, "limiter-{i} recorded once more");
     }
-    assert!(store.gauges().redirects.unwrap() >= 2);
+    // The migrating slot's fresh key is always asked for at home first
+    // and answered with ASK. The moved slot's MOVED is seen unless the
+    // slot map refresh (every second) ran between the move and the hits,
+    // as it can on a busy machine: then its hit went to the new owner
+    // directly, which the exact counts above show as well.
+    assert!(store.gauges().redirects.unwrap() >= 1);
     // The fresh limiter was created where the slot is going, not at home.
     // (A key absent from a migrating slot is answered with ASK.)
     let home = cluster.cli(p1.1, &["EXISTS", &migrating.1]);
