@@ -213,7 +213,7 @@ def plot_cpu(direct, envoy, plots):
     panels = [p for p in (direct, envoy) if p]
     if not panels:
         return
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels) / 1.3, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.2), squeeze=False)
     k = 0
     if direct:
         ax = axes[0][k]
@@ -248,7 +248,7 @@ def plot_cpu(direct, envoy, plots):
         for key, vals in parts.items():
             ax.barh(names, vals, left=left, label=key)
             left = [a + b for a, b in zip(left, vals)]
-        ax.set_xlabel("CPU µs per request (through Envoy, median of rounds)")
+        ax.set_xlabel("CPU µs per request (through Envoy)")
         ax.invert_yaxis()
         ax.legend(fontsize=8)
         ax.grid(True, axis="x", alpha=0.3)
@@ -397,7 +397,7 @@ def faults(rows, plots, tables):
                     f"{max(adm) / limit:.2f}", fmt(sum(err)), fmt(max(p99) / 1000, 1)])
     write(tables, "faults.md", table(
         ["phase", "seconds", "admitted/s, median", "admitted/s, range", "most admitted / limits' sum",
-         "error answers per second, summed", "worst p99 ms"],
+         "error answers (sum of the seconds)", "worst p99 ms"],
         out,
     ))
 
