@@ -93,7 +93,7 @@ fn of_algorithm(f: &Features) -> Bound {
     }
 }
 
-const FAULTS: &str = "replica crashes, wall-clock steps, store errors, calls cut after the write, a slow store, concurrent callers, resets, reloads";
+const FAULTS: &str = "replica crashes, wall-clock steps, store errors, calls cut after the write, a slow store, concurrent callers (some while the first ones' calls are in flight, coalesced), resets, reloads";
 
 /// A lease call cut after its write is left out: the ledger then holds a
 /// share the stream never heard of, while Envoy spends its last one.
@@ -163,7 +163,10 @@ pub const ALLOWANCES: &[&str] = &[
     "Hits given back (`is_negative_hits`) make that much room again.",
     "Usage reports are recorded whatever they answer and admit nothing: requests' admitted hits keep the bound.",
     "With `lease`, a reset through one replica forgets that replica's lease at once; each other replica may still spend what it held of a lease taken before the reset, until it reads the reset (Redis: within 200 ms): at most a tenth of the limit (a bucket: of its burst) per other replica, in the window holding the reset.",
+    "`on_store_error: allow` answers OK a descriptor whose store call failed or outlived its deadline, without counting it (a quota stream assigns its bucket `ALLOW_ALL` when no assignment of it is in force): those hits come on top of the bound (`deny` refuses them; `error`, the default, fails the call with `UNAVAILABLE` and Envoy's `failure_mode_deny` decides).",
     "A replica that crashes loses its leases: they only admit less, for the rest of their window.",
+    "A request's own limit (an override, `limit` in the descriptor) keeps the bound of its algorithm's row (the `default_algorithm` setting) for the limit it names. It counts on one count with overrides of other limits and with a rule's limit of the same algorithm and unit on those entries: that only takes room, and what one of them gives back makes room for all.",
+    "While a quota report's answer is on its way to Envoy (behind a slow store, up to the command timeout for each limit the bucket meets), Envoy spends its old assignment: when the report lowered its share, the difference over that time comes on top of the bound.",
     "A reset forgets the Envoys' shares of the limiter too: what each Envoy spends until a report of it reaches the store again comes on top of the limit (while the store fails, the stream re-sends the last assignment: up to its time to live).",
 ];
 

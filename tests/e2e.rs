@@ -274,6 +274,52 @@ async fn zero_limit_shadow_quota_replaces_and_override() {
     t.stop().await;
 }
 
+/// An override's limiter is the descriptor's entries under the default
+/// algorithm and the override's unit, as a rule's limit of that
+/// algorithm and unit is: the limit a request names is what it is
+/// decided against, not part of what it counts on.
+#[tokio::test]
+async fn an_override_counts_with_a_rule_of_its_algorithm_and_unit() {
+    const PLANS: &str = "domain: plans\ndescriptors:\n  - key: plan\n    rate_limit: {unit: hour, requests_per_unit: 3}\n";
+    let t = Tollgate::start(&[("plans.yaml", PLANS)], &[]).await;
+    away_from_an_hour_boundary().await;
+    let plain = || req("plans", vec![desc(&[("plan", "gold")])]);
+    let own = |n: u32, unit: i32| {
+        let mut d = desc(&[("plan", "gold")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: n,
+            unit,
+        });
+        req("plans", vec![d])
+    };
+    const MINUTE: i32 = 2;
+    const HOUR: i32 = 3;
+    for left in [2, 1] {
+        assert_eq!(t.ask(plain()).await.statuses[0].limit_remaining, left);
+    }
+    // The rule's two hits count against an override of 5 an hour, and
+    // that one against an override of 10.
+    let r = t.ask(own(5, HOUR)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 2)
+    );
+    let r = t.ask(own(10, HOUR)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 6)
+    );
+    // Four counted: the rule's limit of 3 is passed.
+    assert_eq!(t.ask(plain()).await.overall_code, Code::OverLimit as i32);
+    // Another unit is another limiter.
+    let r = t.ask(own(2, MINUTE)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 1)
+    );
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn hits_addend_weights_checks_and_gives_back() {
     let t = Tollgate::start(&[("shop.yaml", RULES)], &[]).await;

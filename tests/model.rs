@@ -52,9 +52,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use support::redis::{RedisCluster, RedisServer};
 use tollgate::clock::{Clock, SystemClock};
-use tollgate::engine::{Code, Response};
+use tollgate::engine::{Code, EngineOptions, Response};
 use tollgate::guarantees;
-use tollgate::storage::{Coalescing, MemoryStore, RedisConfig, RedisStore, Store};
+use tollgate::storage::{MemoryStore, RedisConfig, RedisStore, Store};
 use world::{Call, Op, Req, World};
 
 /// Where a case runs.
@@ -78,6 +78,9 @@ struct Case {
     envoys: Vec<EnvoySpec>,
     /// The virtual clock's start (near a calendar boundary now and then).
     start: u64,
+    /// Replicas coalesce hits of one limiter (always on Redis, as `serve`
+    /// does; in half the cases on the embedded store).
+    coalesce: bool,
 }
 
 /// Combinations a run met, for its report.
@@ -152,13 +155,14 @@ fn draw_case(seed: u64, real: bool) -> (Case, u64) {
             ops,
             envoys,
             start,
+            coalesce: real || seed % 2 == 1,
         },
         refused,
     )
 }
 
-/// Connects to the test's Redis (or Cluster) as `serve` runs it: hits
-/// of one limiter queued together go out as one call.
+/// Connects to the test's Redis (or Cluster) as `serve` does (each
+/// replica coalesces on its own way to it: `World`).
 async fn connect(url: String) -> Arc<dyn Store> {
     let store = RedisStore::connect(RedisConfig {
         url,
@@ -171,7 +175,7 @@ async fn connect(url: String) -> Arc<dyn Store> {
         store.wait_ready(Duration::from_secs(20)).await,
         "the test's Redis answers"
     );
-    Arc::new(Coalescing::new(Arc::new(store)))
+    Arc::new(store)
 }
 
 /// What one answer tells the oracle.
@@ -181,13 +185,18 @@ fn record(
     req: &Req,
     answer: &Result<Response, String>,
     at: Moment,
+    failing: bool,
     coverage: &mut Coverage,
 ) {
     // Hits given back make room whatever the answer: record them as sent.
+    // A descriptor with its own limit (an override) matches no rule.
     let matched: Vec<Option<usize>> = req
         .descriptors
         .iter()
-        .map(|d| rules.find(&d.key, &d.value))
+        .map(|d| match d.limit {
+            Some(_) => None,
+            None => rules.find(&d.key, &d.value),
+        })
         .collect();
     let replaced: Vec<&str> = matched
         .iter()
@@ -195,10 +204,16 @@ fn record(
         .flat_map(|&r| rules.rules[r].replaces.iter().map(String::as_str))
         .collect();
     for (i, d) in req.descriptors.iter().enumerate() {
+        if let Some(own) = d.limit {
+            let passed = matches!(answer, Ok(resp) if resp.overall == Code::Ok && resp.statuses[i].code == Code::Ok);
+            record_override(oracle, rules, req, d, own, passed, at, coverage);
+            continue;
+        }
         let Some(r) = matched[i] else { continue };
         let rule = &rules.rules[r];
         let identity = rules.identity(r, &d.value);
         let cost = req.cost(d);
+        let mut given_back = false;
         let passed = matches!(answer, Ok(resp) if resp.overall == Code::Ok && resp.statuses[i].code == Code::Ok);
         for (k, limit) in rule.limits.iter().enumerate() {
             if replaced.contains(&limit.name.as_str()) {
@@ -208,7 +223,14 @@ fn record(
             let l = oracle.limiter((r, k, identity.clone()), limit, promise);
             if d.negative {
                 l.given_back.push((at, cost));
-            } else if passed && cost > 0 && !(rule.usage_reports && d.hits.is_some()) {
+                given_back = true;
+            } else if passed
+                && cost > 0
+                && !(rule.usage_reports && d.hits.is_some())
+                // Answered OK by `on_store_error: allow` when its call
+                // failed, perhaps: not decided by the store.
+                && !(failing && rule.on_store_error == Some("allow"))
+            {
                 l.admitted.push((at, cost));
                 coverage.admitted += cost;
                 if rule.lease {
@@ -216,6 +238,87 @@ fn record(
                 }
             }
         }
+        if given_back {
+            // Room too for overrides counting on these entries.
+            oracle.give_back_on(format!("{}={} ", d.key, d.value), at, cost);
+        }
+    }
+}
+
+/// The limit a request's override gives (`RateLimitOverride`): the
+/// default algorithm (`default_algorithm`: the sliding window counter)
+/// and nothing else of a rule's.
+fn override_limit((n, unit): (u32, &'static str)) -> grammar::Limit {
+    grammar::Limit {
+        algorithm: EngineOptions::default().default_algorithm,
+        limit: u64::from(n),
+        unit,
+        multiplier: 1,
+        buckets: None,
+        burst: None,
+        zone: None,
+        name: "override".into(),
+    }
+}
+
+/// The oracle's limiter of an override: its entries, unit and limit.
+/// (The store keys it without the limit, by entries, algorithm and unit
+/// as a rule's limit: overrides of other limits and a rule's limit of
+/// the same algorithm and unit on those entries count on it too, which
+/// only takes room; their hits given back make room on each.)
+fn override_key(d: &world::Desc, (n, unit): (u32, &'static str)) -> oracle::LimiterKey {
+    (usize::MAX, 0, format!("{}={} {n}/{unit}", d.key, d.value))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record_override(
+    oracle: &mut Oracle,
+    rules: &Rules,
+    req: &Req,
+    d: &world::Desc,
+    own: (u32, &'static str),
+    passed: bool,
+    at: Moment,
+    coverage: &mut Coverage,
+) {
+    let limit = override_limit(own);
+    let features = guarantees::Features {
+        algorithm: limit.algorithm,
+        shadow: false,
+        lease: false,
+        rlqs: false,
+        shards: 1,
+        calendar: false,
+    };
+    let promise = guarantees::promise(&features);
+    let cost = req.cost(d);
+    let entries = format!("{}={} ", d.key, d.value);
+    oracle.override_limiter(override_key(d, own), &entries, &limit, promise);
+    if d.negative {
+        // Given back on the one count the store keeps for these entries:
+        // room for every override on them, and for a rule's limit
+        // sharing it.
+        oracle.give_back_on(entries, at, cost);
+        if let Some(r) = rules.find(&d.key, &d.value) {
+            let identity = rules.identity(r, &d.value);
+            for (k, l) in rules.rules[r].limits.iter().enumerate() {
+                let promise = guarantees::promise(&rules.rules[r].features(l, false));
+                oracle
+                    .limiter((r, k, identity.clone()), l, promise)
+                    .given_back
+                    .push((at, cost));
+            }
+        }
+        return;
+    }
+    // A descriptor carrying its own cost under an override is a usage
+    // report (the `usage_reports` setting's default): it admits nothing.
+    if passed && cost > 0 && d.hits.is_none() {
+        oracle
+            .override_limiter(override_key(d, own), &entries, &limit, promise)
+            .admitted
+            .push((at, cost));
+        coverage.admitted += cost;
     }
 }
 
@@ -227,6 +330,7 @@ fn reset_request(key: &str, value: &str) -> Req {
             value: value.to_string(),
             hits: None,
             negative: false,
+            limit: None,
         }],
     }
 }
@@ -253,6 +357,14 @@ fn forget(
 /// back (recorded whatever it answered: a reset the model does not know
 /// of could only make it expect less).
 fn reset(oracle: &mut Oracle, rules: &Rules, key: &str, value: &str, at: Moment) {
+    // A rule's limit may share its count with overrides on the same
+    // entries (same algorithm and unit): theirs starts again too.
+    let entries = format!("{key}={value} ");
+    for (k, l) in oracle.limiters.iter_mut() {
+        if k.0 == usize::MAX && k.2.starts_with(&entries) {
+            l.resets.push(at);
+        }
+    }
     if let Some(rule) = rules.find(key, value) {
         let identity = rules.identity(rule, value);
         for (k, limit) in rules.rules[rule].limits.iter().enumerate() {
@@ -362,7 +474,16 @@ impl Observer for Observe<'_> {
         }
     }
 
-    fn admitted(&mut self, track: usize, key: &str, value: &str, now: u64, seq: usize, n: u64) {
+    fn admitted(
+        &mut self,
+        track: usize,
+        key: &str,
+        value: &str,
+        now: u64,
+        seq: usize,
+        n: u64,
+        allow_all: bool,
+    ) {
         if self.oracle.tracks[track].grace {
             return;
         }
@@ -370,6 +491,11 @@ impl Observer for Observe<'_> {
         let Some(r) = self.rules.find(key, value) else {
             return;
         };
+        if allow_all && self.rules.rules[r].on_store_error == Some("allow") {
+            // The stream's answer while the store failed: the rule's
+            // `on_store_error: allow`.
+            return;
+        }
         let identity = self.rules.identity(r, value);
         for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
             let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
@@ -440,6 +566,30 @@ async fn advance(
 
 /// Runs a case: `Err` with the violation (or the panic's message) when
 /// the oracle finds one.
+/// Runs a case. On the virtual clock each case has a runtime of its own,
+/// its time paused from the case's start: nothing an earlier case left
+/// behind (a housekeeping task, a give-back in flight) moves its clock
+/// or takes turns in it, so a seed replays alone what it did in a run.
+async fn run_case(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<(), String> {
+    if !matches!(backend, Backend::Virtual) {
+        return run(case, backend, coverage).await;
+    }
+    let (case, backend, mut cov) = (case.clone(), backend.clone(), std::mem::take(coverage));
+    let (outcome, cov) = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a runtime for the case");
+        let outcome = runtime.block_on(run(&case, &backend, &mut cov));
+        (outcome, cov)
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    *coverage = cov;
+    outcome
+}
+
 async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<(), String> {
     let virtual_clock =
         matches!(backend, Backend::Virtual).then(|| Arc::new(VirtualClock::at_micros(case.start)));
@@ -451,7 +601,9 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
         virtual_clock: virtual_clock.clone(),
     };
     let backend_store: Arc<dyn Store> = match backend {
-        Backend::Virtual => Arc::new(MemoryStore::new(world_clock.clone())),
+        Backend::Virtual => Arc::new(world::Shared::new(Arc::new(MemoryStore::new(
+            world_clock.clone(),
+        )))),
         Backend::Real(store) => store.clone(),
     };
     let mut world = World::new(
@@ -460,6 +612,7 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
         case.rules.clone(),
         case.replicas,
         case.seed,
+        case.coalesce,
     );
     let mut oracle = Oracle {
         replicas: case.replicas as u64,
@@ -519,9 +672,25 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         // A call during which time passed (a slow
                         // store) was recorded at some moment the model
                         // cannot tell: its limiters go blind.
-                        .note(through, &case.rules, req, &answer, lo, at.hi == lo)
+                        // A store failing: a refusal may be `on_store_error`'s.
+                        .note(
+                            through,
+                            &case.rules,
+                            req,
+                            &answer,
+                            lo,
+                            at.hi == lo && !world.failing(*r),
+                        )
                         .map_err(|e| format!("op {n}: {e}"))?;
-                    record(obs.oracle, &case.rules, req, &answer, at, coverage);
+                    record(
+                        obs.oracle,
+                        &case.rules,
+                        req,
+                        &answer,
+                        at,
+                        world.failing(*r),
+                        coverage,
+                    );
                     if matches!(op, Op::Flood(..)) {
                         advance(&clocks, 1_000, &mut envoys, &world, &mut obs, n).await;
                     }
@@ -535,6 +704,10 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                     async move {
                         match c {
                             Call::Ask(q) => Some(ask(w, *r, q).await),
+                            Call::Later(after, q) => {
+                                tokio::time::sleep(Duration::from_micros(*after)).await;
+                                Some(ask(w, *r, q).await)
+                            }
                             Call::Reset(key, value) => {
                                 let _ = w.replicas[*r]
                                     .engine
@@ -553,10 +726,18 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                 };
                 for (c, answer) in calls.iter().zip(&answers) {
                     match (c, answer) {
-                        (Call::Ask(req), Some(answer)) => {
+                        (Call::Ask(req) | Call::Later(_, req), Some(answer)) => {
                             check_answer(req, answer).map_err(|e| format!("op {n}: {e}"))?;
                             let _ = refusals.note(None, &case.rules, req, answer, lo, false);
-                            record(obs.oracle, &case.rules, req, answer, at, coverage);
+                            record(
+                                obs.oracle,
+                                &case.rules,
+                                req,
+                                answer,
+                                at,
+                                world.failing(*r),
+                                coverage,
+                            );
                         }
                         (Call::Reset(key, value), _) => {
                             reset(obs.oracle, &case.rules, key, value, at);
@@ -657,6 +838,11 @@ fn note_features(case: &Case, coverage: &mut Coverage) {
                 (l.zone.is_some(), "calendar"),
                 (!rule.replaces.is_empty(), "replaces"),
                 (
+                    rule.on_store_error == Some("allow"),
+                    "on_store_error: allow",
+                ),
+                (rule.on_store_error == Some("deny"), "on_store_error: deny"),
+                (
                     matches!(rule.value, grammar::Value::Wildcard { shared: true, .. }),
                     "share_threshold",
                 ),
@@ -710,6 +896,39 @@ fn note_features(case: &Case, coverage: &mut Coverage) {
         }
     }
     for op in &case.ops {
+        let reqs: Vec<&Req> = match op {
+            Op::Ask(_, q) | Op::Flood(_, q, _) => vec![q],
+            Op::Together(_, calls) => calls
+                .iter()
+                .filter_map(|c| match c {
+                    Call::Ask(q) | Call::Later(_, q) => Some(q),
+                    Call::Reset(..) => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        for d in reqs.iter().flat_map(|q| &q.descriptors) {
+            let Some(own) = d.limit else { continue };
+            let shares = case.rules.find(&d.key, &d.value).is_some_and(|r| {
+                case.rules.rules[r]
+                    .limits
+                    .iter()
+                    .any(|l| l.algorithm == override_limit(own).algorithm && l.unit == own.1)
+            });
+            let what = if shares {
+                "a request's override, on a rule's count"
+            } else {
+                "a request's override"
+            };
+            *coverage.features.entry(what.into()).or_default() += 1;
+        }
+        if matches!(op, Op::Together(_, calls) if calls.iter().any(|c| matches!(c, Call::Later(..))))
+        {
+            *coverage
+                .features
+                .entry("fault: callers while calls are in flight".into())
+                .or_default() += 1;
+        }
         let what = match op {
             Op::Advance(_) | Op::Ask(..) => continue,
             Op::Together(_, calls) if calls.iter().any(|c| matches!(c, Call::Reset(..))) => {
@@ -742,7 +961,7 @@ async fn shrink(mut case: Case, backend: &Backend, mut error: String) -> (Case, 
             let mut smaller = case.clone();
             let end = (i + chunk).min(smaller.ops.len());
             smaller.ops.drain(i..end);
-            let outcome = run(&smaller, backend, &mut scratch).await;
+            let outcome = run_case(&smaller, backend, &mut scratch).await;
             if std::env::var("TOLLGATE_MODEL_DEBUG").is_ok() {
                 eprintln!(
                     "shrink: {} ops -> {:?}",
@@ -836,7 +1055,7 @@ async fn explore(backend: Backend, budget: Duration) -> Coverage {
         let (case, refused) = draw_case(seed, real);
         coverage.refused_rule_files += refused;
         note_features(&case, &mut coverage);
-        if let Err(error) = run(&case, &backend, &mut coverage).await {
+        if let Err(error) = run_case(&case, &backend, &mut coverage).await {
             if std::env::var("TOLLGATE_MODEL_KEEP_GOING").is_ok() {
                 // Every failure of the budget, unshrunk: to see which
                 // defects a run finds, not only the first.
@@ -922,16 +1141,17 @@ async fn the_defects_found_stay_fixed() {
             ops: r.ops,
             envoys: r.envoys,
             start: 1_796_083_200_000_000 + 400_000,
+            coalesce: r.coalesce,
         };
         world::load(&case.rules).unwrap_or_else(|e| panic!("{}: {e}", r.name));
         let mut seen = Coverage::default();
-        if let Err(e) = run(&case, &Backend::Virtual, &mut seen).await {
+        if let Err(e) = run_case(&case, &Backend::Virtual, &mut seen).await {
             failed.push(format!("{}: {e}", r.name));
         }
         if std::env::var("TOLLGATE_MODEL_DEBUG").is_ok() {
             eprintln!(
-                "{}: {} hits admitted, {} by Envoys ({} reports answered)",
-                r.name, seen.admitted, seen.envoy_admitted, seen.envoy_reports
+                "{}: {} hits admitted ({} decided from leases), {} by Envoys ({} reports answered)",
+                r.name, seen.admitted, seen.leased, seen.envoy_admitted, seen.envoy_reports
             );
         }
     }
@@ -939,7 +1159,7 @@ async fn the_defects_found_stay_fixed() {
     // generator stays as it is.
     for seed in FOUND_BY_SEED {
         let (case, _) = draw_case(*seed, false);
-        if let Err(e) = run(&case, &Backend::Virtual, &mut Coverage::default()).await {
+        if let Err(e) = run_case(&case, &Backend::Virtual, &mut Coverage::default()).await {
             failed.push(format!("seed {seed}: {e}"));
         }
     }

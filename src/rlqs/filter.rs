@@ -116,6 +116,20 @@ impl Filter {
         }
     }
 
+    /// The rate its bucket fills at, tokens per microsecond (0 without a
+    /// bucket in force at `now`).
+    pub fn per_micro(&self, now: u64) -> f64 {
+        match &self.enforced {
+            Some(Enforced::Tokens { per_micro, .. }) if now < self.expires => *per_micro,
+            _ => 0.0,
+        }
+    }
+
+    /// Whether an `ALLOW_ALL` assignment is in force at `now`.
+    pub fn allows_all(&self, now: u64) -> bool {
+        matches!(self.enforced, Some(Enforced::Allow)) && now < self.expires
+    }
+
     /// Tokens given beyond the rate so far (see the field).
     pub fn gained(&self) -> f64 {
         self.gained
@@ -123,8 +137,12 @@ impl Filter {
 
     /// An assignment arrives at `now`, held `ttl_secs`.
     pub fn assign(&mut self, now: u64, assignment: Assignment, ttl_secs: u64) {
+        // Tokens of a bucket whose assignment had lapsed come back with
+        // the new one: beyond the rate, as a first fill is.
+        let lapsed = now >= self.expires;
         self.expires = now + ttl_secs * SEC;
         let before = self.filled(now);
+        let carried = if lapsed { 0.0 } else { before };
         let (max_tokens, tokens_per_fill, fill_secs) = match assignment {
             Assignment::AllowAll => {
                 self.enforced = Some(Enforced::Allow);
@@ -154,6 +172,7 @@ impl Filter {
                         *tokens = before;
                         *at = now;
                     }
+                    self.gained += before - carried;
                     return;
                 }
                 (before / old_max).min(1.0)
@@ -161,7 +180,7 @@ impl Filter {
             _ => 1.0,
         };
         let tokens = ratio * max;
-        self.gained += (tokens - before).max(0.0);
+        self.gained += (tokens - carried).max(0.0);
         self.enforced = Some(Enforced::Tokens {
             tokens,
             max,

@@ -326,7 +326,12 @@ impl Sources {
     /// variables over the file), for error messages.
     fn origin(&self, name: &str) -> String {
         if self.overrides.iter().any(|(k, _)| k == name) {
-            return format!("flag --{}", name.replace(['_', '.'], "-"));
+            // The flag as the command line spells it (`--rules` sets
+            // `rules_dir`).
+            return match flags::flag(name) {
+                Some(flag) => format!("flag {flag}"),
+                None => format!("flag --{}", name.replace(['_', '.'], "-")),
+            };
         }
         let var = env_name(name);
         if self.env.contains_key(&var) {

@@ -486,3 +486,16 @@ fn declared_defaults_match_the_code_that_uses_them() {
         CacheConfig::default().max_entries.to_string()
     );
 }
+
+#[test]
+fn an_error_names_the_flag_as_the_command_line_spells_it() {
+    let mut src = Sources::default();
+    src.overrides
+        .push(("rules_dir".into(), "/no/such/rules/dir".into()));
+    let err = Settings::load(&src).unwrap_err().to_string();
+    assert!(
+        err.starts_with("rules_dir=/no/such/rules/dir is not valid")
+            && err.ends_with("(set by flag --rules)"),
+        "{err}"
+    );
+}

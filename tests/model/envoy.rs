@@ -277,7 +277,19 @@ pub trait Observer {
     /// A bucket's filter after a change; `answered`: by an answer the
     /// ledger made (not a store failure's re-sent assignment).
     fn filter(&mut self, track: usize, now: u64, filter: &Filter, gained: f64, answered: bool);
-    fn admitted(&mut self, track: usize, key: &str, value: &str, now: u64, seq: usize, n: u64);
+    /// `n` requests admitted at `now`; `allow_all`: under an `ALLOW_ALL`
+    /// assignment.
+    #[allow(clippy::too_many_arguments)]
+    fn admitted(
+        &mut self,
+        track: usize,
+        key: &str,
+        value: &str,
+        now: u64,
+        seq: usize,
+        n: u64,
+        allow_all: bool,
+    );
 }
 
 pub struct Envoy {
@@ -369,7 +381,7 @@ impl Envoy {
     /// a report when one is due.
     pub async fn tick(
         &mut self,
-        now: u64,
+        mut now: u64,
         seq: usize,
         server: &QuotaServer,
         obs: &mut dyn Observer,
@@ -392,7 +404,9 @@ impl Envoy {
                     b.cached = true;
                     b.filter.admit(now);
                     left -= 1;
-                    self.report(now, Some(i), server, obs).await;
+                    // The rest of this tick's requests come once its
+                    // answer is in.
+                    now = self.report(now, Some(i), server, obs).await;
                 }
                 let b = &mut self.buckets[i];
                 let mut admitted = 0;
@@ -402,7 +416,8 @@ impl Envoy {
                     }
                 }
                 if admitted > 0 {
-                    obs.admitted(b.track, &b.key, &b.value, now, seq, admitted);
+                    let allow_all = b.filter.allows_all(now);
+                    obs.admitted(b.track, &b.key, &b.value, now, seq, admitted, allow_all);
                 }
                 obs.filter(
                     b.track,
@@ -414,26 +429,28 @@ impl Envoy {
             }
         }
         if now >= self.next_report {
-            self.report(now, None, server, obs).await;
+            now = self.report(now, None, server, obs).await;
             self.last_report = now;
             self.next_report = now + REPORT_MICROS;
         }
     }
 
     /// One report (every cached bucket, or only `first`, a bucket's
-    /// first), and its answer applied.
+    /// first), and its answer applied: returns when the answer arrived.
     async fn report(
         &mut self,
         now: u64,
         first: Option<usize>,
         server: &QuotaServer,
         obs: &mut dyn Observer,
-    ) {
+    ) -> u64 {
+        let sent_at = tokio::time::Instant::now();
+        let arrived = |at: u64| at + sent_at.elapsed().as_micros() as u64;
         if self.stream.is_none() {
             self.stream = open(server).await;
         }
         let Some(stream) = &mut self.stream else {
-            return;
+            return arrived(now);
         };
         let elapsed = match first {
             Some(_) => 0,
@@ -480,15 +497,20 @@ impl Envoy {
             // a new one at its next report.
             self.stream = None;
             self.broken += 1;
-            return;
+            return arrived(now);
         };
         self.reports += 1;
         // Paused, Tokio's time moves only when every task waits on a
         // timer: the exchange itself never does (only a slow store's
         // sleeps do), so the virtual clock stays the one clock.
-        if tokio::time::Instant::now() != before {
+        let took = tokio::time::Instant::now() - before;
+        if !took.is_zero() {
             self.moved += 1;
         }
+        // Envoy applies an answer when it arrives: a slow store's answer
+        // takes effect that much later than the report was sent.
+        let sent = now;
+        let now = now + took.as_micros() as u64;
         for action in &answer.bucket_action {
             let Some(b) = self
                 .buckets
@@ -521,7 +543,13 @@ impl Envoy {
                             .as_ref()
                             .and_then(|s| s.strategy.as_ref()),
                     ) {
+                        let old = b.filter.per_micro(sent);
                         b.filter.assign(now, assignment, ttl);
+                        // While the answer was on its way (behind a slow
+                        // store) the filter spent its old share, which the
+                        // ledger had lowered: README's allowance.
+                        let fell = (old - b.filter.per_micro(now)).max(0.0);
+                        b.gained_before += fell * (now - sent) as f64;
                     }
                 }
                 None => {}
@@ -534,6 +562,7 @@ impl Envoy {
                 fresh,
             );
         }
+        now
     }
 }
 

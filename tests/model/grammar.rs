@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::RngCore;
+use rand_chacha::rand_core::SeedableRng;
 use tollgate::guarantees::Features;
 use tollgate::limit::Algorithm;
 
@@ -89,6 +90,8 @@ pub struct Rule {
     pub count_refused: Option<bool>,
     pub usage_reports: bool,
     pub replaces: Vec<String>,
+    /// `on_store_error`: `error` (the default), `allow` or `deny`.
+    pub on_store_error: Option<&'static str>,
 }
 
 impl Rule {
@@ -161,6 +164,14 @@ fn draw_limit(rng: &mut ChaCha8Rng, index: usize, taken: &[Limit], leases: bool)
 
 /// A rule set of one domain: a few top-level rules on a few keys.
 pub fn draw(rng: &mut ChaCha8Rng, domain: &str) -> Rules {
+    // Keys added to the grammar later draw from a generator of their own
+    // (seeded by the case's domain, which holds its seed): the case's
+    // generator draws what it drew before, so seeds found earlier replay.
+    let mut side = {
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(domain, &mut h);
+        ChaCha8Rng::seed_from_u64(std::hash::Hasher::finish(&h))
+    };
     let n = 1 + pick(rng, 4);
     // Some cases are about leases: limits large enough to lease, hit hard.
     let leases = chance(rng, 40);
@@ -251,6 +262,8 @@ pub fn draw(rng: &mut ChaCha8Rng, domain: &str) -> Rules {
             count_refused,
             usage_reports,
             replaces: Vec::new(),
+            on_store_error: [None, None, None, Some("allow"), Some("deny"), Some("error")]
+                [pick(&mut side, 6)],
         });
     }
     // Now and then a rule replaces another's named limit.
@@ -324,6 +337,9 @@ impl Rules {
                 }
                 if r.usage_reports {
                     let _ = writeln!(y, "{pad}usage_reports: true");
+                }
+                if let Some(policy) = r.on_store_error {
+                    let _ = writeln!(y, "{pad}on_store_error: {policy}");
                 }
                 if !r.replaces.is_empty() {
                     let names: Vec<String> = r

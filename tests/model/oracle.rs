@@ -85,9 +85,48 @@ pub struct Oracle {
     /// lease across a reset.
     pub replicas: u64,
     pub tracks: Vec<Track>,
+    /// Hits given back on a descriptor's entries (`key=value `), for the
+    /// overrides on them: the store keeps one count for the entries, an
+    /// algorithm and a unit, whatever limit each request names.
+    pub entries_back: BTreeMap<String, Vec<(Moment, u64)>>,
 }
 
 impl Oracle {
+    /// Hits given back on `entries`: room on every override's limiter on
+    /// them, those to come included.
+    pub fn give_back_on(&mut self, entries: String, at: Moment, cost: u64) {
+        for (k, l) in self.limiters.iter_mut() {
+            if k.0 == usize::MAX && k.2.starts_with(&entries) {
+                l.given_back.push((at, cost));
+            }
+        }
+        self.entries_back
+            .entry(entries)
+            .or_default()
+            .push((at, cost));
+    }
+
+    /// An override's limiter, created with what was given back on its
+    /// entries so far.
+    pub fn override_limiter(
+        &mut self,
+        key: LimiterKey,
+        entries: &str,
+        limit: &Limit,
+        promise: Promise,
+    ) -> &mut Limiter {
+        let back = self.entries_back.get(entries).cloned().unwrap_or_default();
+        self.limiters.entry(key).or_insert_with(|| Limiter {
+            limit: limit.clone(),
+            promise,
+            admitted: Vec::new(),
+            given_back: back,
+            resets: Vec::new(),
+            envoy_admitted: Vec::new(),
+            tracks: Vec::new(),
+        })
+    }
+
     pub fn limiter(&mut self, key: LimiterKey, limit: &Limit, promise: Promise) -> &mut Limiter {
         self.limiters.entry(key).or_insert_with(|| Limiter {
             limit: limit.clone(),

@@ -140,10 +140,23 @@ impl Refusals {
             }
             return Ok(());
         };
+        // A descriptor with its own limit (an override) is not judged; it
+        // may count on a rule's limiter of the same entries (same
+        // algorithm and unit), which the check then cannot follow.
+        for d in req.descriptors.iter().filter(|d| d.limit.is_some()) {
+            if let Some(r) = rules.find(&d.key, &d.value) {
+                for k in 0..rules.rules[r].limits.len() {
+                    self.history(&(r, k, rules.identity(r, &d.value))).blind = true;
+                }
+            }
+        }
         let keys: Vec<Option<usize>> = req
             .descriptors
             .iter()
-            .map(|d| rules.find(&d.key, &d.value))
+            .map(|d| match d.limit {
+                Some(_) => None,
+                None => rules.find(&d.key, &d.value),
+            })
             .collect();
         let replaced: Vec<&str> = keys
             .iter()

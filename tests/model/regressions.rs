@@ -13,6 +13,8 @@ pub struct Regression {
     pub ops: Vec<Op>,
     /// Envoys with the quota filter (RLQS) beside the replicas.
     pub envoys: Vec<EnvoySpec>,
+    /// Its replicas coalesce hits of one limiter.
+    pub coalesce: bool,
 }
 
 fn limit(algorithm: Algorithm, limit: u64, unit: &'static str) -> Limit {
@@ -41,6 +43,7 @@ fn rule(key: &str, limits: Vec<Limit>) -> Rule {
         count_refused: None,
         usage_reports: false,
         replaces: Vec::new(),
+        on_store_error: None,
     }
 }
 
@@ -52,6 +55,7 @@ fn ask(value: &str) -> Req {
             value: value.into(),
             hits: None,
             negative: false,
+            limit: None,
         }],
     }
 }
@@ -91,6 +95,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::FixedWindow, 100, "second"),
             replicas: 2,
             ops,
+            coalesce: false,
             envoys: Vec::new(),
         });
     }
@@ -110,6 +115,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::FixedWindow, 100, "minute"),
             replicas: 1,
             ops,
+            coalesce: false,
             envoys: Vec::new(),
         });
     }
@@ -137,6 +143,7 @@ pub fn all() -> Vec<Regression> {
             rules: leased(Algorithm::TokenBucket, 1000, "second"),
             replicas: 2,
             ops,
+            coalesce: false,
             envoys: Vec::new(),
         });
     }
@@ -169,6 +176,7 @@ pub fn all() -> Vec<Regression> {
             },
             replicas: 1,
             ops,
+            coalesce: false,
             envoys: vec![EnvoySpec {
                 replica: 0,
                 buckets: vec![BucketSpec {
@@ -195,6 +203,7 @@ pub fn all() -> Vec<Regression> {
                         value: "p0/c".into(),
                         hits: None,
                         negative: false,
+                        limit: None,
                     }],
                 },
             ));
@@ -222,6 +231,7 @@ pub fn all() -> Vec<Regression> {
             },
             replicas: 1,
             ops,
+            coalesce: false,
             envoys: vec![envoy("p0/a"), envoy("p0/b")],
         });
     }
@@ -251,6 +261,7 @@ pub fn list_take_back() -> Regression {
         },
         replicas: 1,
         ops,
+        coalesce: false,
         envoys: Vec::new(),
     }
 }

@@ -11,11 +11,14 @@ use std::time::Duration;
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use tollgate::clock::Clock;
-use tollgate::engine::{Descriptor, Engine, EngineOptions, Request, RulesHandle};
+use tollgate::engine::{Descriptor, Engine, EngineOptions, LimitOverride, Request, RulesHandle};
+use tollgate::limit::Unit;
 use tollgate::quota;
 use tollgate::rules::{LoadOptions, load_texts};
 use tollgate::settings::{Settings, Sources};
-use tollgate::storage::{BoxFuture, Cost, Decision, Hit, LeaseCall, Receipt, Store, StoreError};
+use tollgate::storage::{
+    BoxFuture, Coalescing, Cost, Decision, Hit, LeaseCall, Receipt, Store, StoreError,
+};
 
 use super::envoy::{EnvoyOp, EnvoySpec, QuotaServer};
 use super::grammar::{KEYS, Rules, chance, pick};
@@ -159,6 +162,54 @@ impl Store for Faulty {
     }
 }
 
+/// The embedded store shared by a case's replicas, standing in for a
+/// Redis they share: a reset through any replica moves the generation
+/// every replica reads ([`Store::reset_generation`]), as Redis's reset
+/// counter does (there read every poll; here at once).
+pub struct Shared {
+    inner: Arc<dyn Store>,
+    generation: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(inner: Arc<dyn Store>) -> Shared {
+        Shared {
+            inner,
+            generation: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Store for Shared {
+    fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        self.inner.hit(hit)
+    }
+
+    fn hit_batch<'a>(
+        &'a self,
+        hit: Hit<'a>,
+        more: &'a [Cost],
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        self.inner.hit_batch(hit, more)
+    }
+
+    fn reset<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let done = self.inner.reset(hit).await;
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            done
+        })
+    }
+
+    fn reset_generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn wrapped(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
+    }
+}
+
 pub struct Replica {
     pub clock: Arc<StepClock>,
     pub faults: Arc<Faulty>,
@@ -175,6 +226,9 @@ pub struct World {
     pub rules: Rules,
     pub replicas: Vec<Replica>,
     seed: u64,
+    /// Each replica queues hits of one limiter behind the call in flight
+    /// for it ([`Coalescing`], as `serve` does on Redis).
+    coalesce: bool,
 }
 
 pub fn settings() -> Settings {
@@ -196,6 +250,7 @@ impl World {
         rules: Rules,
         replicas: usize,
         seed: u64,
+        coalesce: bool,
     ) -> World {
         let mut w = World {
             clock,
@@ -204,6 +259,7 @@ impl World {
             rules,
             replicas: Vec::new(),
             seed,
+            coalesce,
         };
         for i in 0..replicas {
             let r = w.replica(i as u64);
@@ -224,7 +280,13 @@ impl World {
                 self.seed ^ salt.wrapping_mul(0x9e37_79b9),
             )),
         });
-        let store = tollgate::server::layers(faults.clone(), &self.settings, clock.clone());
+        // Coalescing above the way to the store, as `serve` wraps Redis.
+        let below: Arc<dyn Store> = if self.coalesce {
+            Arc::new(Coalescing::new(faults.clone()))
+        } else {
+            faults.clone()
+        };
+        let store = tollgate::server::layers(below, &self.settings, clock.clone());
         let rules = RulesHandle::new(load(&self.rules).expect("the case's rules load"));
         let engine = Engine::new(rules, store, clock.clone(), EngineOptions::default());
         let quota = QuotaServer::start(engine.clone(), &self.settings);
@@ -260,6 +322,13 @@ impl World {
             .store(percent, Ordering::SeqCst);
     }
 
+    /// Whether replica `i`'s store calls may fail or outlive their
+    /// deadline now: an answer may then come from `on_store_error`.
+    pub fn failing(&self, i: usize) -> bool {
+        let f = &self.replicas[i].faults;
+        f.percent.load(Ordering::SeqCst) > 0 || f.slow_micros.load(Ordering::SeqCst) > 0
+    }
+
     pub fn slow(&self, i: usize, micros: u64) {
         self.replicas[i]
             .faults
@@ -274,6 +343,18 @@ pub struct Desc {
     pub value: String,
     pub hits: Option<u64>,
     pub negative: bool,
+    /// The request's own limit for it (`RateLimitOverride`): requests per
+    /// unit, and the unit.
+    pub limit: Option<(u32, &'static str)>,
+}
+
+/// The unit of an override as the engine takes it.
+pub fn unit_of(name: &str) -> Unit {
+    match name {
+        "second" => Unit::Second,
+        "minute" => Unit::Minute,
+        _ => Unit::Day,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -291,7 +372,10 @@ impl Req {
                 .iter()
                 .map(|d| Descriptor {
                     entries: vec![(d.key.clone(), d.value.clone())],
-                    limit_override: None,
+                    limit_override: d.limit.map(|(n, unit)| LimitOverride {
+                        requests_per_unit: n,
+                        unit: unit_of(unit),
+                    }),
                     hits: d.hits,
                     negative: d.negative,
                 })
@@ -335,6 +419,10 @@ pub enum Op {
 /// A case's traffic: most descriptors on a hot value of each key.
 pub struct Traffic {
     hot: Vec<(String, String)>,
+    /// Draws added to the grammar later (when concurrent callers come),
+    /// from a generator of their own: the case's generator draws what it
+    /// drew before, so seeds found earlier replay their cases.
+    side: ChaCha8Rng,
 }
 
 impl Traffic {
@@ -343,11 +431,14 @@ impl Traffic {
             .iter()
             .map(|k| (k.to_string(), rules.value(rng, k)))
             .filter(|(_, v)| v.len() < 100)
-            .collect();
-        Traffic { hot }
+            .collect::<Vec<_>>();
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&hot, &mut h);
+        let side = ChaCha8Rng::seed_from_u64(std::hash::Hasher::finish(&h));
+        Traffic { hot, side }
     }
 
-    fn req(&self, rng: &mut ChaCha8Rng, rules: &Rules) -> Req {
+    fn req(&mut self, rng: &mut ChaCha8Rng, rules: &Rules) -> Req {
         let n = 1 + pick(rng, 3);
         let descriptors = (0..n)
             .map(|_| {
@@ -367,6 +458,7 @@ impl Traffic {
                         None
                     },
                     negative,
+                    limit: draw_override(&mut self.side, 8),
                 }
             })
             .collect();
@@ -377,7 +469,7 @@ impl Traffic {
     }
 
     /// One descriptor on a hot value: what a flooding client sends.
-    fn hot(&self, rng: &mut ChaCha8Rng, rules: &Rules) -> Req {
+    fn hot(&mut self, rng: &mut ChaCha8Rng, rules: &Rules) -> Req {
         let (key, value) = self.reset(rng, rules);
         Req {
             hits: [0, 1, 2][pick(rng, 3)],
@@ -386,6 +478,7 @@ impl Traffic {
                 value,
                 hits: None,
                 negative: false,
+                limit: draw_override(&mut self.side, 10),
             }],
         }
     }
@@ -400,20 +493,42 @@ impl Traffic {
         (key.to_string(), rules.value_of(rng, key, hot))
     }
 
-    fn call(&self, rng: &mut ChaCha8Rng, rules: &Rules) -> Call {
+    fn call(&mut self, rng: &mut ChaCha8Rng, rules: &Rules) -> Call {
         if chance(rng, 8) {
             let (key, value) = self.reset(rng, rules);
             Call::Reset(key, value)
         } else {
-            Call::Ask(self.req(rng, rules))
+            let req = self.req(rng, rules);
+            // Half the callers come while the first ones' calls are in
+            // flight (behind a slow store: coalesced, or waiting for a
+            // lease, across a reset among them).
+            if chance(&mut self.side, 50) {
+                let later = [1_000, 50_000, 150_000, 1_000_000][pick(&mut self.side, 4)];
+                Call::Later(later, req)
+            } else {
+                Call::Ask(req)
+            }
         }
     }
+}
+
+/// A request's own limit for a descriptor, `percent` of the time: small
+/// ones that clients reach, or a large one.
+fn draw_override(side: &mut ChaCha8Rng, percent: u64) -> Option<(u32, &'static str)> {
+    chance(side, percent).then(|| {
+        (
+            [1, 2, 5, 50][pick(side, 4)],
+            ["second", "minute"][pick(side, 2)],
+        )
+    })
 }
 
 /// One caller's call among callers at once.
 #[derive(Debug, Clone)]
 pub enum Call {
     Ask(Req),
+    /// An ask this many microseconds after the others began.
+    Later(u64, Req),
     Reset(String, String),
 }
 
@@ -425,7 +540,7 @@ pub fn draw_ops(
     replicas: usize,
     len: usize,
 ) -> (Vec<Op>, Vec<EnvoySpec>) {
-    let traffic = Traffic::new(rng, rules);
+    let mut traffic = Traffic::new(rng, rules);
     let envoys = super::envoy::draw(rng, rules, &traffic.hot, replicas);
     // How fast time moves between calls: a case near its limits in
     // milliseconds, or one that spans many windows.
