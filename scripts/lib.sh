@@ -58,7 +58,7 @@ tollgate_bin() {
     else
         echo "building tollgate (release)..." >&2
         timeout 1800 cargo build --release --quiet
-        BIN=$ROOT/target/release/tollgate
+        BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/tollgate
     fi
 }
 

@@ -5,6 +5,9 @@
 //! example a reader copies loads. (Envoy configurations the book shows are
 //! included from examples/, which tests/envoy.rs runs in a real Envoy.)
 
+#[path = "support/markdown.rs"]
+mod markdown;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,24 +45,6 @@ fn prose(markdown: &str) -> Vec<&str> {
             !fenced
         })
         .collect()
-}
-
-/// The fenced blocks of a Markdown text: (language, body).
-fn fenced(markdown: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut open: Option<(String, String)> = None;
-    for line in markdown.lines() {
-        match (&mut open, line.trim_start().strip_prefix("```")) {
-            (None, Some(lang)) => open = Some((lang.trim().to_string(), String::new())),
-            (Some(_), Some(_)) => out.push(open.take().unwrap()),
-            (Some((_, body)), None) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            (None, None) => {}
-        }
-    }
-    out
 }
 
 /// `[label](target)` links of a line: the targets.
@@ -231,7 +216,7 @@ fn rule_examples_validate() {
     let mut refused = Vec::new();
     for page in pages() {
         let text = std::fs::read_to_string(&page).unwrap();
-        for (i, (lang, body)) in fenced(&text).into_iter().enumerate() {
+        for (i, (lang, body)) in markdown::fenced(&text, true).into_iter().enumerate() {
             let is_rule_file = |key: &str| body.lines().any(|l| l.starts_with(key));
             if lang != "yaml" || !is_rule_file("domain:") || !is_rule_file("descriptors:") {
                 continue;

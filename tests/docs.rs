@@ -14,6 +14,8 @@
 //! nothing listening.
 
 mod support;
+#[path = "support/markdown.rs"]
+mod markdown;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -27,24 +29,6 @@ const ONE_MACHINE: &str = "docs/src/start/one-machine.md";
 const RESET: &str = "docs/src/rules/reset.md";
 const GRPC_CLIENTS: &str = "docs/src/start/grpc-clients.md";
 const ENVOY: &str = "docs/src/start/envoy.md";
-
-/// The fenced blocks of a Markdown text, in order: (language, body).
-fn blocks(markdown: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut open: Option<(String, String)> = None;
-    for line in markdown.lines() {
-        match (&mut open, line.strip_prefix("```")) {
-            (None, Some(lang)) => open = Some((lang.trim().to_string(), String::new())),
-            (Some(_), Some(_)) => out.push(open.take().unwrap()),
-            (Some((_, body)), None) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            (None, None) => {}
-        }
-    }
-    out
-}
 
 /// The first block (from `from` on) whose body starts with `start`, its
 /// index, and the block after it (the output the docs show).
@@ -142,8 +126,8 @@ fn spawn_documented(line: &str, ports: &Ports, env: &[(&str, &str)]) -> Proc {
 fn first_steps_run_as_written() {
     let page = std::fs::read_to_string(ONE_MACHINE).unwrap();
     let reset = std::fs::read_to_string(RESET).unwrap();
-    let mut blocks = blocks(&page);
-    let readme = self::blocks(&std::fs::read_to_string("README.md").unwrap());
+    let mut blocks = markdown::fenced(&page, false);
+    let readme = markdown::fenced(&std::fs::read_to_string("README.md").unwrap(), false);
     for start in [
         "cargo run -- serve --rules examples/rules",
         "cargo run -- check --domain demo",
@@ -156,7 +140,7 @@ fn first_steps_run_as_written() {
             "README's quick start differs from {ONE_MACHINE}"
         );
     }
-    blocks.extend(self::blocks(&reset));
+    blocks.extend(markdown::fenced(&reset, false));
     let (grpc, http, debug) = (free_port(), free_port(), free_port());
     let ports = Ports {
         swaps: vec![
@@ -266,7 +250,7 @@ fn grpc_client_example_runs_as_written() {
         "Python 3 with grpcio and grpcio-tools is needed (scripts/test installs them)"
     );
     let section = std::fs::read_to_string(GRPC_CLIENTS).unwrap();
-    let blocks = blocks(&section);
+    let blocks = markdown::fenced(&section, false);
     let (_, run, shown) = block(&blocks, 0, "cargo build --release");
     let (grpc, http) = (free_port(), free_port());
     let ports = Ports {
@@ -637,7 +621,7 @@ fn envoy_walkthrough_runs_through_envoy() {
         .split_once("\n## ")
         .unwrap()
         .0;
-    let blocks = blocks(section);
+    let blocks = markdown::fenced(section, false);
     let (at, run, shown) = block(&blocks, 0, "cargo build --release");
     let (grpc, http, upstream, listener, admin) = (
         free_port(),

@@ -3,7 +3,7 @@
 //! embedded store and on Redis; prints the CPU of tollgate and of
 //! redis-server per second of wall time. A measurement, not part of the
 //! suite (`--ignored`); `BENCH_BIN=target/release/tollgate` measures a
-//! release build (docs/src/benchmarks/rlqs.md).
+//! release build (docs/src/benchmarks/choices.md, RLQS).
 //!
 //!     cargo test --test rlqs_cost -- --ignored --nocapture
 

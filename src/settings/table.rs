@@ -242,7 +242,7 @@ pub const SETTINGS: &[Setting] = &[
         "redis.command_timeout_ms",
         Some("500"),
         Kind::AtLeast(1),
-        "upper bound on one Redis call in milliseconds; the caller's own deadline (`grpc-timeout`) shortens it. 500 ms is about 2.5x the slowest answer of a healthy Redis on a busy 2-core machine (47-205 ms measured; 10 ms failed a third of the calls): see `docs/src/benchmarks/cost.md`",
+        "upper bound on one Redis call in milliseconds; the caller's own deadline (`grpc-timeout`) shortens it. 500 ms is about 2.5x the slowest answer of a healthy Redis on a busy 2-core machine (47-205 ms measured; 10 ms failed a third of the calls): see `docs/src/benchmarks/choices.md`",
     ),
     s(
         "redis.key_prefix",
