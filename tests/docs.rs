@@ -13,9 +13,9 @@
 //! directory, a cost above the limit, a mistyped variable, a port in use,
 //! nothing listening.
 
-mod support;
 #[path = "support/markdown.rs"]
 mod markdown;
+mod support;
 
 use std::path::Path;
 use std::process::{Command, Output};
