@@ -24,19 +24,7 @@ pub fn record(
 ) {
     // Hits given back make room whatever the answer: record them as sent.
     // A descriptor with its own limit (an override) matches no rule.
-    let matched: Vec<Option<usize>> = req
-        .descriptors
-        .iter()
-        .map(|d| match d.limit {
-            Some(_) => None,
-            None => rules.find(&d.key, &d.value),
-        })
-        .collect();
-    let replaced: Vec<&str> = matched
-        .iter()
-        .flatten()
-        .flat_map(|&r| rules.rules[r].replaces.iter().map(String::as_str))
-        .collect();
+    let (matched, replaced) = req.matched(rules);
     for (i, d) in req.descriptors.iter().enumerate() {
         if let Some(own) = d.limit {
             let passed = matches!(answer, Ok(resp) if resp.overall == Code::Ok && resp.statuses[i].code == Code::Ok);

@@ -150,19 +150,7 @@ impl Refusals {
                 }
             }
         }
-        let keys: Vec<Option<usize>> = req
-            .descriptors
-            .iter()
-            .map(|d| match d.limit {
-                Some(_) => None,
-                None => rules.find(&d.key, &d.value),
-            })
-            .collect();
-        let replaced: Vec<&str> = keys
-            .iter()
-            .flatten()
-            .flat_map(|&r| rules.rules[r].replaces.iter().map(String::as_str))
-            .collect();
+        let (keys, replaced) = req.matched(rules);
         for (i, d) in req.descriptors.iter().enumerate() {
             let Some(r) = keys[i] else { continue };
             let rule = &rules.rules[r];

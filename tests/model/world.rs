@@ -385,6 +385,25 @@ impl Req {
         }
     }
 
+    /// The rule each descriptor matches (an override matches none), and
+    /// the limit names those rules replace across the request.
+    pub fn matched<'r>(&self, rules: &'r Rules) -> (Vec<Option<usize>>, Vec<&'r str>) {
+        let matched: Vec<Option<usize>> = self
+            .descriptors
+            .iter()
+            .map(|d| match d.limit {
+                Some(_) => None,
+                None => rules.find(&d.key, &d.value),
+            })
+            .collect();
+        let replaced = matched
+            .iter()
+            .flatten()
+            .flat_map(|&r| rules.rules[r].replaces.iter().map(String::as_str))
+            .collect();
+        (matched, replaced)
+    }
+
     /// What a descriptor costs: its own `hits_addend`, else the request's
     /// (0 counts as 1).
     pub fn cost(&self, d: &Desc) -> u64 {
