@@ -295,6 +295,10 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                 }
             }
             Op::Together(r, calls) => {
+                if calls.iter().any(|c| matches!(c, Call::Lag(_, m) if *m > 0)) {
+                    slow.push(*r);
+                }
+                let real = virtual_clock.is_none();
                 let lo = clocks.now();
                 let answers = futures_util::future::join_all(calls.iter().map(|c| {
                     let w = &world;
@@ -306,11 +310,18 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                                 tokio::time::sleep(Duration::from_micros(*after)).await;
                                 Some(ask(w, *r, q).await)
                             }
-                            Call::Reset(key, value) => {
+                            Call::Reset(after, key, value) => {
+                                tokio::time::sleep(Duration::from_micros(*after)).await;
                                 let _ = w.replicas[*r]
                                     .engine
                                     .reset(&reset_request(key, value).request(domain))
                                     .await;
+                                None
+                            }
+                            Call::Lag(after, micros) => {
+                                tokio::time::sleep(Duration::from_micros(*after)).await;
+                                // On the real clock, a few ms (as `Op::Slow`).
+                                w.lag(*r, if real { (*micros).min(5_000) } else { *micros });
                                 None
                             }
                         }
@@ -337,7 +348,7 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                                 coverage,
                             );
                         }
-                        (Call::Reset(key, value), _) => {
+                        (Call::Reset(_, key, value), _) => {
                             reset(obs.oracle, &case.rules, key, value, at);
                             forget(&mut refusals, *r, &case.rules, key, value, false);
                         }

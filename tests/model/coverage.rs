@@ -116,7 +116,7 @@ pub fn note_features(case: &Case, coverage: &mut Coverage) {
                 .iter()
                 .filter_map(|c| match c {
                     Call::Ask(q) | Call::Later(_, q) => Some(q),
-                    Call::Reset(..) => None,
+                    Call::Reset(..) | Call::Lag(..) => None,
                 })
                 .collect(),
             _ => Vec::new(),

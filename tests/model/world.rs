@@ -4,7 +4,7 @@
 //! with a wall clock that can step and a store that can fail; and the
 //! traffic and faults a case is made of.
 
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,6 +60,9 @@ pub struct Faulty {
     /// store: callers interleave, and a call sent in the background (a
     /// lease given back) lands later on the virtual clock.
     slow_micros: AtomicU64,
+    /// Calls wait exactly `slow_micros` (a scripted case's lag), not up
+    /// to it.
+    exact: AtomicBool,
     rng: Mutex<ChaCha8Rng>,
 }
 
@@ -88,7 +91,11 @@ impl Faulty {
     async fn delay(&self) {
         let most = self.slow_micros.load(Ordering::SeqCst);
         if most > 0 {
-            let wait = self.rng.lock().unwrap().next_u64() % most;
+            let wait = if self.exact.load(Ordering::SeqCst) {
+                most
+            } else {
+                self.rng.lock().unwrap().next_u64() % most
+            };
             tokio::time::sleep(Duration::from_micros(wait)).await;
         }
     }
@@ -276,6 +283,7 @@ impl World {
             inner: self.backend.clone(),
             percent: AtomicU8::new(0),
             slow_micros: AtomicU64::new(0),
+            exact: AtomicBool::new(false),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(
                 self.seed ^ salt.wrapping_mul(0x9e37_79b9),
             )),
@@ -330,10 +338,17 @@ impl World {
     }
 
     pub fn slow(&self, i: usize, micros: u64) {
+        self.replicas[i].faults.exact.store(false, Ordering::SeqCst);
         self.replicas[i]
             .faults
             .slow_micros
             .store(micros, Ordering::SeqCst);
+    }
+
+    /// The replica's store calls wait exactly this long from now on.
+    pub fn lag(&self, i: usize, micros: u64) {
+        self.slow(i, micros);
+        self.replicas[i].faults.exact.store(true, Ordering::SeqCst);
     }
 }
 
@@ -515,7 +530,7 @@ impl Traffic {
     fn call(&mut self, rng: &mut ChaCha8Rng, rules: &Rules) -> Call {
         if chance(rng, 8) {
             let (key, value) = self.reset(rng, rules);
-            Call::Reset(key, value)
+            Call::Reset(0, key, value)
         } else {
             let req = self.req(rng, rules);
             // Half the callers come while the first ones' calls are in
@@ -548,7 +563,12 @@ pub enum Call {
     Ask(Req),
     /// An ask this many microseconds after the others began.
     Later(u64, Req),
-    Reset(String, String),
+    /// A reset this many microseconds after the others began.
+    Reset(u64, String, String),
+    /// This many microseconds after the others began, the replica's
+    /// store calls take exactly the second figure from then on (a call
+    /// already waiting keeps its wait): a scripted case's timing.
+    Lag(u64, u64),
 }
 
 /// A case's traffic and faults: mostly requests, with time moving in
