@@ -817,8 +817,8 @@ async fn a_line_logged_inside_a_traced_call_carries_its_trace_id() {
         "traceparent",
         format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
     );
-    let answer = t.client().await.should_rate_limit(r).await;
-    assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
+    let status = t.client().await.should_rate_limit(r).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     t.stop().await;
     server.abort();
 
@@ -833,7 +833,11 @@ async fn a_line_logged_inside_a_traced_call_carries_its_trace_id() {
                 .is_some_and(|n| n.ends_with(&format!(":{}", redis.port())))
         })
         .collect();
-    assert_eq!(opened.len(), 1, "{text}");
+    assert_eq!(
+        opened.len(),
+        1,
+        "the call was answered {status:?}; logged:\n{text}"
+    );
     assert_eq!(opened[0]["span"]["trace_id"], trace, "{}", opened[0]);
     assert_eq!(opened[0]["level"], "WARN");
 }

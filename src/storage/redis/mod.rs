@@ -570,8 +570,13 @@ fn store_error(e: FredError, timeout: Duration) -> StoreError {
                 "OOM",
                 "NOSCRIPT",
             ];
+            // The client's own word that it had no connection to send
+            // the command on (the server went away between the check
+            // for a connected client and the write): unavailable, as a
+            // closed connection is, so the breaker counts it.
+            const NOT_SENT: &str = "Failed to route command";
             let details = e.details();
-            if TRANSIENT.iter().any(|p| details.starts_with(p)) {
+            if TRANSIENT.iter().any(|p| details.starts_with(p)) || details.starts_with(NOT_SENT) {
                 StoreError::Unavailable(e.to_string())
             } else {
                 StoreError::Protocol(e.to_string())

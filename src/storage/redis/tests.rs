@@ -100,3 +100,40 @@ async fn kind_follows_the_url() {
         assert_eq!(store.kind(), kind);
     }
 }
+
+#[test]
+fn an_error_is_transient_unless_retrying_cannot_help() {
+    use fred::error::{Error, ErrorKind};
+    let timeout = Duration::from_millis(200);
+    let kind = |kind, details: &str| store_error(Error::new(kind, details.to_owned()), timeout);
+    // What the client says when it had no connection to write to (the
+    // server stopped a moment before): the breaker must count it.
+    assert!(matches!(
+        kind(ErrorKind::Unknown, "Failed to route command."),
+        StoreError::Unavailable(_)
+    ));
+    assert!(matches!(
+        kind(ErrorKind::Routing, "Failed to route command."),
+        StoreError::Unavailable(_)
+    ));
+    assert!(matches!(
+        kind(
+            ErrorKind::Unknown,
+            "LOADING Redis is loading the dataset in memory"
+        ),
+        StoreError::Unavailable(_)
+    ));
+    assert!(matches!(
+        kind(ErrorKind::Timeout, "timed out"),
+        StoreError::Timeout(200)
+    ));
+    // A script's own error, or a key of the wrong type: not retried.
+    assert!(matches!(
+        kind(
+            ErrorKind::Unknown,
+            "WRONGTYPE Operation against a key holding the wrong kind of value"
+        ),
+        StoreError::Protocol(_)
+    ));
+    assert!(!kind(ErrorKind::Unknown, "ERR user_script:1: bad").is_transient());
+}
