@@ -15,6 +15,7 @@
 //! add room: hits given back, a reset, the bursts of Envoys' own buckets.
 
 use crate::limit::Algorithm;
+use crate::limit::algorithms::Rlqs;
 
 /// The shape of a bound on one limiter's admitted hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,18 +80,11 @@ pub struct Row {
 }
 
 fn counted(f: &Features) -> bool {
-    matches!(f.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket)
-        && f.shards <= 1
-        && !f.calendar
+    f.algorithm.spec().rlqs != Rlqs::Ledger && f.shards <= 1 && !f.calendar
 }
 
 fn of_algorithm(f: &Features) -> Bound {
-    match f.algorithm {
-        Algorithm::FixedWindow => Bound::Window,
-        Algorithm::SlidingWindowLog => Bound::Trailing,
-        Algorithm::SlidingWindowCounter => Bound::Buckets,
-        Algorithm::TokenBucket => Bound::Bucket,
-    }
+    f.algorithm.spec().bound
 }
 
 const FAULTS: &str = "replica crashes, wall-clock steps, store errors, calls cut after the write, a slow store, concurrent callers (some while the first ones' calls are in flight, coalesced), resets, reloads";

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub mod algorithms;
 mod calendar;
 
 pub use calendar::{Zone, tzdb_version};
@@ -254,12 +255,7 @@ impl Algorithm {
     ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindowCounter => "sliding_window_counter",
-            Algorithm::SlidingWindowLog => "sliding_window_log",
-            Algorithm::TokenBucket => "token_bucket",
-        }
+        self.spec().name
     }
 }
 
@@ -277,8 +273,11 @@ impl FromStr for Algorithm {
             .into_iter()
             .find(|a| a.as_str() == s)
             .ok_or_else(|| {
+                let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+                let (last, rest) = names.split_last().expect("algorithms");
                 format!(
-                    "unknown algorithm {s:?} (expected fixed_window, sliding_window_counter, sliding_window_log or token_bucket)"
+                    "unknown algorithm {s:?} (expected {} or {last})",
+                    rest.join(", ")
                 )
             })
     }

@@ -1,6 +1,7 @@
 //! One bucket of a usage report: its id to the rule RLS would apply, and
 //! the rule (with the ledger's grant) to the assignment Envoy enforces.
 
+use crate::limit::algorithms::Rlqs;
 use crate::limit::{Algorithm, FailurePolicy, Window};
 use crate::quota;
 use crate::rules::{LimitSpec, Rule};
@@ -124,18 +125,18 @@ pub fn counted(
         return None;
     }
     let w = window.micros();
-    match rule.algorithm.unwrap_or(default) {
-        Algorithm::FixedWindow => quota::window::Fixed::fits(w, hold_micros).then_some(
+    match rule.algorithm.unwrap_or(default).spec().rlqs {
+        Rlqs::Window => quota::window::Fixed::fits(w, hold_micros).then_some(
             quota::Counted::Window(quota::window::Fixed {
                 limit,
                 window_micros: w,
             }),
         ),
-        Algorithm::TokenBucket => Some(quota::Counted::Bucket(quota::bucket::Bucket {
+        Rlqs::Bucket => Some(quota::Counted::Bucket(quota::bucket::Bucket {
             limit,
             burst: rule.burst.unwrap_or(0),
         })),
-        Algorithm::SlidingWindowCounter | Algorithm::SlidingWindowLog => None,
+        Rlqs::Ledger => None,
     }
 }
 

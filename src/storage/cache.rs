@@ -100,7 +100,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashlink::LruCache;
 
 use crate::clock::Clock;
-use crate::limit::Algorithm;
+use crate::limit::algorithms::Refusals;
 pub use crate::storage::limiter::{Limiter, LimiterId};
 use crate::storage::{BoxFuture, Decision, Group, Hit, Store, StoreError, StoreGauges};
 
@@ -281,8 +281,8 @@ impl OverLimitCache {
                 _ => Plan::Forward(hit.hits),
             };
         }
-        match hit.algorithm {
-            Algorithm::FixedWindow => {
+        match hit.algorithm.spec().refusals {
+            Refusals::AllCosts => {
                 let r = entry.refusals[0].clone();
                 if hit.negative {
                     if hit.hits <= entry.swallowed {
@@ -301,9 +301,7 @@ impl OverLimitCache {
                 }
                 Plan::Answer(refused(&r))
             }
-            Algorithm::SlidingWindowLog
-            | Algorithm::SlidingWindowCounter
-            | Algorithm::TokenBucket => {
+            Refusals::Single | Refusals::SameCost => {
                 if hit.negative {
                     map.remove(&id);
                     return Plan::Forward(hit.hits);
@@ -326,7 +324,7 @@ impl OverLimitCache {
             return;
         }
         let group = d.group.as_ref().map(|g| (g.clone(), sent_at));
-        let cost = match hit.algorithm {
+        let cost = match hit.algorithm.spec().refusals {
             // Several limits: only refusals of a cost the refusing limit
             // could take at all, kept per cost.
             _ if !hit.also.is_empty() => {
@@ -340,9 +338,9 @@ impl OverLimitCache {
             // time or a give-back lowers the recorded usage.
             _ if hit.usage_reports => 0,
             _ if hit.hits == 0 || hit.hits > hit.limit => return,
-            Algorithm::FixedWindow if d.remaining == 0 => 0,
-            Algorithm::SlidingWindowLog if hit.hits == 1 && d.remaining == 0 => 1,
-            Algorithm::SlidingWindowCounter | Algorithm::TokenBucket => hit.hits,
+            Refusals::AllCosts if d.remaining == 0 => 0,
+            Refusals::Single if hit.hits == 1 && d.remaining == 0 => 1,
+            Refusals::SameCost => hit.hits,
             _ => return,
         };
         let refusal = Refusal {
@@ -484,6 +482,7 @@ impl Store for OverLimitCache {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::limit::Algorithm;
     use crate::limit::Unit;
     use crate::storage::MemoryStore;
 

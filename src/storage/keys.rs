@@ -75,7 +75,7 @@ use std::fmt::Write;
 
 use sha2::{Digest, Sha256};
 
-use crate::limit::{Algorithm, DEFAULT_BUCKETS};
+use crate::limit::DEFAULT_BUCKETS;
 use crate::storage::{Hit, Shard};
 
 /// Starts a value that stands for a longer one (see the module docs): a
@@ -314,13 +314,14 @@ fn hash_long_identity(text: &mut String, identity_at: usize) -> bool {
 /// The algorithm, window and (for a counter with other than the default
 /// buckets) the bucket count: what must change the key when it changes.
 fn push_algo(text: &mut String, hit: &Hit<'_>) {
-    text.push(algo_code(hit.algorithm));
+    let spec = hit.algorithm.spec();
+    text.push(spec.key_code);
     let _ = write!(text, "{}", hit.window.seconds());
     if let Some(zone) = hit.window.zone() {
         text.push('@');
         text.push_str(zone.name());
     }
-    if hit.algorithm == Algorithm::SlidingWindowCounter && hit.buckets != DEFAULT_BUCKETS {
+    if spec.keys_buckets && hit.buckets != DEFAULT_BUCKETS {
         let _ = write!(text, "b{}", hit.buckets);
     }
     if hit.shard.is_sharded() {
@@ -408,15 +409,6 @@ pub fn slot_of(key: &str) -> u16 {
     (u32::from(crc16(0, hashed)) % SLOTS) as u16
 }
 
-fn algo_code(algorithm: Algorithm) -> char {
-    match algorithm {
-        Algorithm::FixedWindow => 'f',
-        Algorithm::SlidingWindowCounter => 'c',
-        Algorithm::SlidingWindowLog => 'l',
-        Algorithm::TokenBucket => 't',
-    }
-}
-
 /// The identity's length before escaping: a good first guess.
 fn identity_len(hit: &Hit<'_>) -> usize {
     hit.domain.len()
@@ -471,6 +463,7 @@ const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::Algorithm;
     use crate::limit::Unit;
 
     fn keys(domain: &str, entries: &[(&str, &str)]) -> LimiterKeys {

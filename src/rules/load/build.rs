@@ -475,20 +475,8 @@ impl Walker<'_> {
     ) -> Option<u8> {
         let path = join(path, "buckets");
         let n = self.number(node, &path)?;
-        let effective = algorithm.unwrap_or(self.options.default_algorithm);
-        if effective != Algorithm::SlidingWindowCounter {
-            let inherited = if algorithm.is_none() {
-                " (the default_algorithm, as the rule names none)"
-            } else {
-                ""
-            };
-            self.error(
-                key_line(key),
-                &path,
-                format!(
-                    "buckets applies only to sliding_window_counter, not {effective}{inherited}"
-                ),
-            );
+        if let Some(reason) = self.not_its_own("buckets", algorithm) {
+            self.error(key_line(key), &path, reason);
             return None;
         }
         match u8::try_from(n) {
@@ -502,6 +490,26 @@ impl Walker<'_> {
                 None
             }
         }
+    }
+
+    /// Why `key` has no place on a limit of `algorithm` (the rule's, or
+    /// the `default_algorithm` when it names none): the key belongs to
+    /// other algorithms ([`Spec::own_keys`](crate::limit::algorithms::Spec)).
+    pub(super) fn not_its_own(&self, key: &str, algorithm: Option<Algorithm>) -> Option<String> {
+        let effective = algorithm.unwrap_or(self.options.default_algorithm);
+        if effective.spec().own_keys.contains(&key) {
+            return None;
+        }
+        let inherited = if algorithm.is_none() {
+            " (the default_algorithm, as the rule names none)"
+        } else {
+            ""
+        };
+        let owners: Vec<&str> = Algorithm::owning(key).map(Algorithm::as_str).collect();
+        Some(format!(
+            "{key} applies only to {}, not {effective}{inherited}",
+            owners.join(" and ")
+        ))
     }
 
     /// Refuses a log limit above `max_log_limit`, whether the rule names the

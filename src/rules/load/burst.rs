@@ -46,17 +46,8 @@ impl Walker<'_> {
             }
             return None;
         };
-        if effective != Algorithm::TokenBucket {
-            let inherited = if algorithm.is_none() {
-                " (the default_algorithm, as the rule names none)"
-            } else {
-                ""
-            };
-            self.error(
-                key_line(key),
-                &burst_path,
-                format!("burst applies only to token_bucket, not {effective}{inherited}"),
-            );
+        if let Some(reason) = self.not_its_own("burst", algorithm) {
+            self.error(key_line(key), &burst_path, reason);
             return None;
         }
         let n = u64::from(self.number(node, &burst_path)?);

@@ -6,6 +6,7 @@
 //! saying `lease: true` is an error naming why.
 
 use super::yaml::{Fields, Walker, join, key_line};
+use crate::limit::algorithms::Leasing;
 use crate::limit::{Algorithm, Window};
 use crate::rules::{LimitSpec, Rule};
 
@@ -40,15 +41,16 @@ impl Leasable {
     /// of rules that name none); `None` when it may.
     pub(crate) fn obstacle(&self, default: Algorithm) -> Option<String> {
         let effective = self.algorithm.unwrap_or(default);
-        if !matches!(effective, Algorithm::FixedWindow | Algorithm::TokenBucket) {
+        if let Leasing::Never(why) = effective.spec().leasing {
             let inherited = if self.algorithm.is_none() {
                 " (the default_algorithm, as the rule names none)"
             } else {
                 ""
             };
+            let leasable: Vec<&str> = Algorithm::leasable().map(Algorithm::as_str).collect();
             Some(format!(
-                "lease: true applies to fixed_window and token_bucket only, not \
-                 {effective}{inherited}: a sliding window is decided in the store on every hit"
+                "lease: true applies to {} only, not {effective}{inherited}: {why}",
+                leasable.join(" and ")
             ))
         } else if self.in_list {
             Some(

@@ -70,7 +70,7 @@ impl Walker<'_> {
                  must not be set with it",
             );
         }
-        if let Some(other) = algorithm.filter(|a| *a != Algorithm::FixedWindow) {
+        if let Some(other) = algorithm.filter(|a| !a.spec().calendar) {
             self.error(
                 at,
                 &path,

@@ -10,7 +10,8 @@ use super::{
     LONG_MICROS, MAX_HORIZON_MICROS, MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS,
     SLOT_MICROS, STORE_SHARE,
 };
-use crate::limit::{Algorithm, effective_burst};
+use crate::limit::algorithms::Leasing;
+use crate::limit::effective_burst;
 use crate::storage::limiter::LimiterId;
 use crate::storage::{Ahead, Decision, Hit, Receipt};
 
@@ -166,7 +167,7 @@ impl Held {
     /// times a window asks the store once every few windows.
     pub(super) fn ahead(&self, now: u64, limit: u64) -> Ahead {
         let w = self.id.window.micros();
-        if self.id.algorithm != Algorithm::FixedWindow
+        if self.id.algorithm.spec().leasing != Leasing::Window
             || w > AHEAD_WINDOW_MICROS
             || !self.ahead.is_empty()
             || !self.plenty(now, limit)
@@ -274,7 +275,7 @@ impl Held {
             let mut until_end = rate * secs_left;
             let store_left = if current {
                 self.store_left
-            } else if self.id.algorithm == Algorithm::FixedWindow {
+            } else if self.id.algorithm.spec().leasing == Leasing::Window {
                 // A fixed window starts with its whole limit: a replica
                 // whose demand over a window (its recent rate, when the
                 // slots tell one) is within a lease's cap takes the rest
@@ -313,7 +314,7 @@ impl Held {
     /// lease's unused tokens (which count as in the bucket).
     pub(super) fn local_reset(&self, now: u64) -> u64 {
         let life = self.until.saturating_sub(now);
-        if self.id.algorithm != Algorithm::TokenBucket {
+        if self.id.algorithm.spec().leasing != Leasing::Tokens {
             return life;
         }
         let burst = effective_burst(self.id.burst, self.id.limit, self.id.window) as f64;
@@ -342,7 +343,7 @@ impl Held {
     /// give-back is a store call; what such a lease strands is small).
     pub(super) fn kept_idle(&self) -> bool {
         self.store_left >= self.id.limit / 2
-            && self.id.algorithm == Algorithm::FixedWindow
+            && self.id.algorithm.spec().leasing == Leasing::Window
             && self.tokens <= self.id.limit / KEEP_DIVISOR
     }
 
@@ -366,7 +367,7 @@ impl Held {
     pub(super) fn take_unused(&mut self, now: u64, counters: &Counters) -> Option<Receipt> {
         let tokens = std::mem::take(&mut self.tokens);
         let receipt = self.receipt.take();
-        if tokens == 0 && self.id.algorithm != Algorithm::TokenBucket {
+        if tokens == 0 && self.id.algorithm.spec().leasing != Leasing::Tokens {
             return None;
         }
         if now >= self.until {

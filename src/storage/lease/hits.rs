@@ -2,7 +2,8 @@
 //! shapes its hits take towards the store, and what a lease is measured
 //! against.
 
-use crate::limit::{Algorithm, effective_burst, lease_period};
+use crate::limit::algorithms::{Leasing, Param};
+use crate::limit::{effective_burst, lease_period};
 use crate::storage::Hit;
 
 /// `hit` as the store sees it, with `cost`: not leased further down.
@@ -22,7 +23,7 @@ pub(super) fn store_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
 pub(super) fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
     Hit {
         hits: cost,
-        lease: hit.algorithm == Algorithm::TokenBucket,
+        lease: hit.algorithm.spec().leasing == Leasing::Tokens,
         receipt: true,
         ..*hit
     }
@@ -31,9 +32,9 @@ pub(super) fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
 /// The size leases are measured against: the fixed window's limit, the
 /// token bucket's burst.
 pub(super) fn capacity(hit: &Hit<'_>) -> u64 {
-    match hit.algorithm {
-        Algorithm::TokenBucket => effective_burst(hit.burst, hit.limit, hit.window),
-        _ => hit.limit,
+    match hit.algorithm.spec().param {
+        Param::Burst => effective_burst(hit.burst, hit.limit, hit.window),
+        Param::Buckets => hit.limit,
     }
 }
 
@@ -42,8 +43,8 @@ pub(super) fn capacity(hit: &Hit<'_>) -> u64 {
 /// the wall clock reads `wall` now (only sizing reads it), for a token
 /// bucket one lease period.
 pub(super) fn horizon(hit: &Hit<'_>, now: u64, wall: u64) -> u64 {
-    match hit.algorithm {
-        Algorithm::TokenBucket => now + lease_period(hit.window.micros()),
+    match hit.algorithm.spec().leasing {
+        Leasing::Tokens => now + lease_period(hit.window.micros()),
         _ => now.saturating_add(hit.window.span(wall).end.saturating_sub(wall)),
     }
 }
@@ -51,10 +52,7 @@ pub(super) fn horizon(hit: &Hit<'_>, now: u64, wall: u64) -> u64 {
 /// Whether a hit is decided from leased quota here.
 pub(super) fn leased(hit: &Hit<'_>) -> bool {
     hit.lease
-        && matches!(
-            hit.algorithm,
-            Algorithm::FixedWindow | Algorithm::TokenBucket
-        )
+        && !matches!(hit.algorithm.spec().leasing, Leasing::Never(_))
         && hit.hits > 0
         && !hit.negative
         && !hit.usage_reports

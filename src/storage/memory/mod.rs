@@ -55,6 +55,7 @@ use hashlink::LinkedHashMap;
 use hashlink::linked_hash_map::Entry;
 
 use crate::clock::{Clock, SystemClock};
+use crate::limit::algorithms::Reset;
 use crate::limit::{Algorithm, DEFAULT_BUCKETS, MAX_BUCKETS};
 use crate::storage::keys::KeyBuilder;
 use crate::storage::{
@@ -418,7 +419,8 @@ impl MemoryStore {
                 .saturating_sub(entry_bytes(held.capacity()) + state_bytes(&slot));
             shard.spare_nodes += 1;
         }
-        if hit.algorithm == Algorithm::FixedWindow {
+        let reset = hit.algorithm.spec().reset;
+        if reset == Reset::MarkWindow {
             let span = hit.window.span(now);
             let ahead = match hit.window.zone() {
                 None => algorithms::AHEAD as u64 * hit.window.micros(),
@@ -427,7 +429,7 @@ impl MemoryStore {
             shard
                 .resets
                 .insert(key, (now, span.end.saturating_add(ahead)));
-        } else if hit.algorithm == Algorithm::TokenBucket {
+        } else if reset == Reset::NewBucket {
             self.with_slot(&mut shard, key, hit.algorithm, now, |slot| {
                 if let State::Bucket { leased, .. } = &mut slot.state {
                     leased.since = now + 1;

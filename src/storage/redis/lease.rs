@@ -16,7 +16,11 @@ const LEASE_LUA: &str = include_str!("../../../lua/rlqs_lease.lua");
 /// the same atomic step as it is granted.
 pub(super) fn lease_lua() -> String {
     let clock = "local clock = redis.call('TIME')\nclock = clock[1] * 1000000 + clock[2]\n";
-    let bucket = scripts::TOKEN_BUCKET_LUA.replacen(scripts::READ_CLOCK, "local now = clock", 1);
+    let bucket = crate::limit::algorithms::token_bucket::SPEC.lua.replacen(
+        scripts::READ_CLOCK,
+        "local now = clock",
+        1,
+    );
     let lease = LEASE_LUA.replacen(scripts::READ_CLOCK, "local now = clock", 1);
     format!("{clock}local bucket = function(KEYS, ARGV)\n{bucket}\nend\n{lease}")
 }

@@ -55,6 +55,7 @@ mod scripts;
 mod supervise;
 
 use crate::clock::{Clock, SystemClock};
+use crate::limit::algorithms::{Leasing, Param};
 use batch::{Batcher, Call};
 pub use config::RedisConfig;
 pub(crate) use config::redact;
@@ -194,14 +195,10 @@ impl RedisStore {
     fn prepare(&self, hit: &Hit<'_>, more: &[Cost]) -> (u16, Call) {
         let limiter = self.inner.keys.limiter(hit);
         let slot = limiter.slot();
-        let keys = match hit.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::TokenBucket => {
-                vec![limiter.into_key(Role::State)]
-            }
-            Algorithm::SlidingWindowLog => {
-                vec![limiter.key(Role::LogSet), limiter.into_key(Role::LogMeta)]
-            }
-        };
+        let spec = hit.algorithm.spec();
+        let (last, rest) = spec.roles.split_last().expect("an algorithm has keys");
+        let mut keys: Vec<String> = rest.iter().map(|role| limiter.key(*role)).collect();
+        keys.push(limiter.into_key(*last));
         // Integers go out as their decimal text, as the scripts read ARGV;
         // all are below 2^53, so they fit an i64.
         let mut args = Vec::with_capacity(10 + 2 * more.len());
@@ -220,17 +217,17 @@ impl RedisStore {
             hit.hits.min(MAX_EXACT) as i64,
             // 3: a token bucket's lease ([`Hit::lease`] reaches a store
             // only on a token bucket's lease).
-            if hit.lease && hit.algorithm == Algorithm::TokenBucket {
+            if hit.lease && spec.leasing == Leasing::Tokens {
                 3
             } else {
                 i64::from(hit.negative)
             },
-            match hit.algorithm {
+            match spec.param {
                 // Held within what the script keeps exact.
-                Algorithm::TokenBucket => {
+                Param::Burst => {
                     effective_burst(hit.burst, hit.limit, hit.window).min(MAX_EXACT) as i64
                 }
-                _ => i64::from(hit.buckets),
+                Param::Buckets => i64::from(hit.buckets),
             },
             // 2: answer with receipts (never asked with usage reports);
             // 3: and reserve hits in the next windows.
@@ -323,7 +320,7 @@ impl RedisStore {
         // ARGV[4] = 2: undo (4: a token bucket's lease ends); the two
         // after the fixed arguments (and a calendar window's boundaries):
         // where it was recorded.
-        call.args[3] = if hit.lease && hit.algorithm == Algorithm::TokenBucket {
+        call.args[3] = if hit.lease && hit.algorithm.spec().leasing == Leasing::Tokens {
             4
         } else {
             2

@@ -11,6 +11,7 @@
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::*;
+use crate::limit::algorithms::Reset;
 
 /// How often a replica reads the reset counter: a reset through one
 /// replica reaches the others' caches within about this long.
@@ -57,7 +58,7 @@ impl RedisStore {
             self.command(lease_slot, "DEL", vec![ledger.into_key(Role::Lease)])
                 .await?;
         }
-        if hit.algorithm == Algorithm::FixedWindow {
+        if hit.algorithm.spec().reset == Reset::MarkWindow {
             // Deleted and marked in one step: no give-back lands between.
             let (w, life) = match hit.window.zone() {
                 None => (hit.window.micros(), 0),

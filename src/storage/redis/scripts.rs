@@ -1,26 +1,20 @@
-//! The Lua scripts: one per algorithm (`lua/*.lua`), and the batch script
+//! The Lua scripts: one per algorithm (`lua/*.lua`, each named by its
+//! algorithm's [`Spec::lua`](crate::limit::algorithms::Spec)), and the batch script
 //! built from them, which decides calls on several limiters of one server
 //! in one `EVALSHA`. Each algorithm's text is written once; the batch
 //! script runs it unchanged as a function of its own `KEYS` and `ARGV`.
 
 use super::*;
 
-const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
-const SLIDING_COUNTER_LUA: &str = include_str!("../../../lua/sliding_window_counter.lua");
-const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_window_log.lua");
-pub(super) const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
-
 /// How every algorithm script reads the server's clock: the batch script
 /// reads it once instead.
 pub(super) const READ_CLOCK: &str =
     "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000000 + tonumber(t[2])";
 
-/// The scripts, by algorithm, and the batch script.
+/// The scripts, by algorithm (in [`Algorithm::ALL`]'s order), and the
+/// batch script.
 pub(super) struct Scripts {
-    pub(super) fixed_window: Script,
-    pub(super) sliding_counter: Script,
-    pub(super) sliding_log: Script,
-    pub(super) token_bucket: Script,
+    by_algorithm: Vec<Script>,
     pub(super) batch: Script,
     pub(super) lease: Script,
 }
@@ -28,22 +22,23 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Scripts {
         Scripts {
-            fixed_window: Script::from_lua(FIXED_WINDOW_LUA),
-            sliding_counter: Script::from_lua(SLIDING_COUNTER_LUA),
-            sliding_log: Script::from_lua(SLIDING_LOG_LUA),
-            token_bucket: Script::from_lua(TOKEN_BUCKET_LUA),
+            by_algorithm: Algorithm::ALL
+                .iter()
+                .map(|a| Script::from_lua(a.spec().lua))
+                .collect(),
             batch: Script::from_lua(batch_lua()),
             lease: Script::from_lua(super::lease::lease_lua()),
         }
     }
 
     pub(super) fn of(&self, algorithm: Algorithm) -> &Script {
-        match algorithm {
-            Algorithm::FixedWindow => &self.fixed_window,
-            Algorithm::SlidingWindowCounter => &self.sliding_counter,
-            Algorithm::SlidingWindowLog => &self.sliding_log,
-            Algorithm::TokenBucket => &self.token_bucket,
-        }
+        let at = Algorithm::ALL.iter().position(|a| *a == algorithm);
+        &self.by_algorithm[at.expect("every algorithm is in ALL")]
+    }
+
+    /// Every script, as a server loads them.
+    pub(super) fn all(&self) -> impl Iterator<Item = &Script> {
+        self.by_algorithm.iter().chain([&self.batch, &self.lease])
     }
 }
 
@@ -58,12 +53,7 @@ pub(super) const GROUP: i64 = 5;
 
 /// The batch script's number for an algorithm.
 pub(super) fn batch_id(algorithm: Algorithm) -> i64 {
-    match algorithm {
-        Algorithm::FixedWindow => 1,
-        Algorithm::SlidingWindowCounter => 2,
-        Algorithm::SlidingWindowLog => 3,
-        Algorithm::TokenBucket => 4,
-    }
+    algorithm.spec().batch_id
 }
 
 /// The group function ([`GROUP`]): the limits of one descriptor's
@@ -179,12 +169,8 @@ fn batch_lua() -> String {
     let mut text = String::from(
         "local clock = redis.call('TIME')\nclock = clock[1] * 1000000 + clock[2]\nlocal run = {}\n",
     );
-    for (id, body) in [
-        (1, FIXED_WINDOW_LUA),
-        (2, SLIDING_COUNTER_LUA),
-        (3, SLIDING_LOG_LUA),
-        (4, TOKEN_BUCKET_LUA),
-    ] {
+    for spec in Algorithm::ALL.map(Algorithm::spec) {
+        let (id, body) = (spec.batch_id, spec.lua);
         let body = body.replacen(READ_CLOCK, "local now = clock", 1);
         text.push_str(&format!("run[{id}] = function(KEYS, ARGV)\n{body}\nend\n"));
     }
@@ -232,7 +218,7 @@ return out
 /// Whether a call reserves hits ahead ([`Hit::ahead`]): a fixed window's
 /// lease with a receipt, alone, on a window of fixed length.
 pub(super) fn ahead(hit: &Hit<'_>, calendar: bool, more: &[Cost]) -> bool {
-    hit.algorithm == Algorithm::FixedWindow
+    hit.algorithm.spec().leasing == Leasing::Window
         && hit.receipt
         && !hit.ahead.is_none()
         && !calendar
@@ -245,12 +231,7 @@ mod tests {
 
     #[test]
     fn every_algorithm_reads_the_clock_once_and_the_batch_reads_it_once() {
-        for body in [
-            FIXED_WINDOW_LUA,
-            SLIDING_COUNTER_LUA,
-            SLIDING_LOG_LUA,
-            TOKEN_BUCKET_LUA,
-        ] {
+        for body in Algorithm::ALL.map(|a| a.spec().lua) {
             assert_eq!(body.matches(READ_CLOCK).count(), 1);
             assert_eq!(body.matches("'TIME'").count(), 1);
             // `t` is the clock's reply: the batch removes its only use.

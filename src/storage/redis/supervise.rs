@@ -203,14 +203,7 @@ impl Link {
 
 pub(super) async fn load_scripts(inner: &Inner, client: &Client) -> Result<(), FredError> {
     let scripts = &inner.scripts;
-    for script in [
-        &scripts.fixed_window,
-        &scripts.sliding_counter,
-        &scripts.sliding_log,
-        &scripts.token_bucket,
-        &scripts.batch,
-        &scripts.lease,
-    ] {
+    for script in scripts.all() {
         // On a cluster, loads on every primary.
         script.load(client).await?;
     }

@@ -1,0 +1,164 @@
+//! What is true of each algorithm, one module each: its name, its keys,
+//! its Lua script, how it leases, what the over-limit cache may keep of
+//! its refusals, how RLQS counts on it, how a reset clears it, its bound,
+//! and what validation lets it combine with. The layers (engine, leases,
+//! cache, keys, Redis, RLQS, guarantees, rule loading) read the
+//! algorithm's [`Spec`] through [`Algorithm::spec`], the one place that
+//! matches on the algorithm; they do not match on it themselves.
+//!
+//! A spec is plain data: each layer keeps its own mechanism (the lease
+//! layer's two ways to lease, the cache's three ways to answer) and the
+//! spec says which one an algorithm uses.
+
+use crate::guarantees::Bound;
+use crate::limit::Algorithm;
+use crate::storage::keys::Role;
+
+pub mod fixed_window;
+pub mod sliding_counter;
+pub mod sliding_log;
+pub mod token_bucket;
+
+/// Everything the layers ask of an algorithm.
+#[derive(Debug)]
+pub struct Spec {
+    /// As rules and settings spell it.
+    pub name: &'static str,
+    /// The letter that names it in a limiter's key.
+    pub key_code: char,
+    /// Whether the counter's bucket count is part of the key (when it is
+    /// not the default).
+    pub keys_buckets: bool,
+    /// Its keys in Redis, in its script's `KEYS` order: the limiter's
+    /// key of each role.
+    pub roles: &'static [Role],
+    /// Its Lua script (`lua/<name>.lua`).
+    pub lua: &'static str,
+    /// Its number in the batch script.
+    pub batch_id: i64,
+    /// What its script's fifth argument carries.
+    pub param: Param,
+    /// How a replica leases it (`lease: true`).
+    pub leasing: Leasing,
+    /// What the over-limit cache keeps of its refusals.
+    pub refusals: Refusals,
+    /// How a quota stream's share of it is counted in the store.
+    pub rlqs: Rlqs,
+    /// What a reset must do beyond deleting its keys.
+    pub reset: Reset,
+    /// Its bound (README's Guarantees table, the model's oracle).
+    pub bound: Bound,
+    /// Whether a calendar window (`timezone`) may time it.
+    pub calendar: bool,
+    /// Rule keys that apply to this algorithm only.
+    pub own_keys: &'static [&'static str],
+}
+
+/// The script's fifth argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// The counter's bucket count (the others ignore it).
+    Buckets,
+    /// The bucket's burst, as the store holds it exact.
+    Burst,
+}
+
+/// How a replica decides from leased quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leasing {
+    /// It cannot lease; the reason, as validation gives it.
+    Never(&'static str),
+    /// A lease is a weighted hit recorded in the current window, spent
+    /// until the window ends; a window starts with its whole limit, an
+    /// idle lease may be kept to the window's end, and windows ahead may
+    /// be reserved.
+    Window,
+    /// A lease takes tokens that keep their room in the bucket while it
+    /// lives (one lease period); the store is told it is a lease, and a
+    /// lease is ended even when spent.
+    Tokens,
+}
+
+/// What the over-limit cache may answer from a refusal it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusals {
+    /// A full window refuses every cost until it ends: the cache keeps
+    /// one refusal and answers any cost, and what it refused counts
+    /// against give-backs.
+    AllCosts,
+    /// Only a refusal of a single hit with nothing left says the same of
+    /// the next single hit.
+    Single,
+    /// A refusal says the same of the same cost until its reset.
+    SameCost,
+}
+
+/// How a quota stream's share is counted in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rlqs {
+    /// In the window's own state, when the window is long enough.
+    Window,
+    /// As a charge on the bucket.
+    Bucket,
+    /// In the ledger alone: RLS and RLQS do not share one count.
+    Ledger,
+}
+
+/// What a reset does beyond deleting the limiter's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reset {
+    /// Nothing.
+    Delete,
+    /// Marks the window reset, so that a give-back of hits recorded
+    /// before it does not land on the fresh count.
+    MarkWindow,
+    /// Starts a new bucket after now, so that a lease taken before the
+    /// reset gives nothing back into it.
+    NewBucket,
+}
+
+impl Algorithm {
+    /// The one match on the algorithm: its spec.
+    pub fn spec(self) -> &'static Spec {
+        match self {
+            Algorithm::FixedWindow => &fixed_window::SPEC,
+            Algorithm::SlidingWindowCounter => &sliding_counter::SPEC,
+            Algorithm::SlidingWindowLog => &sliding_log::SPEC,
+            Algorithm::TokenBucket => &token_bucket::SPEC,
+        }
+    }
+
+    /// The algorithms that can lease, as validation lists them.
+    pub fn leasable() -> impl Iterator<Item = Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .filter(|a| !matches!(a.spec().leasing, Leasing::Never(_)))
+    }
+
+    /// The algorithms a rule key applies to, as validation lists them.
+    pub fn owning(key: &str) -> impl Iterator<Item = Algorithm> + '_ {
+        Algorithm::ALL
+            .into_iter()
+            .filter(move |a| a.spec().own_keys.contains(&key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_algorithm_has_its_own_name_letter_and_batch_number() {
+        let specs: Vec<&Spec> = Algorithm::ALL.iter().map(|a| a.spec()).collect();
+        for (i, a) in specs.iter().enumerate() {
+            for b in &specs[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.key_code, b.key_code);
+                assert_ne!(a.batch_id, b.batch_id);
+            }
+        }
+        for a in Algorithm::ALL {
+            assert_eq!(a.spec().name.parse::<Algorithm>(), Ok(a));
+        }
+    }
+}
