@@ -104,10 +104,13 @@
 //! - **Clocks.** A lease's life, its reservations' and every other time
 //!   this layer keeps are on the replica's monotonic clock
 //!   ([`Clock::monotonic_micros`]), counted from the store's answer (a
-//!   duration): a step of the wall clock (an NTP step, a VM resumed)
-//!   never makes a lease last longer than the store said, so it is never
-//!   spent in a window where the store counts afresh. Only a lease's size
-//!   reads the wall clock, for the time left in a fixed window.
+//!   duration): a step of the replica's wall clock (an NTP step, a VM
+//!   resumed) never makes a lease last longer than the store said, so it
+//!   is never spent in a window where the store counts afresh. A forward
+//!   step of the store's own clock does end its window early: the rest
+//!   of a lease may then be spent in the next one (the Guarantees page
+//!   states it). Only a lease's size reads the wall clock, for the time
+//!   left in a fixed window.
 //!
 //! Everything else goes to the store as before: give-backs, checks,
 //! usage reports, limiters that take receipts, lists, sharded limiters and
