@@ -1,5 +1,5 @@
 -- Fixed window: one epoch-aligned counter per window. Same semantics as
--- fixed_window() in src/storage/memory.rs.
+-- decide() in src/limit/algorithms/fixed_window.rs.
 --
 -- KEYS[1]  limiter state (hash): w = window index, c = count in that window
 -- ARGV[1]  limit (requests per window, > 0)

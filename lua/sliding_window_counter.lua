@@ -2,7 +2,7 @@
 -- the current one and N - 2 full ones count whole, the oldest weighs what is
 -- left of it in the trailing window. N = 2 is the classic previous-and-current
 -- pair. Same semantics, and the same floating-point steps, as
--- sliding_counter() in src/storage/memory.rs.
+-- decide() in src/limit/algorithms/sliding_counter.rs.
 --
 -- Time is counted in units of 1 / (N - 1) microsecond ("scaled"), so a bucket
 -- is exactly w scaled units long and no boundary is rounded; real durations

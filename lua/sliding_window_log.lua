@@ -1,5 +1,5 @@
 -- Sliding window log: every admitted hit with its time and cost; exact.
--- Same semantics as sliding_log() in src/storage/memory.rs.
+-- Same semantics as decide() in src/limit/algorithms/sliding_log.rs.
 --
 -- KEYS[1]  the log (sorted set): score = hit time in microseconds, member =
 --          "<seq>" for a cost of 1 or "<seq>:<cost>", so a weighted hit is

@@ -1,6 +1,6 @@
 -- Token bucket (the generic cell rate algorithm): a bucket of `burst`
 -- tokens, refilled at `limit` tokens per window. Same semantics as
--- token_bucket() in src/storage/memory/algorithms.rs.
+-- decide() in src/limit/algorithms/token_bucket.rs.
 --
 -- Time is counted in units of 1/k microsecond, with g = gcd(limit, window),
 -- k = limit / g and step = window / g: one token refills in exactly `step`

@@ -13,6 +13,7 @@
 use crate::guarantees::Bound;
 use crate::limit::Algorithm;
 use crate::storage::keys::Role;
+use crate::storage::{Decision, Hit, Receipt};
 
 pub mod fixed_window;
 pub mod sliding_counter;
@@ -52,6 +53,8 @@ pub struct Spec {
     pub calendar: bool,
     /// Rule keys that apply to this algorithm only.
     pub own_keys: &'static [&'static str],
+    /// A new state of it in the embedded store.
+    pub(crate) memory: fn() -> State,
 }
 
 /// The script's fifth argument.
@@ -143,9 +146,114 @@ impl Algorithm {
     }
 }
 
+// The embedded store: each algorithm's state and decisions, behind one
+// dispatch.
+
+/// A limiter's state in the embedded store: its algorithm's own.
+#[derive(Debug)]
+pub(crate) enum State {
+    Fixed(fixed_window::Memory),
+    Counter(sliding_counter::Memory),
+    Log(sliding_log::Memory),
+    Bucket(token_bucket::Memory),
+}
+
+/// What the embedded store asks of a limiter's state, with the semantics
+/// of the algorithm's script in `lua/`.
+pub(crate) trait Embedded {
+    /// Decides `hit` at `now` and records it in one step (a log in at
+    /// most `max_members` members), and moves `expires_at`, after which
+    /// the state holds nothing that still counts.
+    fn decide(
+        &mut self,
+        now: u64,
+        hit: &Hit<'_>,
+        max_members: usize,
+        expires_at: &mut u64,
+    ) -> Decision;
+    /// Takes back what the receipt `r` says one call recorded, only
+    /// while it still counts; `reset_at`: the limiter's last reset, while
+    /// a give-back may still predate it.
+    fn undo(&mut self, now: u64, hit: &Hit<'_>, r: &Receipt, reset_at: Option<u64>);
+    /// What the state holds on the heap.
+    fn heap_bytes(&self) -> usize;
+    /// What a reset does to a state kept after it (see [`Reset`]).
+    fn forget(&mut self, _now: u64) {}
+}
+
+impl State {
+    /// A new state for `algorithm`.
+    pub(crate) fn of(algorithm: Algorithm) -> State {
+        (algorithm.spec().memory)()
+    }
+
+    /// The one dispatch on a state.
+    pub(crate) fn ops(&mut self) -> &mut dyn Embedded {
+        match self {
+            State::Fixed(m) => m,
+            State::Counter(m) => m,
+            State::Log(m) => m,
+            State::Bucket(m) => m,
+        }
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            State::Fixed(m) => m.heap_bytes(),
+            State::Counter(m) => m.heap_bytes(),
+            State::Log(m) => m.heap_bytes(),
+            State::Bucket(m) => m.heap_bytes(),
+        }
+    }
+
+    /// A fixed window's state (a quota stream's reservation reads it).
+    pub(crate) fn as_fixed_mut(&mut self) -> Option<&mut fixed_window::Memory> {
+        match self {
+            State::Fixed(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// Recorded usage saturates here, as in the scripts (Redis Lua numbers are
+/// doubles, exact below 2^53): a usage report may carry any cost, and a
+/// limiter that far over its limit is refused for its whole window anyway.
+pub(crate) const MAX_COUNT: u64 = 1 << 53;
+
+/// `d` with a receipt of `recorded` hits at `at` (and `mark`), when the
+/// hit asked for one and something was recorded.
+pub(crate) fn with_receipt(
+    mut d: Decision,
+    hit: &Hit<'_>,
+    recorded: u64,
+    at: u64,
+    mark: u64,
+) -> Decision {
+    if hit.receipt && recorded > 0 {
+        d.receipt = Some(Receipt {
+            hits: recorded,
+            at,
+            mark,
+            shard: hit.shard.index,
+        });
+    }
+    d
+}
+
+pub(crate) fn decision(admitted: bool, remaining: u64, reset_micros: u64) -> Decision {
+    Decision::new(admitted, remaining, reset_micros)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_is_as_small_as_the_largest_algorithm_s() {
+        // The embedded store's estimate of its memory (and the memory
+        // tests) count on this: a new algorithm's state must not grow it.
+        assert!(size_of::<State>() <= size_of::<fixed_window::Memory>() + 8);
+    }
 
     #[test]
     fn each_algorithm_has_its_own_name_letter_and_batch_number() {

@@ -3,6 +3,8 @@
 //! constant memory; an estimate within its bound (see the Guarantees).
 
 use super::*;
+use crate::limit::{DEFAULT_BUCKETS, MAX_BUCKETS};
+use crate::storage::memory::bytes::heap;
 
 pub const SPEC: Spec = Spec {
     name: "sliding_window_counter",
@@ -19,4 +21,181 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Buckets,
     calendar: false,
     own_keys: &["buckets"],
+    memory: || State::Counter(Memory::default()),
 };
+
+// The embedded store.
+
+/// Its state in the embedded store.
+#[derive(Debug, Default)]
+pub(crate) struct Memory {
+    /// Index of the current bucket.
+    window: u64,
+    /// Bucket counts by age: `[0]` is the current bucket.
+    counts: Vec<u64>,
+}
+
+impl Embedded for Memory {
+    fn decide(&mut self, now: u64, hit: &Hit<'_>, _: usize, expires_at: &mut u64) -> Decision {
+        let (d, exp) = decide(
+            now,
+            hit.window.micros(),
+            hit,
+            &mut self.window,
+            &mut self.counts,
+        );
+        *expires_at = (*expires_at).max(exp);
+        d
+    }
+
+    fn undo(&mut self, now: u64, hit: &Hit<'_>, r: &Receipt, _: Option<u64>) {
+        undo(
+            now,
+            hit.window.micros(),
+            hit,
+            r,
+            self.window,
+            &mut self.counts,
+        );
+    }
+
+    fn heap_bytes(&self) -> usize {
+        heap(self.counts.capacity() * size_of::<u64>())
+    }
+}
+
+/// `n` epoch-aligned buckets of `w / (n - 1)` each: the current one, `n - 2`
+/// full ones, and the oldest, which weighs what is left of it in the
+/// trailing window. With `n = 2` that is the classic previous-and-current
+/// pair. Only admitted hits are recorded, unless the limiter takes usage
+/// reports: then every positive cost is, and the answer is refused while
+/// the estimate is over the limit.
+///
+/// Time is counted in units of `1 / (n - 1)` microsecond ("scaled"), so a
+/// bucket is exactly `w` scaled units long whatever `n` is and no bucket
+/// boundary is rounded; real durations are the scaled ones divided by
+/// `n - 1`, rounded up.
+fn decide(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    window: &mut u64,
+    counts: &mut Vec<u64>,
+) -> (Decision, u64) {
+    let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
+    let spans = n as u64 - 1;
+    let scaled = u128::from(now) * u128::from(spans);
+    let idx = (scaled / u128::from(w)) as u64;
+    let elapsed = (scaled - u128::from(idx) * u128::from(w)) as u64;
+    let real = |scaled: u64| scaled.div_ceil(spans);
+    if counts.len() != n {
+        counts.clear();
+        // Exactly n: the default growth would round 2 buckets up to 4.
+        counts.reserve_exact(n);
+        counts.resize(n, 0);
+    } else if idx >= *window && idx - *window < n as u64 {
+        let shift = (idx - *window) as usize;
+        counts.rotate_right(shift);
+        counts[..shift].fill(0);
+    } else if idx != *window {
+        counts.fill(0);
+    }
+    *window = idx;
+    let expires = now + real(n as u64 * w - elapsed);
+    let limit = hit.limit;
+    // The same floating-point steps as lua/sliding_window_counter.lua.
+    // Multiplying before dividing keeps the estimate exact while
+    // oldest x window stays below 2^53.
+    let wf = w as f64;
+    let left = (w - elapsed) as f64;
+    let estimate = |counts: &[u64]| {
+        let full: u64 = counts[..n - 1].iter().sum();
+        counts[n - 1] as f64 * left / wf + full as f64
+    };
+    let remaining = |est: f64| {
+        let r = (limit as f64 - est).floor();
+        if r > 0.0 { r as u64 } else { 0 }
+    };
+    // Until the oldest bucket holding hits has left the trailing window.
+    let ok_reset = |counts: &[u64]| match counts.iter().rposition(|&c| c > 0) {
+        Some(age) => real((n - age) as u64 * w - elapsed),
+        None => 0,
+    };
+    if hit.negative {
+        let mut back = hit.hits;
+        for c in counts.iter_mut() {
+            let take = back.min(*c);
+            *c -= take;
+            back -= take;
+        }
+        let est = estimate(counts);
+        return (decision(true, remaining(est), ok_reset(counts)), expires);
+    }
+    // Refused: the first bucket (j buckets on) where the full ones fit a
+    // hit of `cost`, then the moment in it when the oldest has lost enough
+    // weight: oldest x (w - e) / w <= room  holds from
+    // e = w - floor(w x room / oldest).
+    let wait_for = |counts: &[u64], cost: u64| {
+        let need = (limit - cost) as f64;
+        for j in 0..n {
+            let full: u64 = counts[..n - 1 - j].iter().sum();
+            if full as f64 > need {
+                continue;
+            }
+            let oldest = counts[n - 1 - j];
+            let at = if oldest == 0 {
+                0
+            } else {
+                w - ((wf * (need - full as f64) / oldest as f64).floor() as u64).min(w)
+            };
+            return if j == 0 {
+                real(at.saturating_sub(elapsed)).max(1)
+            } else {
+                real(j as u64 * w + at - elapsed)
+            };
+        }
+        w
+    };
+    let est = estimate(counts);
+    if hit.hits > limit && !hit.usage_reports {
+        return (decision(false, remaining(est), w), expires);
+    }
+    if est + hit.hits as f64 <= limit as f64 {
+        counts[0] += hit.hits;
+        let est = estimate(counts);
+        let d = decision(true, remaining(est), ok_reset(counts));
+        return (with_receipt(d, hit, hit.hits, idx, 0), expires);
+    }
+    if hit.usage_reports {
+        // Recorded all the same; refused until a check would pass.
+        counts[0] = counts[0].saturating_add(hit.hits).min(MAX_COUNT);
+        let d = decision(false, remaining(estimate(counts)), wait_for(counts, 0));
+        return (d, expires);
+    }
+    (
+        decision(false, remaining(est), wait_for(counts, hit.hits)),
+        expires,
+    )
+}
+
+/// Counter: the receipt's bucket, while it is still one of the `n`
+/// buckets in the trailing window. `window` is the index of the state's
+/// newest bucket, `counts[age]` the bucket `age` buckets older.
+fn undo(now: u64, w: u64, hit: &Hit<'_>, r: &Receipt, window: u64, counts: &mut [u64]) {
+    let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
+    if counts.len() != n || r.at > window {
+        return;
+    }
+    let spans = n as u64 - 1;
+    let idx = (u128::from(now) * u128::from(spans) / u128::from(w)) as u64;
+    // Buckets the state has not been moved past yet: the receipt's age
+    // counts from the state's newest bucket, and one older than the
+    // trailing window at `now` has stopped counting anyway.
+    let age = window - r.at;
+    if idx.saturating_sub(r.at) >= n as u64 {
+        return;
+    }
+    if let Some(c) = counts.get_mut(age as usize) {
+        *c = c.saturating_sub(r.hits);
+    }
+}

@@ -4,11 +4,11 @@
 
 use std::mem::size_of;
 
-use super::{Slot, State};
+use super::Slot;
 
 /// What glibc's malloc takes from the heap for a request of `n` bytes: `n`
 /// plus its 8-byte chunk header, rounded up to 16, never under 32.
-pub(super) const fn heap(n: usize) -> usize {
+pub(crate) const fn heap(n: usize) -> usize {
     if n == 0 {
         return 0;
     }
@@ -29,7 +29,7 @@ pub(super) const NODE_BYTES: usize = heap(size_of::<(String, Slot)>() + 2 * size
 /// million members took 16.3 bytes each of resident memory against 16.8
 /// estimated: the buffer's whole capacity (1,048,576) is charged, touched
 /// or not.
-pub(super) const LOG_MEMBER_BYTES: usize = size_of::<(u64, u64)>();
+pub(crate) const LOG_MEMBER_BYTES: usize = size_of::<(u64, u64)>();
 
 /// A map node and the heap copy of an identity of `capacity` bytes.
 pub(super) fn entry_bytes(capacity: usize) -> usize {
@@ -38,14 +38,7 @@ pub(super) fn entry_bytes(capacity: usize) -> usize {
 
 /// What a limiter's state holds on the heap besides its node.
 pub(super) fn state_bytes(slot: &Slot) -> usize {
-    match &slot.state {
-        State::Fixed { held: None, .. } | State::Bucket { .. } => 0,
-        State::Fixed { held: Some(h), .. } => {
-            heap(size_of::<crate::quota::window::Held>()) + heap(h.capacity_bytes())
-        }
-        State::Counter { counts, .. } => heap(counts.capacity() * size_of::<u64>()),
-        State::Log { entries, .. } => heap(entries.capacity() * LOG_MEMBER_BYTES),
-    }
+    slot.state.heap_bytes()
 }
 
 /// hashbrown's table for `capacity` entries: a pointer and a control byte

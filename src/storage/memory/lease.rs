@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::algorithms::counted_at;
-use super::{MemoryStore, State, lock};
+use super::{MemoryStore, lock};
 use crate::limit::Algorithm;
+use crate::limit::algorithms::fixed_window::{self, counted_at};
 use crate::quota::{self, Counted, window};
 use crate::quota::{Grant, Ledger};
 use crate::storage::keys::KeyBuilder;
@@ -127,12 +127,12 @@ impl MemoryStore {
         let w = fixed.window_micros.max(1);
         let mut shard = lock(&self.shards[self.shard_of(&key)]);
         self.with_slot(&mut shard, key, Algorithm::FixedWindow, now, |slot| {
-            let State::Fixed {
+            let Some(fixed_window::Memory {
                 window,
                 count,
                 ahead,
                 held,
-            } = &mut slot.state
+            }) = slot.state.as_fixed_mut()
             else {
                 // The key names a fixed window: never another state.
                 return ledger.report(call.holder, call.report, call.terms, now);

@@ -46,7 +46,6 @@
 //! a few kilobytes) holds nothing: each hit is decided as a limiter seen for
 //! the first time and counted as an eviction.
 
-use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,20 +54,18 @@ use hashlink::LinkedHashMap;
 use hashlink::linked_hash_map::Entry;
 
 use crate::clock::{Clock, SystemClock};
-use crate::limit::algorithms::Reset;
-use crate::limit::{Algorithm, DEFAULT_BUCKETS, MAX_BUCKETS};
+use crate::limit::Algorithm;
+use crate::limit::algorithms::{Reset, State, fixed_window};
 use crate::storage::keys::KeyBuilder;
 use crate::storage::{
     BoxFuture, Decision, Hit, LeaseCall, Receipt, Store, StoreError, StoreGauges,
 };
 
-mod algorithms;
-mod bytes;
+pub(crate) mod bytes;
 mod group;
 mod lease;
 mod undo;
 
-use algorithms::{fixed_window, sliding_counter, sliding_log, token_bucket};
 use bytes::{NODE_BYTES, entry_bytes, log_capacity, state_bytes, table_bytes};
 use undo::take_back_in;
 
@@ -82,39 +79,6 @@ const MIN_SHARD_BYTES: usize = 64 * 1024;
 
 /// One limiter may take at most `1 / LIMITER_SHARE` of its shard's bytes.
 const LIMITER_SHARE: usize = 4;
-
-#[derive(Debug)]
-enum State {
-    Fixed {
-        window: u64,
-        count: u64,
-        /// Hits reserved in the windows after `window`.
-        ahead: [u64; algorithms::AHEAD],
-        /// What quota streams' shares hold of this window and the next
-        /// ones; only on a limit they share.
-        held: Option<Box<crate::quota::window::Held>>,
-    },
-    Counter {
-        /// Index of the current bucket.
-        window: u64,
-        /// Bucket counts by age: `[0]` is the current bucket.
-        counts: Vec<u64>,
-    },
-    Bucket {
-        /// When `debt` was counted (microseconds).
-        stamp: u64,
-        /// Time until the bucket is full, in units of `1 / scale` µs.
-        debt: u64,
-        scale: u64,
-        /// Tokens leased out.
-        leased: algorithms::Leased,
-    },
-    Log {
-        /// (timestamp in microseconds, cost), oldest first.
-        entries: VecDeque<(u64, u64)>,
-        sum: u64,
-    },
-}
 
 #[derive(Debug)]
 struct Slot {
@@ -423,7 +387,7 @@ impl MemoryStore {
         if reset == Reset::MarkWindow {
             let span = hit.window.span(now);
             let ahead = match hit.window.zone() {
-                None => algorithms::AHEAD as u64 * hit.window.micros(),
+                None => fixed_window::AHEAD as u64 * hit.window.micros(),
                 Some(_) => 0,
             };
             shard
@@ -431,9 +395,7 @@ impl MemoryStore {
                 .insert(key, (now, span.end.saturating_add(ahead)));
         } else if reset == Reset::NewBucket {
             self.with_slot(&mut shard, key, hit.algorithm, now, |slot| {
-                if let State::Bucket { leased, .. } = &mut slot.state {
-                    leased.since = now + 1;
-                }
+                slot.state.ops().forget(now);
                 slot.expires_at = now + 1;
             });
         }
@@ -465,28 +427,7 @@ impl MemoryStore {
 
 fn new_slot(algorithm: Algorithm) -> Slot {
     Slot {
-        state: match algorithm {
-            Algorithm::FixedWindow => State::Fixed {
-                window: 0,
-                count: 0,
-                ahead: [0; algorithms::AHEAD],
-                held: None,
-            },
-            Algorithm::SlidingWindowCounter => State::Counter {
-                window: 0,
-                counts: Vec::new(),
-            },
-            Algorithm::SlidingWindowLog => State::Log {
-                entries: VecDeque::new(),
-                sum: 0,
-            },
-            Algorithm::TokenBucket => State::Bucket {
-                stamp: 0,
-                debt: 0,
-                scale: 0,
-                leased: Default::default(),
-            },
-        },
+        state: State::of(algorithm),
         expires_at: 0,
     }
 }
@@ -494,39 +435,9 @@ fn new_slot(algorithm: Algorithm) -> Slot {
 /// Decides `hit` on one limiter's state and records it; a log holds at
 /// most `max_members` members.
 fn apply(slot: &mut Slot, now: u64, hit: &Hit<'_>, max_members: usize) -> Decision {
-    let w = hit.window.micros();
-    match &mut slot.state {
-        State::Fixed {
-            window,
-            count,
-            ahead,
-            held,
-        } => {
-            let (d, exp) = fixed_window(now, hit, window, count, ahead, held);
-            slot.expires_at = slot.expires_at.max(exp);
-            d
-        }
-        State::Counter { window, counts } => {
-            let (d, exp) = sliding_counter(now, w, hit, window, counts);
-            slot.expires_at = slot.expires_at.max(exp);
-            d
-        }
-        State::Log { entries, sum } => {
-            let (d, exp) = sliding_log(now, w, hit, entries, sum, max_members);
-            slot.expires_at = exp;
-            d
-        }
-        State::Bucket {
-            stamp,
-            debt,
-            scale,
-            leased,
-        } => {
-            let (d, exp) = token_bucket(now, w, hit, stamp, debt, scale, leased);
-            slot.expires_at = exp;
-            d
-        }
-    }
+    slot.state
+        .ops()
+        .decide(now, hit, max_members, &mut slot.expires_at)
 }
 
 fn lock(m: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {

@@ -1,7 +1,7 @@
 use super::bytes::{LOG_MEMBER_BYTES, heap};
 use super::*;
 use crate::clock::ManualClock;
-use crate::limit::Unit;
+use crate::limit::{DEFAULT_BUCKETS, Unit};
 use crate::storage::Shard as SubLimiter;
 
 const MINUTE: u64 = 60_000_000;
@@ -54,7 +54,7 @@ fn members(store: &MemoryStore) -> usize {
                 .slots
                 .values()
                 .map(|slot| match &slot.state {
-                    State::Log { entries, .. } => entries.len(),
+                    State::Log(m) => m.entries.len(),
                     _ => 0,
                 })
                 .collect::<Vec<_>>()
