@@ -20,7 +20,6 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::limit::Algorithm;
 use crate::rules::{RuleSet, Step};
 use crate::storage::keys::{identity_entries, shared_value};
 use crate::storage::{Also, Hit, Store};
@@ -126,7 +125,7 @@ impl Engine {
                 });
             }
             if let Some(o) = d.limit_override
-                && self.options.default_algorithm == Algorithm::SlidingWindowLog
+                && self.options.default_algorithm.spec().entry_per_hit
                 && o.requests_per_unit > self.options.max_log_limit
             {
                 return Err(EngineError::BadDescriptor {

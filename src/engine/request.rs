@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::limit::algorithms::Param;
 use crate::limit::{Algorithm, Unit, Window};
 use crate::storage::StoreError;
 
@@ -80,8 +81,8 @@ impl AppliedLimit {
     /// algorithms; of a sharded limit, the largest shard's share (one
     /// shard decides a hit). A `rate_limits:` list has one per limit.
     pub fn capacity(&self) -> u64 {
-        let whole = match self.algorithm {
-            Algorithm::TokenBucket if self.burst > 0 => self.burst,
+        let whole = match self.algorithm.spec().param {
+            Param::Burst if self.burst > 0 => self.burst,
             _ => u64::from(self.requests_per_unit),
         };
         crate::storage::shards::share(whole, self.shards, 0)

@@ -16,6 +16,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use tollgate::clock::ManualClock;
+use tollgate::limit::algorithms::Param;
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::{Hit, MemoryStore, Shard, Store};
 
@@ -46,22 +47,23 @@ pub struct Outcome {
 
 /// The contenders in table order, for a limit of `limit`.
 pub fn contenders(limit: u64) -> Vec<Contender> {
-    let mut out: Vec<Contender> = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::SlidingWindowLog,
-        Algorithm::TokenBucket,
-    ]
-    .into_iter()
-    .map(|algorithm| Contender {
-        algorithm,
-        burst: 0,
-    })
-    .collect();
-    out.push(Contender {
-        algorithm: Algorithm::TokenBucket,
-        burst: 2 * limit,
-    });
+    let mut out: Vec<Contender> = Algorithm::ALL
+        .into_iter()
+        .map(|algorithm| Contender {
+            algorithm,
+            burst: 0,
+        })
+        .collect();
+    // An algorithm with a burst of its own also runs with twice the limit.
+    out.extend(
+        Algorithm::ALL
+            .into_iter()
+            .filter(|a| a.spec().param == Param::Burst)
+            .map(|algorithm| Contender {
+                algorithm,
+                burst: 2 * limit,
+            }),
+    );
     out
 }
 
@@ -162,10 +164,10 @@ pub fn render(rows: &[(Contender, Outcome, Outcome)], args: &SimulateArgs) -> St
     out.push_str("|:--|--:|--:|--:|--:|--:|\n");
     let share = |o: &Outcome| 100.0 * o.admitted as f64 / o.offered.max(1) as f64;
     for (who, steady, bursty) in rows {
-        let name = match (who.algorithm, who.burst) {
-            (Algorithm::TokenBucket, 0) => format!("token_bucket (burst {limit})"),
-            (Algorithm::TokenBucket, b) => format!("token_bucket (burst {b})"),
-            (a, _) => a.to_string(),
+        let name = match (who.algorithm.spec().param, who.burst) {
+            (Param::Burst, 0) => format!("{} (burst {limit})", who.algorithm),
+            (Param::Burst, b) => format!("{} (burst {b})", who.algorithm),
+            (Param::Buckets, _) => who.algorithm.to_string(),
         };
         let _ = writeln!(
             out,

@@ -23,6 +23,7 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Window,
     calendar: true,
     own_keys: &[],
+    entry_per_hit: false,
     memory: || State::Fixed(Memory::default()),
 };
 

@@ -53,6 +53,9 @@ pub struct Spec {
     pub calendar: bool,
     /// Rule keys that apply to this algorithm only.
     pub own_keys: &'static [&'static str],
+    /// Whether its state keeps an entry per hit admitted, so that
+    /// `max_log_limit` caps its limit (a rule's, or a request's own).
+    pub entry_per_hit: bool,
     /// A new state of it in the embedded store.
     pub(crate) memory: fn() -> State,
 }

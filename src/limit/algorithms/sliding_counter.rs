@@ -21,6 +21,7 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Buckets,
     calendar: false,
     own_keys: &["buckets"],
+    entry_per_hit: false,
     memory: || State::Counter(Memory::default()),
 };
 

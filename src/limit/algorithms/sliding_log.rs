@@ -22,6 +22,7 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Trailing,
     calendar: false,
     own_keys: &[],
+    entry_per_hit: true,
     memory: || State::Log(Memory::default()),
 };
 

@@ -20,6 +20,7 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Bucket,
     calendar: false,
     own_keys: &["burst"],
+    entry_per_hit: false,
     memory: || State::Bucket(Memory::default()),
 };
 

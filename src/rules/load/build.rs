@@ -517,7 +517,7 @@ impl Walker<'_> {
     fn log_limit(&mut self, limit: u32, algorithm: Option<Algorithm>, node: &Yaml, path: &str) {
         let max = self.options.max_log_limit;
         let effective = algorithm.unwrap_or(self.options.default_algorithm);
-        if effective != Algorithm::SlidingWindowLog || limit <= max {
+        if !effective.spec().entry_per_hit || limit <= max {
             return;
         }
         let inherited = if algorithm.is_none() {

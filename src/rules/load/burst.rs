@@ -4,6 +4,7 @@
 
 use super::tree::{MarkedScalarNode, Yaml};
 use super::yaml::{Walker, join, key_line, line_of};
+use crate::limit::algorithms::Param;
 use crate::limit::{Algorithm, MAX_EXACT, max_burst};
 use crate::rules::LimitSpec;
 
@@ -24,12 +25,12 @@ impl Walker<'_> {
         let burst_path = join(path, "burst");
         let Some((key, node)) = field else {
             if let (
-                Algorithm::TokenBucket,
+                Param::Burst,
                 Some(LimitSpec::PerUnit {
                     requests_per_unit,
                     window,
                 }),
-            ) = (effective, limit)
+            ) = (effective.spec().param, limit)
             {
                 let max = max_burst(u64::from(*requests_per_unit), *window);
                 if u64::from(*requests_per_unit) > max {
