@@ -56,113 +56,161 @@ impl Engine {
         outcome: Outcome,
         counted: bool,
     ) -> Result<Status, EngineError> {
+        let hits = descriptor.hits.unwrap_or(request_hits);
+        Ok(match outcome {
+            // A zero limit is a ban: no store needed.
+            None => self.zero_limit_status(entries, hits, limited),
+            Some(Ok(decision)) if !limited.also.is_empty() => {
+                self.list_status(descriptor, entries, hits, limited, decision, counted)
+            }
+            Some(Ok(decision)) => {
+                self.single_status(descriptor, entries, hits, limited, decision, counted)
+            }
+            Some(Err(failure)) => self.failure_status(index, limited, failure)?,
+        })
+    }
+
+    /// The status of a zero limit, a ban decided without the store: over
+    /// the limit until the window ends, counted on its rule as a refusal.
+    fn zero_limit_status(
+        &self,
+        entries: &[(String, String)],
+        hits: u64,
+        limited: Limited<'_>,
+    ) -> Status {
+        let Limited {
+            rule, steps, limit, ..
+        } = limited;
+        if let Some(rule) = rule {
+            let refused = Decision {
+                admitted: false,
+                remaining: 0,
+                reset_micros: 0,
+                receipt: None,
+                group: None,
+            };
+            self.count(rule, entries, &steps, hits, &limit, &refused);
+        }
+        let now = self.clock.now_micros();
+        let end = limit.window.span(now).end;
+        Status {
+            code: Code::OverLimit,
+            reset: Some(Duration::from_micros(end.saturating_sub(now))),
+            limit: Some(limit),
+            remaining: 0,
+        }
+    }
+
+    /// The status of a `rate_limits:` list: each limit's rule counts its
+    /// own answer; the status names the limit the answer describes, or the
+    /// first the cost is above (it never passes).
+    fn list_status(
+        &self,
+        descriptor: &Descriptor,
+        entries: &[(String, String)],
+        hits: u64,
+        limited: Limited<'_>,
+        decision: Decision,
+        counted: bool,
+    ) -> Status {
         let Limited {
             rule,
             steps,
             limit,
-            policy,
             also,
+            ..
         } = limited;
-        Ok(match outcome {
-            // A zero limit is a ban: no store needed.
-            None => {
-                if let Some(rule) = rule {
-                    let hits = descriptor.hits.unwrap_or(request_hits);
-                    let refused = Decision {
-                        admitted: false,
-                        remaining: 0,
-                        reset_micros: 0,
-                        receipt: None,
-                        group: None,
-                    };
-                    self.count(rule, entries, &steps, hits, &limit, &refused);
-                }
-                let now = self.clock.now_micros();
-                let end = limit.window.span(now).end;
-                Status {
-                    code: Code::OverLimit,
-                    reset: Some(Duration::from_micros(end.saturating_sub(now))),
-                    limit: Some(limit),
-                    remaining: 0,
-                }
-            }
-            Some(Ok(decision)) if !also.is_empty() => {
-                // A `rate_limits:` list: each limit's rule counts its own
-                // answer; the status names the limit the answer describes,
-                // or the first the cost is above (it never passes).
-                let hits = descriptor.hits.unwrap_or(request_hits);
-                if !descriptor.negative && counted {
-                    self.count_parts(entries, &steps, hits, (rule, &limit), &also, &decision);
-                }
-                let never = (0..=also.len()).find(|&i| {
-                    let part = match i.checked_sub(1) {
-                        Some(i) => &also[i].1,
-                        None => &limit,
-                    };
-                    never_passes(part, hits, descriptor, &decision)
+        if !descriptor.negative && counted {
+            self.count_parts(entries, &steps, hits, (rule, &limit), &also, &decision);
+        }
+        let never = (0..=also.len()).find(|&i| {
+            let part = match i.checked_sub(1) {
+                Some(i) => &also[i].1,
+                None => &limit,
+            };
+            never_passes(part, hits, descriptor, &decision)
+        });
+        let which = never.unwrap_or_else(|| decision.which());
+        // What that limit has left, when the answer says it.
+        let own = never
+            .and_then(|i| decision.group.as_ref()?.parts.get(i))
+            .map(|part| part.remaining);
+        let (rule, limit) = match which.checked_sub(1).and_then(|i| also.into_iter().nth(i)) {
+            Some((rule, limit)) => (Some(rule), limit),
+            None => (rule, limit),
+        };
+        let mut status = limited_status(limit, decision, descriptor.negative);
+        if never.is_some() {
+            self.cannot_pass(rule, &mut status);
+        }
+        if let Some(remaining) = own {
+            status.remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
+        }
+        status
+    }
+
+    /// The status of a single limit's answer, counted on its rule.
+    fn single_status(
+        &self,
+        descriptor: &Descriptor,
+        entries: &[(String, String)],
+        hits: u64,
+        limited: Limited<'_>,
+        decision: Decision,
+        counted: bool,
+    ) -> Status {
+        let Limited {
+            rule, steps, limit, ..
+        } = limited;
+        if let Some(rule) = rule
+            && !descriptor.negative
+            && counted
+        {
+            self.count(rule, entries, &steps, hits, &limit, &decision);
+        }
+        let never = never_passes(&limit, hits, descriptor, &decision);
+        let mut status = limited_status(limit, decision, descriptor.negative);
+        if never {
+            self.cannot_pass(rule, &mut status);
+        }
+        status
+    }
+
+    /// The status of a failed store call, by its policy (`on_overload`
+    /// for a call the in-flight gate refused), the failure counted; an
+    /// error when the policy says error.
+    fn failure_status(
+        &self,
+        index: usize,
+        limited: Limited<'_>,
+        failure: Failure,
+    ) -> Result<Status, EngineError> {
+        let limit = limited.limit;
+        let policy = match failure {
+            Failure::Overloaded(_) => self.options.on_overload,
+            _ => limited.policy,
+        };
+        self.count_failure(&failure, policy);
+        Ok(match policy {
+            FailurePolicy::Error => {
+                return Err(match failure {
+                    Failure::Deadline => EngineError::DeadlineExceeded { index },
+                    Failure::Store(source) => EngineError::Store { index, source },
+                    Failure::Overloaded(max) => EngineError::Overloaded { index, max },
                 });
-                let which = never.unwrap_or_else(|| decision.which());
-                // What that limit has left, when the answer says it.
-                let own = never
-                    .and_then(|i| decision.group.as_ref()?.parts.get(i))
-                    .map(|part| part.remaining);
-                let (rule, limit) = match which.checked_sub(1).and_then(|i| also.into_iter().nth(i))
-                {
-                    Some((rule, limit)) => (Some(rule), limit),
-                    None => (rule, limit),
-                };
-                let mut status = limited_status(limit, decision, descriptor.negative);
-                if never.is_some() {
-                    self.cannot_pass(rule, &mut status);
-                }
-                if let Some(remaining) = own {
-                    status.remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-                }
-                status
             }
-            Some(Ok(decision)) => {
-                let hits = descriptor.hits.unwrap_or(request_hits);
-                if let Some(rule) = rule
-                    && !descriptor.negative
-                    && counted
-                {
-                    self.count(rule, entries, &steps, hits, &limit, &decision);
-                }
-                let never = never_passes(&limit, hits, descriptor, &decision);
-                let mut status = limited_status(limit, decision, descriptor.negative);
-                if never {
-                    self.cannot_pass(rule, &mut status);
-                }
-                status
-            }
-            Some(Err(failure)) => {
-                let policy = match failure {
-                    Failure::Overloaded(_) => self.options.on_overload,
-                    _ => policy,
-                };
-                self.count_failure(&failure, policy);
-                match policy {
-                    FailurePolicy::Error => {
-                        return Err(match failure {
-                            Failure::Deadline => EngineError::DeadlineExceeded { index },
-                            Failure::Store(source) => EngineError::Store { index, source },
-                            Failure::Overloaded(max) => EngineError::Overloaded { index, max },
-                        });
-                    }
-                    FailurePolicy::Allow => Status {
-                        code: Code::Ok,
-                        remaining: limit.requests_per_unit,
-                        reset: None,
-                        limit: Some(limit),
-                    },
-                    FailurePolicy::Deny => Status {
-                        code: Code::OverLimit,
-                        remaining: 0,
-                        reset: None,
-                        limit: Some(limit),
-                    },
-                }
-            }
+            FailurePolicy::Allow => Status {
+                code: Code::Ok,
+                remaining: limit.requests_per_unit,
+                reset: None,
+                limit: Some(limit),
+            },
+            FailurePolicy::Deny => Status {
+                code: Code::OverLimit,
+                remaining: 0,
+                reset: None,
+                limit: Some(limit),
+            },
         })
     }
 

@@ -18,6 +18,7 @@ mod lease;
 mod log;
 mod propagation;
 mod quota;
+mod rules;
 mod store;
 
 use std::collections::HashMap;
@@ -34,8 +35,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 
 use crate::engine::{EngineStats, RulesHandle};
 use crate::reload::ReloadCounts;
-use crate::rules::{CountsSnapshot, OVERFLOW};
-use crate::settings::Settings;
+use crate::settings::{OtelSettings, Settings};
 use crate::storage::{NodeId, Store};
 
 pub use log::{error_chain, logger};
@@ -150,17 +150,7 @@ impl Telemetry {
     /// Builds the pipelines. Must run inside a tokio runtime: the OTLP
     /// exporters open their gRPC channels on it.
     pub fn start(settings: &Settings, sources: Sources) -> anyhow::Result<Telemetry> {
-        let registry = prometheus::Registry::new();
-        // Process CPU, memory and open files, read from /proc at scrape.
-        #[cfg(target_os = "linux")]
-        registry.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ))?;
-        let prometheus = opentelemetry_prometheus::exporter()
-            .with_registry(registry.clone())
-            .without_target_info()
-            .scope_info_enabled(false)
-            .build()?;
+        let (registry, prometheus) = prometheus_reader()?;
         let service_name = settings
             .otel
             .as_ref()
@@ -171,41 +161,8 @@ impl Telemetry {
             .with_reader(prometheus);
         let mut tracers = None;
         if let Some(otel) = &settings.otel {
-            // An https endpoint is verified against the system's roots.
-            let https = otel.endpoint.starts_with("https://");
-            let tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
-            let mut metrics = opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .with_endpoint(otel.endpoint.clone())
-                .with_timeout(Duration::from_secs(5));
-            if https {
-                metrics = metrics.with_tls_config(tls.clone());
-            }
-            let metrics = metrics.build()?;
-            meters = meters.with_reader(
-                PeriodicReader::builder(metrics)
-                    .with_interval(otel.metrics_interval)
-                    .build(),
-            );
-            let mut spans = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(otel.endpoint.clone())
-                .with_timeout(Duration::from_secs(5));
-            if https {
-                spans = spans.with_tls_config(tls);
-            }
-            let spans = spans.build()?;
-            // A caller's decision is followed; new traces are sampled at
-            // the configured ratio.
-            let sampler =
-                Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(otel.sampling_ratio)));
-            tracers = Some(
-                SdkTracerProvider::builder()
-                    .with_resource(resource)
-                    .with_sampler(sampler)
-                    .with_batch_exporter(spans)
-                    .build(),
-            );
+            meters = meters.with_reader(otlp_metrics(otel)?);
+            tracers = Some(otlp_traces(otel, resource)?);
         }
         let meters = meters.build();
         let scope = InstrumentationScope::builder("tollgate")
@@ -213,44 +170,12 @@ impl Telemetry {
             .build();
         let meter = meters.meter_with_scope(scope.clone());
         register_observers(&meter, sources);
-        let request_duration = meter
-            .f64_histogram("tollgate.request.duration")
-            .with_unit("s")
-            .with_description("ShouldRateLimit calls by overall code and gRPC status")
-            .with_boundaries(LATENCY_BUCKETS.to_vec())
-            .build();
-        let answered = |code: &'static str| {
-            request_duration.bind(&[
-                KeyValue::new("code", code),
-                KeyValue::new("grpc_status", "OK"),
-            ])
-        };
-        let instruments = Arc::new(Instruments {
-            request_ok: answered("ok"),
-            request_over_limit: answered("over_limit"),
-            request_duration,
-            request_descriptors: meter
-                .u64_histogram("tollgate.request.descriptors")
-                .with_description("Descriptors per ShouldRateLimit call")
-                .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0])
-                .build()
-                .bind(&[]),
-            store_ok: RwLock::default(),
-            sample_new: settings.otel.as_ref().is_some_and(|o| o.sampling_ratio > 0.0),
-            store_duration: meter
-                .f64_histogram("tollgate.store.duration")
-                .with_unit("s")
-                .with_description("Store calls by backend, node and outcome")
-                .with_boundaries(LATENCY_BUCKETS.to_vec())
-                .build(),
-            store_errors: meter
-                .u64_counter("tollgate.store.errors")
-                .with_description(
-                    "Failed store calls by backend, node and kind (timeout, unavailable, protocol, circuit_open)",
-                )
-                .build(),
-            tracer: tracers.as_ref().map(|t| t.tracer_with_scope(scope)),
-        });
+        let instruments = Arc::new(request_instruments(
+            &meter,
+            settings,
+            tracers.as_ref(),
+            scope,
+        ));
         Ok(Telemetry {
             meters,
             tracers,
@@ -298,82 +223,141 @@ impl Telemetry {
     }
 }
 
-/// The instruments read at collection time.
+/// The registry `GET /metrics` reads, with the process collector in it,
+/// and the exporter that carries the OpenTelemetry instruments into it.
+fn prometheus_reader() -> anyhow::Result<(
+    prometheus::Registry,
+    opentelemetry_prometheus::PrometheusExporter,
+)> {
+    let registry = prometheus::Registry::new();
+    // Process CPU, memory and open files, read from /proc at scrape.
+    #[cfg(target_os = "linux")]
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
+    let prometheus = opentelemetry_prometheus::exporter()
+        .with_registry(registry.clone())
+        .without_target_info()
+        .scope_info_enabled(false)
+        .build()?;
+    Ok((registry, prometheus))
+}
+
+/// The TLS settings of an https OTLP endpoint: verified against the
+/// system's roots. `None` for a plain http endpoint.
+fn otlp_tls(otel: &OtelSettings) -> Option<tonic::transport::ClientTlsConfig> {
+    otel.endpoint
+        .starts_with("https://")
+        .then(|| tonic::transport::ClientTlsConfig::new().with_native_roots())
+}
+
+/// The reader pushing every instrument to the OTLP collector each
+/// `metrics_interval`.
+fn otlp_metrics(
+    otel: &OtelSettings,
+) -> anyhow::Result<PeriodicReader<opentelemetry_otlp::MetricExporter>> {
+    let mut metrics = opentelemetry_otlp::MetricExporter::builder()
+        .with_tonic()
+        .with_endpoint(otel.endpoint.clone())
+        .with_timeout(Duration::from_secs(5));
+    if let Some(tls) = otlp_tls(otel) {
+        metrics = metrics.with_tls_config(tls);
+    }
+    let metrics = metrics.build()?;
+    Ok(PeriodicReader::builder(metrics)
+        .with_interval(otel.metrics_interval)
+        .build())
+}
+
+/// The trace pipeline: spans sent to the OTLP collector in batches. A
+/// caller's sampling decision is followed; new traces are sampled at the
+/// configured ratio.
+fn otlp_traces(otel: &OtelSettings, resource: Resource) -> anyhow::Result<SdkTracerProvider> {
+    let mut spans = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(otel.endpoint.clone())
+        .with_timeout(Duration::from_secs(5));
+    if let Some(tls) = otlp_tls(otel) {
+        spans = spans.with_tls_config(tls);
+    }
+    let spans = spans.build()?;
+    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(otel.sampling_ratio)));
+    Ok(SdkTracerProvider::builder()
+        .with_resource(resource)
+        .with_sampler(sampler)
+        .with_batch_exporter(spans)
+        .build())
+}
+
+/// The instruments recorded on the request path, with their common label
+/// sets bound, and the tracer when traces are exported.
+fn request_instruments(
+    meter: &Meter,
+    settings: &Settings,
+    tracers: Option<&SdkTracerProvider>,
+    scope: InstrumentationScope,
+) -> Instruments {
+    let request_duration = meter
+        .f64_histogram("tollgate.request.duration")
+        .with_unit("s")
+        .with_description("ShouldRateLimit calls by overall code and gRPC status")
+        .with_boundaries(LATENCY_BUCKETS.to_vec())
+        .build();
+    let answered = |code: &'static str| {
+        request_duration.bind(&[
+            KeyValue::new("code", code),
+            KeyValue::new("grpc_status", "OK"),
+        ])
+    };
+    Instruments {
+        request_ok: answered("ok"),
+        request_over_limit: answered("over_limit"),
+        request_duration,
+        request_descriptors: meter
+            .u64_histogram("tollgate.request.descriptors")
+            .with_description("Descriptors per ShouldRateLimit call")
+            .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0])
+            .build()
+            .bind(&[]),
+        store_ok: RwLock::default(),
+        sample_new: settings.otel.as_ref().is_some_and(|o| o.sampling_ratio > 0.0),
+        store_duration: meter
+            .f64_histogram("tollgate.store.duration")
+            .with_unit("s")
+            .with_description("Store calls by backend, node and outcome")
+            .with_boundaries(LATENCY_BUCKETS.to_vec())
+            .build(),
+        store_errors: meter
+            .u64_counter("tollgate.store.errors")
+            .with_description(
+                "Failed store calls by backend, node and kind (timeout, unavailable, protocol, circuit_open)",
+            )
+            .build(),
+        tracer: tracers.map(|t| t.tracer_with_scope(scope)),
+    }
+}
+
+/// The instruments read at collection time, registered in a fixed order:
+/// the quota and lease counts, the rules', the refusals, the engine's and
+/// then the store's.
 fn register_observers(meter: &Meter, s: Sources) {
     quota::register(meter, s.quota.clone());
     lease::register(meter, s.store.clone());
-    type Pick = fn(&CountsSnapshot) -> u64;
-    // In the order of `catalog::PER_RULE`, which names and describes them.
-    let picks: [Pick; catalog::PER_RULE.len()] = [
-        |c| c.total_hits,
-        |c| c.within_limit,
-        |c| c.near_limit,
-        |c| c.over_limit,
-        |c| c.shadow_mode,
-        |c| c.recorded_over,
-        |c| c.taken_back,
-    ];
-    for (&(name, help), pick) in catalog::PER_RULE.iter().zip(picks) {
-        let rules = s.rules.clone();
-        meter
-            .u64_observable_counter(format!("tollgate.rule.{name}"))
-            .with_description(help)
-            .with_callback(move |o| {
-                for (domain, rule) in rules.current().rules() {
-                    let attrs = [
-                        KeyValue::new("domain", domain.to_string()),
-                        KeyValue::new("rule", rule.path.clone()),
-                    ];
-                    o.observe(pick(&rule.stats.counts().snapshot()), &attrs);
-                }
-            })
-            .build();
-        let rules = s.rules.clone();
-        meter
-            .u64_observable_counter(format!("tollgate.rule.detailed.{name}"))
-            .with_description(catalog::detailed_meaning(help))
-            .with_callback(move |o| {
-                for (domain, rule) in rules.current().rules() {
-                    let named = rule.detailed_metric || rule.value_to_metric;
-                    if !named || !rule.stats.has_detailed() {
-                        continue;
-                    }
-                    let overflow = (Arc::from(OVERFLOW), rule.stats.overflow().snapshot());
-                    for (value, counts) in rule
-                        .stats
-                        .detailed_snapshot()
-                        .into_iter()
-                        .chain(std::iter::once(overflow))
-                    {
-                        let attrs = [
-                            KeyValue::new("domain", domain.to_string()),
-                            KeyValue::new("rule", rule.path.clone()),
-                            KeyValue::new("descriptor", value.to_string()),
-                        ];
-                        o.observe(pick(&counts), &attrs);
-                    }
-                }
-            })
-            .build();
-    }
+    rules::register_counts(meter, &s.rules);
+    rules::register_set(meter, &s.rules, &s.reloads);
+    register_refusals(meter, &s.service, &s.http);
+    engine::register(meter, s.engine.clone());
+    engine::register_cost_above_limit(meter, s.engine.clone(), s.rules.clone());
+    register_store_nodes(meter, &s.store);
+    register_store_memory(meter, &s.store);
+    register_store_caches(meter, &s.store);
+    register_store_evictions(meter, s.store);
+}
 
-    let rules = s.rules.clone();
-    meter
-        .u64_observable_gauge("tollgate.rules.loaded")
-        .with_description("Rules in force")
-        .with_callback(move |o| o.observe(rules.current().rules().len() as u64, &[]))
-        .build();
-    let reloads = s.reloads.clone();
-    meter
-        .u64_observable_counter("tollgate.rules.reloads")
-        .with_description("Changed rule directories loaded (success) or refused (failure)")
-        .with_callback(move |o| {
-            o.observe(reloads.loaded(), &[KeyValue::new("result", "success")]);
-            o.observe(reloads.refused(), &[KeyValue::new("result", "failure")]);
-        })
-        .build();
-
-    let service = s.service.clone();
+/// What was turned away before the engine: gRPC calls refused on their
+/// input or for overload, and HTTP connections closed by the server.
+fn register_refusals(meter: &Meter, service: &Arc<ServiceStats>, http: &Arc<HttpCounts>) {
+    let service = service.clone();
     meter
         .u64_observable_counter("tollgate.requests.refused")
         .with_description(
@@ -392,7 +376,7 @@ fn register_observers(meter: &Meter, s: Sources) {
         })
         .build();
 
-    let http = s.http.clone();
+    let http = http.clone();
     meter
         .u64_observable_counter("tollgate.http.connections_closed")
         .with_description(
@@ -404,11 +388,12 @@ fn register_observers(meter: &Meter, s: Sources) {
             o.observe(http.idle_closed.load(Relaxed), &[KeyValue::new("reason", "idle")]);
         })
         .build();
+}
 
-    engine::register(meter, s.engine.clone());
-    engine::register_cost_above_limit(meter, s.engine.clone(), s.rules.clone());
-
-    let store = s.store.clone();
+/// The remote store's node counts: open circuits, script loads, Cluster
+/// redirects and batched script calls.
+fn register_store_nodes(meter: &Meter, shared: &Arc<dyn Store>) {
+    let store = shared.clone();
     meter
         .u64_observable_gauge("tollgate.store.circuit_open")
         .with_description("1 while calls to this node are refused by its open circuit")
@@ -423,7 +408,7 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
-    let store = s.store.clone();
+    let store = shared.clone();
     meter
         .u64_observable_counter("tollgate.store.script_loads")
         .with_description("Times the Lua scripts were loaded into Redis (connects and reconnects)")
@@ -433,7 +418,7 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
-    let store = s.store.clone();
+    let store = shared.clone();
     meter
         .u64_observable_counter("tollgate.store.redirects")
         .with_description("Redis Cluster: calls sent again because their slot had moved or was moving (MOVED, ASK, TRYAGAIN, CLUSTERDOWN)")
@@ -443,7 +428,7 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
-    let store = s.store.clone();
+    let store = shared.clone();
     meter
         .u64_observable_counter("tollgate.store.batches")
         .with_description("Redis: batches of several script calls sent as one EVALSHA (kind=batches) and the calls they carried (kind=calls)")
@@ -454,7 +439,11 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
-    let store = s.store.clone();
+}
+
+/// What the embedded store holds: its limiters and their bytes.
+fn register_store_memory(meter: &Meter, shared: &Arc<dyn Store>) {
+    let store = shared.clone();
     meter
         .u64_observable_gauge("tollgate.store.limiters")
         .with_description("Limiters held by the embedded store")
@@ -464,7 +453,7 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
-    let store = s.store.clone();
+    let store = shared.clone();
     meter
         .u64_observable_gauge("tollgate.store.bytes")
         .with_description("Bytes the embedded store's limiters take, by its estimate (bounded by memory.max_bytes)")
@@ -474,6 +463,11 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
+}
+
+/// The over-limit cache's and the coalescer's counts, then the entries
+/// the over-limit cache holds.
+fn register_store_caches(meter: &Meter, shared: &Arc<dyn Store>) {
     for (name, description, read) in [
         (
             "tollgate.over_limit_cache.hits",
@@ -491,7 +485,7 @@ fn register_observers(meter: &Meter, s: Sources) {
             |c| c.evictions,
         ),
     ] {
-        let store = s.store.clone();
+        let store = shared.clone();
         meter
             .u64_observable_counter(name)
             .with_description(description)
@@ -515,7 +509,7 @@ fn register_observers(meter: &Meter, s: Sources) {
             |c| c.coalesced_hits,
         ),
     ] {
-        let store = s.store.clone();
+        let store = shared.clone();
         meter
             .u64_observable_counter(name)
             .with_description(description)
@@ -526,7 +520,7 @@ fn register_observers(meter: &Meter, s: Sources) {
             })
             .build();
     }
-    let store = s.store.clone();
+    let store = shared.clone();
     meter
         .u64_observable_gauge("tollgate.over_limit_cache.entries")
         .with_description("Limiters held by the over-limit cache")
@@ -536,7 +530,10 @@ fn register_observers(meter: &Meter, s: Sources) {
             }
         })
         .build();
-    let store = s.store;
+}
+
+/// The limiters the embedded store forgot to stay within its bounds.
+fn register_store_evictions(meter: &Meter, store: Arc<dyn Store>) {
     meter
         .u64_observable_counter("tollgate.store.evictions")
         .with_description("Limiters the embedded store forgot to stay within memory.max_limiters and memory.max_bytes")

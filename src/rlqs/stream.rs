@@ -5,23 +5,24 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
+mod lease;
+
 use super::bucket::{self, Assignment, Plan, Skip};
-use super::{DEFAULT_REPORT_SECS, HOLD_MARGIN, Inner, ShareView};
+use super::{Inner, ShareView};
 use crate::limit::Window;
 use crate::proto::rlqs::{
     BlanketRule, BucketAction, BucketActionKind, BucketId, QuotaAssignmentAction,
     RateLimitQuotaResponse, RateLimitQuotaUsageReports, RateLimitStrategy, Strategy, TokenBucket,
     UsageReport,
 };
-use crate::quota::{self, Grant, Report, Terms};
+use crate::quota::Grant;
 use crate::rules::LimitSpec;
 use crate::rules::{Counts, Rule, RuleSet};
-use crate::storage::{LeaseCall, StoreError};
+use lease::{Leased, lease_all};
 
 /// Lease calls one stream has in flight at once.
 const LEASES_IN_FLIGHT: usize = 32;
@@ -118,206 +119,216 @@ struct Item<'a> {
     plan: Plan,
 }
 
+/// The response to one report: the stream's domain checked, each bucket
+/// read, their leases taken, and an assignment for each bucket answered;
+/// the stream's shares are kept for the quota views. `None` when no
+/// bucket has anything to answer.
 async fn answer(
     inner: &Inner,
     state: &mut State,
     reports: RateLimitQuotaUsageReports,
 ) -> Result<Option<RateLimitQuotaResponse>, Status> {
-    let domain = match (&state.domain, reports.domain.as_str()) {
-        (None, "") => {
-            return Err(Status::invalid_argument(
-                "the first usage report of a stream must name its domain",
-            ));
-        }
-        (None, given) => {
-            state.domain = Some(given.to_owned());
-            given.to_owned()
-        }
-        (Some(first), given) if !given.is_empty() && given != first => {
-            return Err(Status::invalid_argument(format!(
-                "a stream reports for one domain: it began with {first:?}, then named {given:?}"
-            )));
-        }
-        (Some(first), _) => first.clone(),
-    };
-    let options = &inner.options;
+    let domain = stream_domain(state, &reports.domain)?;
     let rules = inner.engine.rules().current();
     let now = Instant::now();
     let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
     let mut items = Vec::with_capacity(reports.bucket_quota_usages.len());
     for usage in &reports.bucket_quota_usages {
-        let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
-        let entries = match id.map(|m| bucket::entries(m.iter(), options.ids)) {
-            Some(Ok(entries)) => entries,
-            Some(Err(why)) => {
-                skip(inner, &mut state.logged, state.number, &domain, why);
-                continue;
-            }
-            None => {
-                skip(inner, &mut state.logged, state.number, &domain, Skip::Empty);
-                continue;
-            }
-        };
-        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
-        inner.stats.reported(allowed, denied);
-        let identity = bucket::identity(&entries, options.ids.max_value_bytes);
-        let full = state.buckets.len() >= options.max_buckets
-            || inner.stats.buckets() >= options.max_total_buckets;
-        let tracked = match state.buckets.entry(identity.clone()) {
-            Entry::Occupied(known) => known.into_mut(),
-            Entry::Vacant(_) if full => {
-                skip(
-                    inner,
-                    &mut state.logged,
-                    state.number,
-                    &domain,
-                    Skip::TooManyBuckets,
-                );
-                continue;
-            }
-            Entry::Vacant(new) => {
-                inner.stats.buckets_added(1);
-                new.insert(Tracked {
-                    active: now,
-                    last: None,
-                })
-            }
-        };
-        if allowed > 0 || denied > 0 {
-            tracked.active = now;
-        } else if options
-            .abandon_after
-            .is_some_and(|after| now.duration_since(tracked.active) >= after)
-        {
-            state.buckets.remove(&identity);
-            inner.stats.buckets_removed(1);
-            inner.stats.abandoned();
-            actions.push(BucketAction {
+        match read(inner, state, &rules, &domain, usage, now) {
+            Read::Skipped => {}
+            Read::Abandoned(action) => actions.push(action),
+            Read::Item(item) => items.push(item),
+        }
+    }
+    let grants = lease_all(inner, &domain, &items).await;
+    let views = assign(inner, state, &domain, &items, grants, now, &mut actions);
+    inner
+        .shares
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(state.number, views);
+    Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
+        bucket_action: actions,
+    }))
+}
+
+/// The domain a report counts in: the first report of a stream must name
+/// it, and later reports name the same one or none.
+fn stream_domain(state: &mut State, given: &str) -> Result<String, Status> {
+    match (&state.domain, given) {
+        (None, "") => Err(Status::invalid_argument(
+            "the first usage report of a stream must name its domain",
+        )),
+        (None, given) => {
+            state.domain = Some(given.to_owned());
+            Ok(given.to_owned())
+        }
+        (Some(first), given) if !given.is_empty() && given != first => {
+            Err(Status::invalid_argument(format!(
+                "a stream reports for one domain: it began with {first:?}, then named {given:?}"
+            )))
+        }
+        (Some(first), _) => Ok(first.clone()),
+    }
+}
+
+/// What one bucket of a report comes to, once read.
+enum Read<'a> {
+    /// Skipped (logged once per reason on the stream): no answer.
+    Skipped,
+    /// Without usage past `abandon_after`: forgotten, and told so.
+    Abandoned(BucketAction),
+    /// To be answered.
+    Item(Item<'a>),
+}
+
+/// Reads one bucket of a report: its entries, its usage counted, the
+/// stream's record of it, its rule and plan, and the limiter it counts
+/// on.
+fn read<'a>(
+    inner: &Inner,
+    state: &mut State,
+    rules: &'a RuleSet,
+    domain: &str,
+    usage: &'a UsageReport,
+    now: Instant,
+) -> Read<'a> {
+    let options = &inner.options;
+    let id = usage.bucket_id.as_ref().map(|b| &b.bucket);
+    let entries = match id.map(|m| bucket::entries(m.iter(), options.ids)) {
+        Some(Ok(entries)) => entries,
+        Some(Err(why)) => {
+            skip(inner, &mut state.logged, state.number, domain, why);
+            return Read::Skipped;
+        }
+        None => {
+            skip(inner, &mut state.logged, state.number, domain, Skip::Empty);
+            return Read::Skipped;
+        }
+    };
+    let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+    inner.stats.reported(allowed, denied);
+    let identity = bucket::identity(&entries, options.ids.max_value_bytes);
+    let used = allowed > 0 || denied > 0;
+    match track(inner, state, domain, &identity, used, now) {
+        Tracking::Skipped => return Read::Skipped,
+        Tracking::Abandoned => {
+            return Read::Abandoned(BucketAction {
                 bucket_id: usage.bucket_id.clone(),
                 bucket_action: Some(BucketActionKind::AbandonAction(Default::default())),
             });
-            continue;
         }
-        let rule = rules.find(&domain, &entries);
-        let plan = bucket::plan(rule, inner.engine.options().shadow_mode);
-        // A calendar limit, alone or in a `rate_limits:` list.
-        let calendar = |r: &crate::rules::Rule| matches!(r.limit, LimitSpec::PerUnit { window, .. } if window.zone().is_some());
-        if let Plan::Leased { .. } = plan
-            && rule.is_some_and(|r| calendar(r) || r.more.iter().any(calendar))
-        {
+        Tracking::Kept => {}
+    }
+    let rule = rules.find(domain, &entries);
+    let plan = bucket::plan(rule, inner.engine.options().shadow_mode);
+    // A calendar limit, alone or in a `rate_limits:` list.
+    let calendar = |r: &crate::rules::Rule| matches!(r.limit, LimitSpec::PerUnit { window, .. } if window.zone().is_some());
+    if let Plan::Leased { .. } = plan
+        && rule.is_some_and(|r| calendar(r) || r.more.iter().any(calendar))
+    {
+        skip(
+            inner,
+            &mut state.logged,
+            state.number,
+            domain,
+            Skip::Calendar,
+        );
+        return Read::Skipped;
+    }
+    if let Some(rule) = rule {
+        account(rule.stats.counts(), plan, allowed, denied);
+    }
+    let max_value = options.ids.max_value_bytes;
+    let (limiter, holder) = counted_on(
+        rules,
+        domain,
+        &entries,
+        rule,
+        &identity,
+        &state.holder,
+        max_value,
+    );
+    Read::Item(Item {
+        usage,
+        identity,
+        limiter,
+        holder,
+        rule,
+        plan,
+    })
+}
+
+/// What the stream's record of a bucket says.
+enum Tracking {
+    /// A new bucket past `max_buckets` or `max_total_buckets`: skipped.
+    Skipped,
+    /// Without usage for `abandon_after`: removed.
+    Abandoned,
+    /// Known or newly added, and to be answered.
+    Kept,
+}
+
+/// Finds or adds the stream's record of the bucket `identity`, marking it
+/// active when the report has usage (`used`).
+fn track(
+    inner: &Inner,
+    state: &mut State,
+    domain: &str,
+    identity: &[(String, String)],
+    used: bool,
+    now: Instant,
+) -> Tracking {
+    let options = &inner.options;
+    let full = state.buckets.len() >= options.max_buckets
+        || inner.stats.buckets() >= options.max_total_buckets;
+    let tracked = match state.buckets.entry(identity.to_vec()) {
+        Entry::Occupied(known) => known.into_mut(),
+        Entry::Vacant(_) if full => {
             skip(
                 inner,
                 &mut state.logged,
                 state.number,
-                &domain,
-                Skip::Calendar,
+                domain,
+                Skip::TooManyBuckets,
             );
-            continue;
+            return Tracking::Skipped;
         }
-        if let Some(rule) = rule {
-            account(rule.stats.counts(), plan, allowed, denied);
+        Entry::Vacant(new) => {
+            inner.stats.buckets_added(1);
+            new.insert(Tracked {
+                active: now,
+                last: None,
+            })
         }
-        let max_value = options.ids.max_value_bytes;
-        let (limiter, holder) = counted_on(
-            &rules,
-            &domain,
-            &entries,
-            rule,
-            &identity,
-            &state.holder,
-            max_value,
-        );
-        items.push(Item {
-            usage,
-            identity,
-            limiter,
-            holder,
-            rule,
-            plan,
-        });
+    };
+    if used {
+        tracked.active = now;
+    } else if options
+        .abandon_after
+        .is_some_and(|after| now.duration_since(tracked.active) >= after)
+    {
+        state.buckets.remove(identity);
+        inner.stats.buckets_removed(1);
+        inner.stats.abandoned();
+        return Tracking::Abandoned;
     }
+    Tracking::Kept
+}
 
-    // Leases of one report go out a few at a time: a report can carry
-    // thousands of buckets, and every Envoy reports at about the same
-    // moment; unbounded, they would all wait in the store client's queue at
-    // once and time out together.
-    let hold_micros =
-        (options.assignment_ttl_secs * 1_000_000).saturating_add(HOLD_MARGIN.as_micros() as u64);
-    let store = inner.engine.store();
-    let default_algorithm = inner.engine.options().default_algorithm;
-    // On an error, the grants the list's earlier limits already got: their
-    // ledgers hold them now, whatever the bucket is sent.
-    type Grants = Vec<(Grant, Window)>;
-    type Lease<'a> = crate::storage::BoxFuture<'a, Option<Result<Grants, (StoreError, Grants)>>>;
-    let leases: Vec<Lease<'_>> = items
-        .iter()
-        .map(|item| {
-            let holder = item.holder.as_str();
-            let domain = domain.as_str();
-            Box::pin(async move {
-                let Plan::Leased { limit, window } = item.plan else {
-                    return None;
-                };
-                let elapsed = item
-                    .usage
-                    .time_elapsed
-                    .as_ref()
-                    .map_or(0, |d| d.seconds.max(0) as u64);
-                let report = Report {
-                    requests: item
-                        .usage
-                        .num_requests_allowed
-                        .saturating_add(item.usage.num_requests_denied),
-                    elapsed_secs: if elapsed == 0 {
-                        DEFAULT_REPORT_SECS
-                    } else {
-                        elapsed
-                    },
-                };
-                // A `rate_limits:` list: a share of every limit's ledger.
-                let more = item.rule.map_or(&[][..], |r| r.more.as_slice());
-                let limits = std::iter::once((item.rule, limit, window)).chain(
-                    more.iter().filter_map(|r| match r.limit {
-                        LimitSpec::PerUnit {
-                            requests_per_unit,
-                            window,
-                        } => Some((Some(r), u64::from(requests_per_unit), window)),
-                        LimitSpec::Unlimited => None,
-                    }),
-                );
-                let mut grants = Vec::with_capacity(1 + more.len());
-                for (rule, limit, window) in limits {
-                    let terms = Terms {
-                        capacity: quota::capacity(limit, window),
-                        fill_secs: quota::fill_secs(window),
-                        hold_micros,
-                    };
-                    let call = LeaseCall {
-                        domain,
-                        entries: &item.limiter,
-                        algorithm: rule.and_then(|r| r.algorithm).unwrap_or(default_algorithm),
-                        window,
-                        holder,
-                        report,
-                        terms,
-                        counted: rule.and_then(|r| {
-                            bucket::counted(r, default_algorithm, limit, window, hold_micros)
-                        }),
-                    };
-                    match store.lease(call).await {
-                        Ok(grant) => grants.push((grant, window)),
-                        Err(e) => return Some(Err((e, grants))),
-                    }
-                }
-                Some(Ok(grants))
-            }) as Lease<'_>
-        })
-        .collect();
-    let grants: Vec<_> = futures_util::stream::iter(leases)
-        .buffered(LEASES_IN_FLIGHT)
-        .collect()
-        .await;
-
+/// Each item's assignment from its plan and its leases, pushed as an
+/// action and remembered for a later store failure; the views of the
+/// shares sent, for the quota report.
+fn assign(
+    inner: &Inner,
+    state: &mut State,
+    domain: &str,
+    items: &[Item<'_>],
+    grants: Vec<Leased>,
+    now: Instant,
+    actions: &mut Vec<BucketAction>,
+) -> Vec<ShareView> {
+    let options = &inner.options;
     let ttl = std::time::Duration::from_secs(options.assignment_ttl_secs);
     let mut views = Vec::with_capacity(items.len());
     for (item, grant) in items.iter().zip(grants) {
@@ -353,17 +364,10 @@ async fn answer(
             tracked.last = Some((assignment, now + ttl));
         }
         inner.stats.sent(assignment);
-        views.push(view(state.number, &domain, item, assignment, ledger));
+        views.push(view(state.number, domain, item, assignment, ledger));
         actions.push(action(item.usage, assignment, ttl));
     }
-    inner
-        .shares
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(state.number, views);
-    Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
-        bucket_action: actions,
-    }))
+    views
 }
 
 /// The limiter a bucket's `entries` count on under `rule`, as RLS counts

@@ -20,6 +20,7 @@ use anyhow::Context;
 use futures_util::FutureExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
+use tonic_health::pb::health_server::{Health, HealthServer};
 
 use crate::clock::{Clock, SystemClock};
 use crate::engine::{Engine, EngineOptions, RulesHandle};
@@ -226,7 +227,10 @@ pub async fn run(
 }
 
 /// Serves on every listener given until `shutdown` resolves, then drains
-/// for up to `settings.shutdown_grace`.
+/// for up to `settings.shutdown_grace`: the services built, the telemetry
+/// started, the background tasks spawned (rules from xDS, health, store
+/// housekeeping, the rule directory's watcher), the listeners served, and
+/// at the end the telemetry's buffers sent.
 pub async fn run_with(
     settings: &Settings,
     engine: Engine,
@@ -246,7 +250,50 @@ pub async fn run_with(
 
     let reloads = reload::ReloadCounts::default();
     let http_counts = Arc::new(listen::HttpCounts::default());
-    let mut limiter = RateLimiter::new(
+    let limiter = rate_limiter(settings, &engine);
+    let quota = QuotaService::new(engine.clone(), quota_options(settings), drain_rx.clone());
+    let (limiter, telemetry) =
+        start_telemetry(settings, &engine, limiter, &quota, &reloads, &http_counts)?;
+    let rules_ready = follow_xds(settings, &engine, &reloads, &stopped);
+    let health_task = grpc::follow_store_health(
+        engine.store().clone(),
+        rules_ready.clone(),
+        drain_rx.clone(),
+        stopped(),
+    );
+    spawn_maintenance(engine.store().clone(), stopped());
+    watch_rules_dir(settings, &engine, &reloads, &stopped);
+
+    let faces = Faces {
+        limiter,
+        quota,
+        health: health_task.service,
+        telemetry: telemetry.clone(),
+        reloads,
+        http_counts,
+        drain_rx,
+        rules_ready,
+    };
+    let servers = serve_all(settings, &engine, listeners, faces, &stopped)?;
+    let result = lifecycle::drain_and_stop(
+        servers,
+        shutdown,
+        drain_tx,
+        stop_tx,
+        health_task.task,
+        settings.shutdown_drain,
+        settings.shutdown_grace,
+    )
+    .await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    result
+}
+
+/// The RLS service over `engine`, with the settings of its gRPC face.
+fn rate_limiter(settings: &Settings, engine: &Engine) -> RateLimiter {
+    RateLimiter::new(
         engine.clone(),
         ServiceOptions {
             headers: settings.rate_limit_headers.clone(),
@@ -254,40 +301,64 @@ pub async fn run_with(
             deadline_margin: settings.deadline_margin,
             dynamic_metadata: settings.response_dynamic_metadata,
         },
-    );
-    let quota = QuotaService::new(engine.clone(), quota_options(settings), drain_rx.clone());
-    let telemetry = if settings.metrics.enabled || settings.otel.is_some() {
-        let telemetry = Telemetry::start(
-            settings,
-            observe::Sources {
-                rules: engine.rules().clone(),
-                engine: engine.stats().clone(),
-                service: limiter.stats().clone(),
-                store: engine.store().clone(),
-                reloads: reloads.clone(),
-                http: http_counts.clone(),
-                quota: quota.stats().clone(),
-            },
-        )
-        .context("starting metrics and traces")?;
-        let instruments = telemetry.instruments().clone();
-        let observed = ObservedStore::new(engine.store().clone(), instruments.clone());
-        limiter = limiter
-            .with_engine(engine.clone().with_store(Arc::new(observed)))
-            .with_instruments(instruments);
-        if let Some(otel) = &settings.otel {
-            tracing::info!(
-                endpoint = %otel.endpoint,
-                sampling_ratio = otel.sampling_ratio,
-                "exporting traces and metrics over OTLP"
-            );
-        }
-        Some(Arc::new(telemetry))
-    } else {
-        None
-    };
+    )
+}
 
-    // Rules from xDS: health waits for the first set unless told not to.
+/// Starts metrics and traces when either is enabled, and puts them in
+/// front of `limiter`: its store calls timed (and traced) by an
+/// [`ObservedStore`], its calls recorded on the request instruments.
+/// Returns the limiter, observed or as it was.
+fn start_telemetry(
+    settings: &Settings,
+    engine: &Engine,
+    limiter: RateLimiter,
+    quota: &QuotaService,
+    reloads: &reload::ReloadCounts,
+    http_counts: &Arc<listen::HttpCounts>,
+) -> anyhow::Result<(RateLimiter, Option<Arc<Telemetry>>)> {
+    if !settings.metrics.enabled && settings.otel.is_none() {
+        return Ok((limiter, None));
+    }
+    let telemetry = Telemetry::start(
+        settings,
+        observe::Sources {
+            rules: engine.rules().clone(),
+            engine: engine.stats().clone(),
+            service: limiter.stats().clone(),
+            store: engine.store().clone(),
+            reloads: reloads.clone(),
+            http: http_counts.clone(),
+            quota: quota.stats().clone(),
+        },
+    )
+    .context("starting metrics and traces")?;
+    let instruments = telemetry.instruments().clone();
+    let observed = ObservedStore::new(engine.store().clone(), instruments.clone());
+    let limiter = limiter
+        .with_engine(engine.clone().with_store(Arc::new(observed)))
+        .with_instruments(instruments);
+    if let Some(otel) = &settings.otel {
+        tracing::info!(
+            endpoint = %otel.endpoint,
+            sampling_ratio = otel.sampling_ratio,
+            "exporting traces and metrics over OTLP"
+        );
+    }
+    Ok((limiter, Some(Arc::new(telemetry))))
+}
+
+/// With xDS, follows the management server's rules in a task of its own.
+/// Returns whether rules are ready: health waits for the first set from
+/// xDS unless told not to.
+fn follow_xds<F>(
+    settings: &Settings,
+    engine: &Engine,
+    reloads: &reload::ReloadCounts,
+    stopped: &impl Fn() -> F,
+) -> watch::Receiver<bool>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let (rules_ready_tx, rules_ready) =
         watch::channel(settings.xds.as_ref().is_none_or(|x| x.serve_without_config));
     if let Some(xds) = settings.xds.clone() {
@@ -301,15 +372,12 @@ pub async fn run_with(
             stopped(),
         ));
     }
-    let health_task = grpc::follow_store_health(
-        engine.store().clone(),
-        rules_ready.clone(),
-        drain_rx.clone(),
-        stopped(),
-    );
-    let health = health_task.service;
-    let store = engine.store().clone();
-    let mut stop = Box::pin(stopped());
+    rules_ready
+}
+
+/// Runs the store's housekeeping every [`MAINTAIN_EVERY`] until `stop`.
+fn spawn_maintenance(store: Arc<dyn Store>, stop: impl Future<Output = ()> + Send + 'static) {
+    let mut stop = Box::pin(stop);
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -318,6 +386,18 @@ pub async fn run_with(
             }
         }
     });
+}
+
+/// With rules from files and `rules_reload` set, watches the rule
+/// directory and swaps in changed rules that load.
+fn watch_rules_dir<F>(
+    settings: &Settings,
+    engine: &Engine,
+    reloads: &reload::ReloadCounts,
+    stopped: &impl Fn() -> F,
+) where
+    F: Future<Output = ()> + Send + 'static,
+{
     let files = settings
         .rules_dir
         .clone()
@@ -332,17 +412,47 @@ pub async fn run_with(
             stopped(),
         ));
     }
+}
 
-    if let Some(grpc) = &listeners.grpc {
-        tracing::info!(
-            addr = %grpc.local_addr()?,
-            tls = settings.grpc_tls.is_some(),
-            "gRPC listening"
-        );
-    }
-    if let Some(uds) = &listeners.grpc_uds {
-        tracing::info!(socket = ?uds.local_addr()?, "gRPC listening on a Unix socket");
-    }
+/// What the listeners serve, built before any of them starts.
+struct Faces<H> {
+    limiter: RateLimiter,
+    quota: QuotaService,
+    health: HealthServer<H>,
+    telemetry: Option<Arc<Telemetry>>,
+    reloads: reload::ReloadCounts,
+    http_counts: Arc<listen::HttpCounts>,
+    /// Set on shutdown, before the listeners close.
+    drain_rx: watch::Receiver<bool>,
+    /// Whether rules are ready (see [`follow_xds`]).
+    rules_ready: watch::Receiver<bool>,
+}
+
+/// Starts serving on every listener: gRPC, the public HTTP surface and,
+/// with a listener, the debug one. The future ends when all of them have;
+/// a gRPC server's error is its error.
+fn serve_all<F, H>(
+    settings: &Settings,
+    engine: &Engine,
+    listeners: Listeners,
+    faces: Faces<H>,
+    stopped: &impl Fn() -> F,
+) -> anyhow::Result<impl Future<Output = anyhow::Result<()>>>
+where
+    F: Future<Output = ()> + Send + 'static,
+    H: Health,
+{
+    let Faces {
+        limiter,
+        quota,
+        health,
+        telemetry,
+        reloads,
+        http_counts,
+        drain_rx,
+        rules_ready,
+    } = faces;
+    log_grpc_listeners(settings, &listeners)?;
     // gRPC is accepted only once the store can answer (or the startup wait
     // is over): callers connecting meanwhile wait in the listen queue
     // instead of getting UNAVAILABLE from a store still connecting. HTTP
@@ -358,28 +468,16 @@ pub async fn run_with(
         listeners.grpc,
         listeners.grpc_uds,
         startup,
-        &stopped,
+        stopped,
     )?;
 
-    let limits = listen::HttpLimits {
-        header_read_timeout: settings.http.header_read_timeout,
-        idle_timeout: settings.http.idle_timeout,
-        max_connections: settings.http.max_connections,
-    };
-    let (limits, lowered) = limits.within_open_files();
-    if let Some(open_files) = lowered {
-        tracing::warn!(
-            open_files,
-            max_connections = limits.max_connections,
-            "http.max_connections lowered to a quarter of the open-file limit, so HTTP clients cannot take the descriptors gRPC needs"
-        );
-    }
+    let limits = http_limits(settings);
     tracing::info!(addr = %listeners.http.local_addr()?, "HTTP listening");
     let reset_limiter = limiter.clone();
     let public = admin::public(
-        &engine,
+        engine,
         limiter,
-        telemetry.clone(),
+        telemetry,
         drain_rx,
         rules_ready,
         settings.limits.max_message_bytes,
@@ -394,39 +492,52 @@ pub async fn run_with(
     let debug_server = match listeners.debug {
         Some(listener) => {
             tracing::info!(addr = %listener.local_addr()?, "debug HTTP listening (/rlconfig, /debug/hotkeys, /debug/rlqs, POST /reset)");
-            let router = admin::debug(
-                &engine,
-                reloads.clone(),
-                quota.clone(),
-                settings.debug_show_values,
-            )
-            .merge(reset::router(reset_limiter, settings.debug_show_values));
+            let router = admin::debug(engine, reloads, quota, settings.debug_show_values)
+                .merge(reset::router(reset_limiter, settings.debug_show_values));
             listen::serve(listener, router, limits, http_counts, stopped()).boxed()
         }
         None => futures_util::future::ready(()).boxed(),
     };
-
-    let grace = settings.shutdown_grace;
-    let drain = settings.shutdown_drain;
-    let servers = async move {
+    Ok(async move {
         let (g, (), ()) = tokio::join!(grpc_server, http_server, debug_server);
         g.context("gRPC server")?;
         anyhow::Ok(())
-    };
-    let result = lifecycle::drain_and_stop(
-        servers,
-        shutdown,
-        drain_tx,
-        stop_tx,
-        health_task.task,
-        drain,
-        grace,
-    )
-    .await;
-    if let Some(t) = telemetry {
-        t.shutdown().await;
+    })
+}
+
+/// Logs where gRPC listens: its address, its Unix socket, or both.
+fn log_grpc_listeners(settings: &Settings, listeners: &Listeners) -> anyhow::Result<()> {
+    if let Some(grpc) = &listeners.grpc {
+        tracing::info!(
+            addr = %grpc.local_addr()?,
+            tls = settings.grpc_tls.is_some(),
+            "gRPC listening"
+        );
     }
-    result
+    if let Some(uds) = &listeners.grpc_uds {
+        tracing::info!(socket = ?uds.local_addr()?, "gRPC listening on a Unix socket");
+    }
+    Ok(())
+}
+
+/// The HTTP listeners' bounds, `max_connections` lowered (with a warning)
+/// to a quarter of the open-file limit, so HTTP clients cannot take the
+/// descriptors gRPC needs.
+fn http_limits(settings: &Settings) -> listen::HttpLimits {
+    let limits = listen::HttpLimits {
+        header_read_timeout: settings.http.header_read_timeout,
+        idle_timeout: settings.http.idle_timeout,
+        max_connections: settings.http.max_connections,
+    };
+    let (limits, lowered) = limits.within_open_files();
+    if let Some(open_files) = lowered {
+        tracing::warn!(
+            open_files,
+            max_connections = limits.max_connections,
+            "http.max_connections lowered to a quarter of the open-file limit, so HTTP clients cannot take the descriptors gRPC needs"
+        );
+    }
+    limits
 }
 
 /// Builds the engine on the real clock, binds the configured addresses and

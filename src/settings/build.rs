@@ -15,70 +15,14 @@ use super::{
 use crate::storage::{BreakerConfig, RedisConfig};
 
 /// The declared values composed into what the program reads, with the
-/// checks that span several settings.
+/// checks that span several settings. Each value is read, and refused, in
+/// a fixed order: the first refusal is the one reported.
 pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
-    let src = v.src;
-    let rules_dir = v.opt_text("rules_dir")?.map(PathBuf::from);
-    if let Some(dir) = &rules_dir
-        && !Path::new(dir).is_dir()
-    {
-        return Err(bad(
-            src,
-            "rules_dir",
-            &dir.display().to_string(),
-            "not a readable directory",
-        ));
-    }
-    let on_store_error: FailurePolicy = v.get("on_store_error")?;
-    // Past max_in_flight no count can be made in time, as when the store
-    // fails: the same answer unless the operator says otherwise.
-    let on_overload = v.opt("on_overload")?.unwrap_or(on_store_error);
-    let usage_reports = v.flag("usage_reports")?;
-    let count_refused = v.bool("count_refused")?;
-    if !count_refused && usage_reports == Some(true) {
-        return Err(bad(
-            src,
-            "count_refused",
-            "false",
-            "cannot go with usage_reports=true: a limiter that records every reported cost does not give back what another descriptor refused",
-        ));
-    }
-    let header = |name: &'static str| -> Result<String, SettingsError> {
-        let h: String = v.get(name)?;
-        let valid = !h.is_empty()
-            && h.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b));
-        if valid {
-            Ok(h)
-        } else {
-            Err(bad(src, name, &h, "not a valid HTTP header name"))
-        }
-    };
-    let names = HeaderNames {
-        limit: header("header_limit")?,
-        remaining: header("header_remaining")?,
-        reset: header("header_reset")?,
-    };
-    let store = match v.opt_text("store")?.as_deref().map(str::trim) {
-        None | Some("memory") => StoreSetting::Memory,
-        Some(url) => {
-            let known = [
-                "redis://",
-                "rediss://",
-                "redis-cluster://",
-                "redis-sentinel://",
-            ];
-            if !known.iter().any(|p| url.starts_with(p)) {
-                return Err(bad(
-                    src,
-                    "store",
-                    url,
-                    "expected memory or a URL starting with redis://, rediss://, redis-cluster:// or redis-sentinel://",
-                ));
-            }
-            StoreSetting::Redis(url.to_string())
-        }
-    };
+    let rules_dir = rules_dir(v)?;
+    let (on_store_error, on_overload) = failure_policies(v)?;
+    let (usage_reports, count_refused) = counting(v)?;
+    let names = header_names(v)?;
+    let store = store_setting(v)?;
     let redis = redis_settings(v, &store)?;
     let (log, log_format) = log_settings(v)?;
     let metrics = MetricsSettings {
@@ -87,14 +31,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         detailed_max_series: v.get("metrics.detailed_max_series")?,
     };
     let otel = otel_settings(v)?;
-    let limits = RequestLimits {
-        max_descriptors: v.get("max_descriptors")?,
-        max_entries: v.get("max_entries")?,
-        max_key_bytes: v.get("max_key_bytes")?,
-        max_value_bytes: v.get("max_value_bytes")?,
-        max_message_bytes: v.get("max_message_bytes")?,
-        max_in_flight: v.get("max_in_flight")?,
-    };
+    let limits = request_limits(v)?;
     let over_limit_cache = CacheConfig {
         enabled: v.bool("over_limit_cache.enabled")?,
         max_entries: v.get("over_limit_cache.max_entries")?,
@@ -124,14 +61,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         store,
         redis,
         deadline_margin: v.millis("deadline_margin_ms")?,
-        rlqs: RlqsSettings {
-            assignment_ttl_secs: v.get::<u64>("rlqs.assignment_ttl_ms")?.div_ceil(1000),
-            burst: v.get("rlqs.burst")?,
-            abandon_after: v.every("rlqs.abandon_after_ms")?,
-            max_buckets: v.get("rlqs.max_buckets")?,
-            max_total_buckets: v.get("rlqs.max_total_buckets")?,
-            max_streams: v.get("rlqs.max_streams")?,
-        },
+        rlqs: rlqs_settings(v)?,
         limits,
         max_log_limit: v.get("max_log_limit")?,
         xds: xds_settings(v)?,
@@ -152,6 +82,117 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         metrics,
         otel,
         warnings: Vec::new(),
+    })
+}
+
+/// `rules_dir`, which must be a readable directory when set.
+fn rules_dir(v: &Values<'_>) -> Result<Option<PathBuf>, SettingsError> {
+    let rules_dir = v.opt_text("rules_dir")?.map(PathBuf::from);
+    if let Some(dir) = &rules_dir
+        && !Path::new(dir).is_dir()
+    {
+        return Err(bad(
+            v.src,
+            "rules_dir",
+            &dir.display().to_string(),
+            "not a readable directory",
+        ));
+    }
+    Ok(rules_dir)
+}
+
+/// `on_store_error`, and `on_overload`, which follows it unless set: past
+/// max_in_flight no count can be made in time, as when the store fails,
+/// so the same answer unless the operator says otherwise.
+fn failure_policies(v: &Values<'_>) -> Result<(FailurePolicy, FailurePolicy), SettingsError> {
+    let on_store_error: FailurePolicy = v.get("on_store_error")?;
+    let on_overload = v.opt("on_overload")?.unwrap_or(on_store_error);
+    Ok((on_store_error, on_overload))
+}
+
+/// `usage_reports` and `count_refused`, which cannot be false together
+/// with `usage_reports=true`.
+fn counting(v: &Values<'_>) -> Result<(Option<bool>, bool), SettingsError> {
+    let usage_reports = v.flag("usage_reports")?;
+    let count_refused = v.bool("count_refused")?;
+    if !count_refused && usage_reports == Some(true) {
+        return Err(bad(
+            v.src,
+            "count_refused",
+            "false",
+            "cannot go with usage_reports=true: a limiter that records every reported cost does not give back what another descriptor refused",
+        ));
+    }
+    Ok((usage_reports, count_refused))
+}
+
+/// The rate-limit response headers' names, each a valid HTTP header name
+/// (read whether or not `rate_limit_headers` is on).
+fn header_names(v: &Values<'_>) -> Result<HeaderNames, SettingsError> {
+    let header = |name: &'static str| -> Result<String, SettingsError> {
+        let h: String = v.get(name)?;
+        let valid = !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b));
+        if valid {
+            Ok(h)
+        } else {
+            Err(bad(v.src, name, &h, "not a valid HTTP header name"))
+        }
+    };
+    Ok(HeaderNames {
+        limit: header("header_limit")?,
+        remaining: header("header_remaining")?,
+        reset: header("header_reset")?,
+    })
+}
+
+/// `store`: memory (the default), or a Redis URL of a known scheme.
+fn store_setting(v: &Values<'_>) -> Result<StoreSetting, SettingsError> {
+    Ok(match v.opt_text("store")?.as_deref().map(str::trim) {
+        None | Some("memory") => StoreSetting::Memory,
+        Some(url) => {
+            let known = [
+                "redis://",
+                "rediss://",
+                "redis-cluster://",
+                "redis-sentinel://",
+            ];
+            if !known.iter().any(|p| url.starts_with(p)) {
+                return Err(bad(
+                    v.src,
+                    "store",
+                    url,
+                    "expected memory or a URL starting with redis://, rediss://, redis-cluster:// or redis-sentinel://",
+                ));
+            }
+            StoreSetting::Redis(url.to_string())
+        }
+    })
+}
+
+/// The bounds on one request's size and on store calls in flight.
+fn request_limits(v: &Values<'_>) -> Result<RequestLimits, SettingsError> {
+    Ok(RequestLimits {
+        max_descriptors: v.get("max_descriptors")?,
+        max_entries: v.get("max_entries")?,
+        max_key_bytes: v.get("max_key_bytes")?,
+        max_value_bytes: v.get("max_value_bytes")?,
+        max_message_bytes: v.get("max_message_bytes")?,
+        max_in_flight: v.get("max_in_flight")?,
+    })
+}
+
+/// The quota service's settings: assignments' lifetime (whole seconds,
+/// rounded up), burst, idle buckets abandoned, and its bounds.
+fn rlqs_settings(v: &Values<'_>) -> Result<RlqsSettings, SettingsError> {
+    Ok(RlqsSettings {
+        assignment_ttl_secs: v.get::<u64>("rlqs.assignment_ttl_ms")?.div_ceil(1000),
+        burst: v.get("rlqs.burst")?,
+        abandon_after: v.every("rlqs.abandon_after_ms")?,
+        max_buckets: v.get("rlqs.max_buckets")?,
+        max_total_buckets: v.get("rlqs.max_total_buckets")?,
+        max_streams: v.get("rlqs.max_streams")?,
     })
 }
 

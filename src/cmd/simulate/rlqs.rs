@@ -158,13 +158,228 @@ enum Event {
     Answer(usize, usize),
 }
 
-/// Runs one load with `n` Envoys.
+/// Runs one load with `n` Envoys: each arrival admitted or denied by its
+/// Envoy's filter, each report leased on the store, until the last
+/// arrival and event; then the row of what was offered and admitted.
 pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
-    let duration = args.seconds * SEC;
+    let mut sim = Sim::new(load, n, args);
+    while let Some(next) = sim.next() {
+        match next {
+            Next::Arrival(t, i) => sim.arrive(t, i),
+            Next::Event(t, Event::Report(i)) => sim.report(t, i).await,
+            Next::Event(t, Event::Answer(i, k)) => {
+                sim.envoys[i].filter.assign(t, sim.pending[k], args.ttl);
+            }
+        }
+    }
+    sim.row(load, n)
+}
+
+/// What happens next on the virtual clock.
+enum Next {
+    /// A request arrives at Envoy `i` at `t`.
+    Arrival(u64, usize),
+    /// An event is due at `t`.
+    Event(u64, Event),
+}
+
+/// One run: the Envoys, the server's store over the virtual clock, the
+/// events due, and what was offered and admitted.
+struct Sim<'a> {
+    args: &'a SimulateRlqsArgs,
+    envoys: Vec<Envoy>,
+    duration: u64,
+    half: u64,
+    /// The virtual clock's start, in microseconds.
+    t0: u64,
+    clock: ManualClock,
+    store: MemoryStore,
+    window: Window,
+    terms: Terms,
+    counted: Option<quota::Counted>,
+    events: BinaryHeap<Reverse<(u64, Event)>>,
+    /// The assignments sent, each delivered by an `Event::Answer`.
+    pending: Vec<Assignment>,
+    /// When each admitted request arrived.
+    admitted: Vec<u64>,
+    shifts: bool,
+    /// Offered and admitted: converged, and in the 20 s after the shift.
+    counts: [[u64; 2]; 2],
+    last_report: Vec<Option<u64>>,
+}
+
+impl<'a> Sim<'a> {
+    /// A run of `load` over `n` Envoys, none subscribed yet, the server
+    /// leasing a one-second fixed window's limit.
+    fn new(load: Load, n: usize, args: &'a SimulateRlqsArgs) -> Self {
+        let duration = args.seconds * SEC;
+        let half = duration / 2;
+        let envoys = envoys(load, n, args, duration);
+        let t0 = 1_800_000_000 * SEC;
+        let clock = ManualClock::at_micros(t0);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let window = Window::of(Unit::Second);
+        let terms = Terms {
+            capacity: quota::capacity(args.limit, window),
+            fill_secs: quota::fill_secs(window),
+            hold_micros: args.ttl * SEC + HOLD_MARGIN.as_micros() as u64,
+        };
+        // As the server leases a fixed window's limit: shares and requests
+        // decided one at a time keep one count (here only shares spend it).
+        let counted = quota::window::Fixed::fits(window.micros(), terms.hold_micros).then_some(
+            quota::Counted::Window(quota::window::Fixed {
+                limit: args.limit,
+                window_micros: window.micros(),
+            }),
+        );
+        Sim {
+            args,
+            envoys,
+            duration,
+            half,
+            t0,
+            clock,
+            store,
+            window,
+            terms,
+            counted,
+            events: BinaryHeap::new(),
+            pending: Vec::new(),
+            admitted: Vec::new(),
+            shifts: matches!(load, Load::Shifting(_)),
+            counts: [[0u64; 2]; 2],
+            last_report: vec![None; n],
+        }
+    }
+
+    /// The next arrival of any Envoy, or the next event, whichever comes
+    /// first (the event is taken off the queue); `None` when neither is
+    /// left.
+    fn next(&mut self) -> Option<Next> {
+        let arrival = self
+            .envoys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.arrivals.get(e.next).map(|&t| (t, i)))
+            .min();
+        let event = self.events.peek().map(|Reverse(e)| *e);
+        let take_arrival = match (arrival, event) {
+            (None, None) => return None,
+            (Some((t, _)), Some((te, _))) => t < te,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+        };
+        if let (true, Some((t, i))) = (take_arrival, arrival) {
+            return Some(Next::Arrival(t, i));
+        }
+        let Reverse((t, ev)) = self.events.pop()?;
+        Some(Next::Event(t, ev))
+    }
+
+    /// A request at Envoy `i` at `t`: admitted or denied by its filter and
+    /// counted; an Envoy's first request subscribes it (its first report
+    /// at once).
+    fn arrive(&mut self, t: u64, i: usize) {
+        let envoy = &mut self.envoys[i];
+        envoy.next += 1;
+        let ok = envoy.filter.admit(t);
+        if ok {
+            self.admitted.push(t);
+        }
+        let settling = self.shifts && (self.half..self.half + SETTLE).contains(&t);
+        if t >= SETTLE {
+            let c = &mut self.counts[usize::from(settling)];
+            c[0] += 1;
+            c[1] += u64::from(ok);
+        }
+        if !envoy.subscribed {
+            envoy.subscribed = true;
+            self.events.push(Reverse((t, Event::Report(i))));
+        }
+    }
+
+    /// Envoy `i` reports at `t`: its usage leased on the store, the
+    /// assignment answered a round trip later, the next report due.
+    async fn report(&mut self, t: u64, i: usize) {
+        let envoy = &mut self.envoys[i];
+        let (allowed, denied) = envoy.filter.take_usage();
+        let requests = allowed + denied;
+        // Whole seconds, as Envoy fills time_elapsed (0 in the first
+        // report).
+        let elapsed = self.last_report[i].map_or(0, |last| (t - last) / SEC);
+        self.last_report[i] = Some(t);
+        self.clock.set_micros(self.t0 + t);
+        let holder = format!("envoy{i}");
+        let entries = vec![("name".to_string(), "shared".to_string())];
+        let grant = self
+            .store
+            .lease(LeaseCall {
+                domain: "sim",
+                entries: &entries,
+                algorithm: tollgate::limit::Algorithm::FixedWindow,
+                window: self.window,
+                holder: &holder,
+                report: Report {
+                    requests,
+                    elapsed_secs: if elapsed == 0 {
+                        DEFAULT_REPORT_SECS
+                    } else {
+                        elapsed
+                    },
+                },
+                terms: self.terms,
+                counted: self.counted,
+            })
+            .await;
+        if let Ok(grant) = grant {
+            let assignment = bucket::token_bucket(grant.tokens, self.window, self.args.burst);
+            self.pending.push(assignment);
+            let answer = Event::Answer(i, self.pending.len() - 1);
+            self.events.push(Reverse((t + RTT, answer)));
+        }
+        if t + REPORT_EVERY < self.duration {
+            self.events
+                .push(Reverse((t + REPORT_EVERY, Event::Report(i))));
+        }
+    }
+
+    /// The table's row: rates after convergence (and after the shift),
+    /// and the most admitted in any trailing second.
+    fn row(mut self, load: Load, n: usize) -> Row {
+        let limit = self.args.limit as f64;
+        let counts = self.counts;
+        self.admitted.sort_unstable();
+        let settle = if self.shifts { SETTLE } else { 0 };
+        let converged = (self.duration - SETTLE - settle) as f64 / SEC as f64;
+        let offered = counts[0][0] as f64 / converged;
+        let admitted_rate = counts[0][1] as f64 / converged;
+        let after_shift = self.shifts.then(|| {
+            let secs = SETTLE as f64 / SEC as f64;
+            (counts[1][1] as f64 / secs) / (counts[1][0] as f64 / secs).min(limit)
+        });
+        let admitted = &self.admitted;
+        Row {
+            load,
+            envoys: n,
+            offered,
+            admitted: admitted_rate,
+            efficiency: admitted_rate / offered.min(limit),
+            after_shift,
+            worst_window: max_in_trailing_window(admitted, SEC),
+            worst_converged: max_in_trailing_window(
+                &admitted[admitted.partition_point(|&t| t < SETTLE)..],
+                SEC,
+            ),
+        }
+    }
+}
+
+/// The Envoys of a run of `duration`: each its Poisson arrivals at its
+/// rates in each half, its filter allowing until its first assignment.
+fn envoys(load: Load, n: usize, args: &SimulateRlqsArgs, duration: u64) -> Vec<Envoy> {
     let half = duration / 2;
-    let limit = args.limit as f64;
-    let [first, second] = load.rates(n, limit);
-    let mut envoys: Vec<Envoy> = (0..n)
+    let [first, second] = load.rates(n, args.limit as f64);
+    (0..n)
         .map(|i| {
             let seed = args.seed.wrapping_mul(1_000).wrapping_add(i as u64);
             let mut arrivals = poisson_arrivals(seed, first[i].max(1e-9), half);
@@ -179,130 +394,7 @@ pub async fn run(load: Load, n: usize, args: &SimulateRlqsArgs) -> Row {
                 subscribed: false,
             }
         })
-        .collect();
-    let t0 = 1_800_000_000 * SEC;
-    let clock = ManualClock::at_micros(t0);
-    let store = MemoryStore::new(Arc::new(clock.clone()));
-    let window = Window::of(Unit::Second);
-    let terms = Terms {
-        capacity: quota::capacity(args.limit, window),
-        fill_secs: quota::fill_secs(window),
-        hold_micros: args.ttl * SEC + HOLD_MARGIN.as_micros() as u64,
-    };
-    // As the server leases a fixed window's limit: shares and requests
-    // decided one at a time keep one count (here only shares spend it).
-    let counted = quota::window::Fixed::fits(window.micros(), terms.hold_micros).then_some(
-        quota::Counted::Window(quota::window::Fixed {
-            limit: args.limit,
-            window_micros: window.micros(),
-        }),
-    );
-    let mut events: BinaryHeap<Reverse<(u64, Event)>> = BinaryHeap::new();
-    let mut pending: Vec<Assignment> = Vec::new();
-    let mut admitted: Vec<u64> = Vec::new();
-    let shifts = matches!(load, Load::Shifting(_));
-    // Offered and admitted: converged, and in the 20 s after the shift.
-    let mut counts = [[0u64; 2]; 2];
-    let mut last_report: Vec<Option<u64>> = vec![None; n];
-    loop {
-        // The next arrival of any Envoy, or the next event, whichever first.
-        let arrival = envoys
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.arrivals.get(e.next).map(|&t| (t, i)))
-            .min();
-        let event = events.peek().map(|Reverse(e)| *e);
-        let take_arrival = match (arrival, event) {
-            (None, None) => break,
-            (Some((t, _)), Some((te, _))) => t < te,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-        };
-        if let (true, Some((t, i))) = (take_arrival, arrival) {
-            let envoy = &mut envoys[i];
-            envoy.next += 1;
-            let ok = envoy.filter.admit(t);
-            if ok {
-                admitted.push(t);
-            }
-            let settling = shifts && (half..half + SETTLE).contains(&t);
-            if t >= SETTLE {
-                let c = &mut counts[usize::from(settling)];
-                c[0] += 1;
-                c[1] += u64::from(ok);
-            }
-            if !envoy.subscribed {
-                envoy.subscribed = true;
-                events.push(Reverse((t, Event::Report(i))));
-            }
-            continue;
-        }
-        if let Some(Reverse((t, ev))) = events.pop() {
-            match ev {
-                Event::Report(i) => {
-                    let envoy = &mut envoys[i];
-                    let (allowed, denied) = envoy.filter.take_usage();
-                    let requests = allowed + denied;
-                    // Whole seconds, as Envoy fills time_elapsed (0 in
-                    // the first report).
-                    let elapsed = last_report[i].map_or(0, |last| (t - last) / SEC);
-                    last_report[i] = Some(t);
-                    clock.set_micros(t0 + t);
-                    let holder = format!("envoy{i}");
-                    let entries = vec![("name".to_string(), "shared".to_string())];
-                    let grant = store
-                        .lease(LeaseCall {
-                            domain: "sim",
-                            entries: &entries,
-                            algorithm: tollgate::limit::Algorithm::FixedWindow,
-                            window,
-                            holder: &holder,
-                            report: Report {
-                                requests,
-                                elapsed_secs: if elapsed == 0 {
-                                    DEFAULT_REPORT_SECS
-                                } else {
-                                    elapsed
-                                },
-                            },
-                            terms,
-                            counted,
-                        })
-                        .await;
-                    if let Ok(grant) = grant {
-                        pending.push(bucket::token_bucket(grant.tokens, window, args.burst));
-                        events.push(Reverse((t + RTT, Event::Answer(i, pending.len() - 1))));
-                    }
-                    if t + REPORT_EVERY < duration {
-                        events.push(Reverse((t + REPORT_EVERY, Event::Report(i))));
-                    }
-                }
-                Event::Answer(i, k) => envoys[i].filter.assign(t, pending[k], args.ttl),
-            }
-        }
-    }
-    admitted.sort_unstable();
-    let settle = if shifts { SETTLE } else { 0 };
-    let converged = (duration - SETTLE - settle) as f64 / SEC as f64;
-    let offered = counts[0][0] as f64 / converged;
-    let admitted_rate = counts[0][1] as f64 / converged;
-    let after_shift = shifts.then(|| {
-        let secs = SETTLE as f64 / SEC as f64;
-        (counts[1][1] as f64 / secs) / (counts[1][0] as f64 / secs).min(limit)
-    });
-    Row {
-        load,
-        envoys: n,
-        offered,
-        admitted: admitted_rate,
-        efficiency: admitted_rate / offered.min(limit),
-        after_shift,
-        worst_window: max_in_trailing_window(&admitted, SEC),
-        worst_converged: max_in_trailing_window(
-            &admitted[admitted.partition_point(|&t| t < SETTLE)..],
-            SEC,
-        ),
-    }
+        .collect()
 }
 
 /// The loads and Envoy counts the table shows.

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::tree::{MarkedMappingNode, MarkedScalarNode, Yaml};
-use super::yaml::{Walker, join, key_line, kind, line_of};
-use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS, Unit};
+use super::yaml::{Fields, Walker, join, key_line, kind, line_of};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, FailurePolicy, MAX_BUCKETS, MAX_SHARDS};
 use crate::rules::{Level, LimitSpec, Node, Rule, Source};
 
 pub(super) const ROOT_KEYS: &[&str] = &["domain", "descriptors"];
@@ -254,7 +254,9 @@ impl Walker<'_> {
     }
 
     /// A `rate_limit` block (or one limit of a `rate_limits` list);
-    /// `owner_line` is where a missing key is reported.
+    /// `owner_line` is where a missing key is reported. Its keys are read
+    /// in a fixed order, so its errors come in that order; `None` when any
+    /// is refused.
     pub(super) fn rate_limit(
         &mut self,
         owner_line: Option<usize>,
@@ -271,92 +273,14 @@ impl Walker<'_> {
         };
         let errors_before = self.errors.len();
         let fields = self.fields(map, path, RATE_LIMIT_KEYS);
-
-        let unlimited = self.flag(&fields, path, "unlimited").unwrap_or(false);
-        let unit = fields.get("unit");
-        let rpu = fields.get("requests_per_unit");
-        let multiplier = fields.get("unit_multiplier");
-        let limit = if unlimited {
-            for (name, field) in [
-                ("unit", unit),
-                ("requests_per_unit", rpu),
-                ("unit_multiplier", multiplier),
-                ("timezone", fields.get("timezone")),
-            ] {
-                if let Some((k, _)) = field {
-                    self.error(
-                        key_line(k),
-                        &join(path, name),
-                        format!("{name} must not be set together with unlimited: true"),
-                    );
-                }
-            }
-            Some(LimitSpec::Unlimited)
-        } else {
-            let unit = match unit {
-                None => {
-                    self.error(
-                        owner_line,
-                        &join(path, "unit"),
-                        "missing unit (required unless unlimited: true)",
-                    );
-                    None
-                }
-                Some((_, v)) => self.parsed::<Unit>(v, &join(path, "unit")),
-            };
-            let window = self.window(unit, multiplier, path);
-            let requests_per_unit = match rpu {
-                None => {
-                    self.error(
-                        owner_line,
-                        &join(path, "requests_per_unit"),
-                        "missing requests_per_unit (required unless unlimited: true)",
-                    );
-                    None
-                }
-                Some((_, v)) => self.number(v, &join(path, "requests_per_unit")),
-            };
-            match (window, requests_per_unit) {
-                (Some(window), Some(requests_per_unit)) => Some(LimitSpec::PerUnit {
-                    requests_per_unit,
-                    window,
-                }),
-                _ => None,
-            }
-        };
-
-        let name = match fields.get("name") {
-            Some((_, v)) => self
-                .string(v, &join(path, "name"))
-                .filter(|n| !n.is_empty()),
-            None => None,
-        };
-        let replaces = match fields.get("replaces") {
-            Some((_, v)) => self.replaces(v, &join(path, "replaces"), name.as_deref()),
-            None => Vec::new(),
-        };
-        let algorithm = fields
-            .get("algorithm")
-            .and_then(|(_, v)| self.parsed::<Algorithm>(v, &join(path, "algorithm")));
-        let (limit, algorithm) = self.timezone(
-            fields.get("timezone"),
-            limit,
-            algorithm,
-            multiplier.is_some(),
-            path,
-        );
+        let limit = self.limit_spec(&fields, owner_line, path);
+        let (name, replaces) = self.naming(&fields, path);
+        let (limit, algorithm) = self.algorithm_and_zone(&fields, limit, path);
         let on_store_error = fields
             .get("on_store_error")
             .and_then(|(_, v)| self.parsed::<FailurePolicy>(v, &join(path, "on_store_error")));
-        if let (
-            Some(LimitSpec::PerUnit {
-                requests_per_unit, ..
-            }),
-            Some((_, rpu_node)),
-        ) = (&limit, rpu)
-        {
-            self.log_limit(*requests_per_unit, algorithm, rpu_node, path);
-        }
+        self.log_limit_of(&fields, limit.as_ref(), algorithm, path);
+        let rpu = fields.get("requests_per_unit");
         let buckets = fields
             .get("buckets")
             .and_then(|(k, v)| self.buckets(k, v, algorithm, path));
@@ -406,6 +330,62 @@ impl Walker<'_> {
             count_refused: count_refused?,
             lease,
         })
+    }
+
+    /// Checks a block's `requests_per_unit` against `max_log_limit` (see
+    /// `log_limit`), when it has one.
+    fn log_limit_of(
+        &mut self,
+        fields: &Fields<'_>,
+        limit: Option<&LimitSpec>,
+        algorithm: Option<Algorithm>,
+        path: &str,
+    ) {
+        if let (
+            Some(LimitSpec::PerUnit {
+                requests_per_unit, ..
+            }),
+            Some((_, rpu_node)),
+        ) = (limit, fields.get("requests_per_unit"))
+        {
+            self.log_limit(*requests_per_unit, algorithm, rpu_node, path);
+        }
+    }
+
+    /// A block's `name` (an empty one is none) and the names it
+    /// `replaces`.
+    fn naming(&mut self, fields: &Fields<'_>, path: &str) -> (Option<String>, Vec<String>) {
+        let name = match fields.get("name") {
+            Some((_, v)) => self
+                .string(v, &join(path, "name"))
+                .filter(|n| !n.is_empty()),
+            None => None,
+        };
+        let replaces = match fields.get("replaces") {
+            Some((_, v)) => self.replaces(v, &join(path, "replaces"), name.as_deref()),
+            None => Vec::new(),
+        };
+        (name, replaces)
+    }
+
+    /// A block's `algorithm`, and its limit and algorithm once its
+    /// `timezone` is read (a calendar window; see `timezone`).
+    fn algorithm_and_zone(
+        &mut self,
+        fields: &Fields<'_>,
+        limit: Option<LimitSpec>,
+        path: &str,
+    ) -> (Option<LimitSpec>, Option<Algorithm>) {
+        let algorithm = fields
+            .get("algorithm")
+            .and_then(|(_, v)| self.parsed::<Algorithm>(v, &join(path, "algorithm")));
+        self.timezone(
+            fields.get("timezone"),
+            limit,
+            algorithm,
+            fields.get("unit_multiplier").is_some(),
+            path,
+        )
     }
 
     /// `shards`: a whole number in 1..=64, no more than a positive

@@ -22,6 +22,7 @@ mod depth;
 mod fast;
 pub mod keys;
 pub(super) mod lease;
+mod limit;
 mod list;
 mod metadata;
 mod refused;

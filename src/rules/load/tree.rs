@@ -20,7 +20,7 @@ use std::collections::hash_map::Entry;
 
 use yaml_rust2::Event;
 use yaml_rust2::parser::Parser;
-use yaml_rust2::scanner::TScalarStyle;
+use yaml_rust2::scanner::{ScanError, TScalarStyle};
 
 use super::depth::MAX_DEPTH;
 
@@ -214,136 +214,184 @@ fn scalar<'t>(
 /// Parses a rule file's text into its top-level mapping from the YAML
 /// parser's events.
 pub(super) fn parse(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
-    let refused = |line: usize, reason: &str| Refused {
-        line,
-        path: String::new(),
-        reason: reason.to_string(),
-    };
     let mut parser = Parser::new(text.chars());
-    let mut open: Vec<Open<'_>> = Vec::new();
-    let mut root: Option<MarkedMappingNode<'_>> = None;
-    // The first problem that is not a scan error: reported once the
-    // document has been read, since a scan error (or a nesting too deep)
-    // later in it wins, as with the parser's own loader.
-    let mut problem: Option<Refused> = None;
+    let mut reading = Reading {
+        text,
+        open: Vec::new(),
+        root: None,
+        problem: None,
+    };
     loop {
-        let (event, mark) = match parser.next_token() {
-            Ok(next) => next,
-            // The scanner reads a flow collection's brackets ahead of
-            // their events, and stops past 255 of them with this error.
-            Err(e) if e.info() == "recursion limit exceeded" => {
-                return Err(Refused {
-                    line: e.marker().line(),
-                    path: path_of(&open),
-                    reason: format!("nested deeper than {MAX_DEPTH} levels"),
-                });
-            }
-            Err(e) => {
-                return Err(refused(
-                    e.marker().line(),
-                    &format!("invalid YAML: {}", e.info()),
-                ));
-            }
-        };
+        let (event, mark) = parser.next_token().map_err(|e| reading.scan_error(&e))?;
         let line = u32::try_from(mark.line()).unwrap_or(u32::MAX);
         let done: Yaml<'_> = match event {
             Event::MappingStart(anchor, ref tag) | Event::SequenceStart(anchor, ref tag) => {
-                if open.len() >= MAX_DEPTH {
-                    return Err(Refused {
-                        line: mark.line(),
-                        path: path_of(&open),
-                        reason: format!("nested deeper than {MAX_DEPTH} levels"),
-                    });
-                }
                 let is_mapping = matches!(event, Event::MappingStart(..));
-                if problem.is_none() {
-                    problem = if tag.is_some() {
-                        Some(refused(mark.line(), "YAML tags are not supported"))
-                    } else if anchor != 0 {
-                        Some(refused(
-                            mark.line(),
-                            "YAML anchors and aliases are not supported",
-                        ))
-                    } else if matches!(open.last(), Some(Open::Mapping { key: None, .. })) {
-                        Some(refused(mark.line(), "mapping keys must be strings"))
-                    } else if open.is_empty() && root.is_none() && !is_mapping {
-                        Some(refused(
-                            mark.line(),
-                            "a rule file must be a mapping with `domain` and `descriptors`",
-                        ))
-                    } else {
-                        None
-                    };
-                }
-                open.push(if is_mapping {
-                    Open::Mapping {
-                        line,
-                        entries: Vec::new(),
-                        key: None,
-                        index: None,
-                    }
-                } else {
-                    Open::Sequence {
-                        line,
-                        items: Vec::new(),
-                    }
-                });
+                reading.start(is_mapping, anchor, tag.is_some(), mark.line())?;
                 continue;
             }
-            Event::MappingEnd | Event::SequenceEnd => match open.pop() {
-                Some(Open::Mapping { line, entries, .. }) => {
-                    Yaml::Mapping(MarkedMappingNode { entries, line })
-                }
-                Some(Open::Sequence { line, items }) => {
-                    Yaml::Sequence(MarkedSequenceNode { items, line })
-                }
+            Event::MappingEnd | Event::SequenceEnd => match reading.end() {
+                Some(done) => done,
                 None => continue,
             },
             Event::Scalar(value, style, anchor, tag) => {
-                if problem.is_none() {
-                    problem = if anchor != 0 {
-                        Some(refused(
-                            mark.line(),
-                            "YAML anchors and aliases are not supported",
-                        ))
-                    } else if tag.is_some() {
-                        Some(refused(mark.line(), "YAML tags are not supported"))
-                    } else if open.is_empty() {
-                        Some(refused(
-                            mark.line(),
-                            "a rule file must be a mapping with `domain` and `descriptors`",
-                        ))
-                    } else {
-                        None
-                    };
-                }
+                reading.scalar_problem(anchor, tag.is_some(), mark.line());
                 let plain = matches!(style, TScalarStyle::Plain);
                 Yaml::Scalar(scalar(text, mark.index(), value, line, plain))
             }
             Event::Alias(_) => {
-                if problem.is_none() {
-                    problem = Some(refused(
-                        mark.line(),
-                        "YAML anchors and aliases are not supported",
-                    ));
-                }
+                reading.note(mark.line(), "YAML anchors and aliases are not supported");
                 Yaml::Scalar(scalar(text, 0, String::new(), line, false))
             }
             // The first document only.
             Event::DocumentEnd => break,
             Event::StreamEnd => {
-                if root.is_none() && problem.is_none() {
-                    root = Some(MarkedMappingNode {
-                        entries: Vec::new(),
-                        line,
-                    });
-                }
+                reading.stream_end(line);
                 break;
             }
             Event::StreamStart | Event::DocumentStart | Event::Nothing => continue,
         };
-        // A node is complete: it goes into the collection that holds it.
-        match open.last_mut() {
+        reading.place(done, line);
+    }
+    reading.finish()
+}
+
+/// A refusal at `line`, with no path.
+fn refusal(line: usize, reason: &str) -> Refused {
+    Refused {
+        line,
+        path: String::new(),
+        reason: reason.to_string(),
+    }
+}
+
+/// What a rule file's events have built so far.
+struct Reading<'t> {
+    text: &'t str,
+    /// The collections started and not yet ended, outermost first.
+    open: Vec<Open<'t>>,
+    /// The top-level mapping, once complete.
+    root: Option<MarkedMappingNode<'t>>,
+    /// The first problem that is not a scan error: reported once the
+    /// document has been read, since a scan error (or a nesting too deep)
+    /// later in it wins, as with the parser's own loader.
+    problem: Option<Refused>,
+}
+
+impl<'t> Reading<'t> {
+    /// Keeps `reason` at `line` as the problem, unless one came first.
+    fn note(&mut self, line: usize, reason: &str) {
+        if self.problem.is_none() {
+            self.problem = Some(refusal(line, reason));
+        }
+    }
+
+    /// The refusal of a scan error, which stops the reading at once.
+    fn scan_error(&self, e: &ScanError) -> Refused {
+        // The scanner reads a flow collection's brackets ahead of their
+        // events, and stops past 255 of them with this error.
+        if e.info() == "recursion limit exceeded" {
+            return Refused {
+                line: e.marker().line(),
+                path: path_of(&self.open),
+                reason: format!("nested deeper than {MAX_DEPTH} levels"),
+            };
+        }
+        refusal(e.marker().line(), &format!("invalid YAML: {}", e.info()))
+    }
+
+    /// Opens a mapping or a sequence at `line`: refused at once past
+    /// [`MAX_DEPTH`]; a tag, an anchor, a mapping as a key or a top level
+    /// that is not a mapping noted as the problem.
+    fn start(
+        &mut self,
+        is_mapping: bool,
+        anchor: usize,
+        tagged: bool,
+        line: usize,
+    ) -> Result<(), Refused> {
+        if self.open.len() >= MAX_DEPTH {
+            return Err(Refused {
+                line,
+                path: path_of(&self.open),
+                reason: format!("nested deeper than {MAX_DEPTH} levels"),
+            });
+        }
+        let reason = if tagged {
+            Some("YAML tags are not supported")
+        } else if anchor != 0 {
+            Some("YAML anchors and aliases are not supported")
+        } else if matches!(self.open.last(), Some(Open::Mapping { key: None, .. })) {
+            Some("mapping keys must be strings")
+        } else if self.open.is_empty() && self.root.is_none() && !is_mapping {
+            Some("a rule file must be a mapping with `domain` and `descriptors`")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.note(line, reason);
+        }
+        let line = u32::try_from(line).unwrap_or(u32::MAX);
+        self.open.push(if is_mapping {
+            Open::Mapping {
+                line,
+                entries: Vec::new(),
+                key: None,
+                index: None,
+            }
+        } else {
+            Open::Sequence {
+                line,
+                items: Vec::new(),
+            }
+        });
+        Ok(())
+    }
+
+    /// Closes the innermost collection: the complete node, if one was
+    /// open.
+    fn end(&mut self) -> Option<Yaml<'t>> {
+        match self.open.pop()? {
+            Open::Mapping { line, entries, .. } => {
+                Some(Yaml::Mapping(MarkedMappingNode { entries, line }))
+            }
+            Open::Sequence { line, items } => {
+                Some(Yaml::Sequence(MarkedSequenceNode { items, line }))
+            }
+        }
+    }
+
+    /// Notes what a scalar at `line` may not have: an anchor or a tag,
+    /// or no collection to be in.
+    fn scalar_problem(&mut self, anchor: usize, tagged: bool, line: usize) {
+        let reason = if anchor != 0 {
+            Some("YAML anchors and aliases are not supported")
+        } else if tagged {
+            Some("YAML tags are not supported")
+        } else if self.open.is_empty() {
+            Some("a rule file must be a mapping with `domain` and `descriptors`")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.note(line, reason);
+        }
+    }
+
+    /// At the end of the stream, an empty file is an empty mapping.
+    fn stream_end(&mut self, line: u32) {
+        if self.root.is_none() && self.problem.is_none() {
+            self.root = Some(MarkedMappingNode {
+                entries: Vec::new(),
+                line,
+            });
+        }
+    }
+
+    /// Puts a complete node into the collection that holds it: a
+    /// mapping's key or value, a sequence's item, or the root.
+    fn place(&mut self, done: Yaml<'t>, line: u32) {
+        match self.open.last_mut() {
             Some(Open::Mapping {
                 entries,
                 key,
@@ -353,60 +401,78 @@ pub(super) fn parse(text: &str) -> Result<MarkedMappingNode<'_>, Refused> {
                 None => match done {
                     Yaml::Scalar(k) => *key = Some(k),
                     // Refused above; a stand-in keeps the walk going.
-                    _ => *key = Some(scalar(text, 0, "?".into(), line, false)),
+                    _ => *key = Some(scalar(self.text, 0, "?".into(), line, false)),
                 },
                 Some(k) => {
-                    const INDEXED: usize = 16;
-                    if entries.len() == INDEXED {
-                        *index = Some(
-                            entries
-                                .iter()
-                                .map(|(e, _)| (e.text.clone(), e.line))
-                                .collect(),
-                        );
-                    }
-                    let first = match index {
-                        Some(index) => match index.entry(k.text.clone()) {
-                            Entry::Occupied(e) => Some(*e.get()),
-                            Entry::Vacant(e) => {
-                                e.insert(k.line);
-                                None
-                            }
-                        },
-                        None => entries
-                            .iter()
-                            .find(|(e, _)| e.text == k.text)
-                            .map(|(e, _)| e.line),
-                    };
-                    if let Some(first) = first
-                        && problem.is_none()
+                    if let Some(duplicate) = add_entry(entries, index, k, done)
+                        && self.problem.is_none()
                     {
-                        problem = Some(refused(
-                            k.line as usize,
-                            &format!("duplicate key {:?} (first on line {first})", k.as_str()),
-                        ));
+                        self.problem = Some(duplicate);
                     }
-                    entries.push((k, done));
                 }
             },
             Some(Open::Sequence { items, .. }) => items.push(done),
             None => {
                 if let Yaml::Mapping(m) = done
-                    && root.is_none()
+                    && self.root.is_none()
                 {
-                    root = Some(m);
+                    self.root = Some(m);
                 }
             }
         }
     }
-    match (problem, root) {
-        (Some(p), _) => Err(p),
-        (None, Some(root)) => Ok(root),
-        (None, None) => Err(refused(
-            1,
-            "a rule file must be a mapping with `domain` and `descriptors`",
-        )),
+
+    /// The top-level mapping, or the first problem seen.
+    fn finish(self) -> Result<MarkedMappingNode<'t>, Refused> {
+        match (self.problem, self.root) {
+            (Some(p), _) => Err(p),
+            (None, Some(root)) => Ok(root),
+            (None, None) => Err(refusal(
+                1,
+                "a rule file must be a mapping with `domain` and `descriptors`",
+            )),
+        }
     }
+}
+
+/// Adds the entry `k: value` to a mapping's `entries`, its keys indexed
+/// once it has many. Returns the refusal of a duplicate key.
+fn add_entry<'t>(
+    entries: &mut Vec<(MarkedScalarNode<'t>, Yaml<'t>)>,
+    index: &mut Option<HashMap<Cow<'t, str>, u32>>,
+    k: MarkedScalarNode<'t>,
+    value: Yaml<'t>,
+) -> Option<Refused> {
+    const INDEXED: usize = 16;
+    if entries.len() == INDEXED {
+        *index = Some(
+            entries
+                .iter()
+                .map(|(e, _)| (e.text.clone(), e.line))
+                .collect(),
+        );
+    }
+    let first = match index {
+        Some(index) => match index.entry(k.text.clone()) {
+            Entry::Occupied(e) => Some(*e.get()),
+            Entry::Vacant(e) => {
+                e.insert(k.line);
+                None
+            }
+        },
+        None => entries
+            .iter()
+            .find(|(e, _)| e.text == k.text)
+            .map(|(e, _)| e.line),
+    };
+    let duplicate = first.map(|first| {
+        refusal(
+            k.line as usize,
+            &format!("duplicate key {:?} (first on line {first})", k.as_str()),
+        )
+    });
+    entries.push((k, value));
+    duplicate
 }
 
 #[cfg(test)]
