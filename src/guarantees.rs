@@ -17,23 +17,7 @@
 use crate::limit::Algorithm;
 use crate::limit::algorithms::Rlqs;
 
-/// The shape of a bound on one limiter's admitted hits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bound {
-    /// Nothing is refused (`shadow_mode`): no bound on what passes.
-    None,
-    /// In every epoch-aligned window (a calendar window in its zone):
-    /// at most the limit.
-    Window,
-    /// In every trailing window of the limit's length: at most the limit.
-    Trailing,
-    /// In every run of `buckets - 1` consecutive epoch-aligned buckets
-    /// (each the window over `buckets - 1`): at most the limit; so at
-    /// most twice the limit in any trailing window.
-    Buckets,
-    /// In any interval of length t: at most burst + rate x t.
-    Bucket,
-}
+pub use crate::limit::algorithms::Bound;
 
 /// What a rule combines, as far as its bound depends on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

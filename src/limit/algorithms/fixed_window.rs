@@ -6,7 +6,7 @@ use super::*;
 use crate::limit::Span;
 use crate::quota::window::Held;
 use crate::storage::Ahead;
-use crate::storage::memory::bytes::heap;
+use crate::storage::memory::heap::heap;
 
 pub const SPEC: Spec = Spec {
     name: "fixed_window",

@@ -10,7 +10,6 @@
 //! layer's two ways to lease, the cache's three ways to answer) and the
 //! spec says which one an algorithm uses.
 
-use crate::guarantees::Bound;
 use crate::limit::Algorithm;
 use crate::storage::keys::Role;
 use crate::storage::{Decision, Hit, Receipt};
@@ -19,6 +18,24 @@ pub mod fixed_window;
 pub mod sliding_counter;
 pub mod sliding_log;
 pub mod token_bucket;
+
+/// The shape of a bound on one limiter's admitted hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// Nothing is refused (`shadow_mode`): no bound on what passes.
+    None,
+    /// In every epoch-aligned window (a calendar window in its zone):
+    /// at most the limit.
+    Window,
+    /// In every trailing window of the limit's length: at most the limit.
+    Trailing,
+    /// In every run of `buckets - 1` consecutive epoch-aligned buckets
+    /// (each the window over `buckets - 1`): at most the limit; so at
+    /// most twice the limit in any trailing window.
+    Buckets,
+    /// In any interval of length t: at most burst + rate x t.
+    Bucket,
+}
 
 /// Everything the layers ask of an algorithm.
 #[derive(Debug)]

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::limit::{DEFAULT_BUCKETS, MAX_BUCKETS};
-use crate::storage::memory::bytes::heap;
+use crate::storage::memory::heap::heap;
 
 pub const SPEC: Spec = Spec {
     name: "sliding_window_counter",

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::storage::memory::bytes::{LOG_MEMBER_BYTES, heap};
+use crate::storage::memory::heap::{LOG_MEMBER_BYTES, heap};
 
 pub const SPEC: Spec = Spec {
     name: "sliding_window_log",

@@ -5,16 +5,7 @@
 use std::mem::size_of;
 
 use super::Slot;
-
-/// What glibc's malloc takes from the heap for a request of `n` bytes: `n`
-/// plus its 8-byte chunk header, rounded up to 16, never under 32.
-pub(crate) const fn heap(n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    let chunk = n.saturating_add(8 + 15) & !15;
-    if chunk < 32 { 32 } else { chunk }
-}
+pub(crate) use super::heap::{LOG_MEMBER_BYTES, heap};
 
 /// One limiter's node in the map: hashlink boxes the key's `String`, the
 /// [`Slot`] and two list links together (88 bytes, a 96-byte chunk on
@@ -22,14 +13,6 @@ pub(crate) const fn heap(n: usize) -> usize {
 /// limiters with 24-byte keys on an unbounded store: 163.0 bytes each of
 /// resident memory against 162.9 estimated (96 node, 48 key, 18.9 table).
 pub(super) const NODE_BYTES: usize = heap(size_of::<(String, Slot)>() + 2 * size_of::<usize>());
-
-/// One member of a sliding log: its time and cost, two `u64`s in the
-/// log's ring buffer, whose capacity the store grows and shrinks itself
-/// (so it is charged, not guessed). Measured the same way, a log of a
-/// million members took 16.3 bytes each of resident memory against 16.8
-/// estimated: the buffer's whole capacity (1,048,576) is charged, touched
-/// or not.
-pub(crate) const LOG_MEMBER_BYTES: usize = size_of::<(u64, u64)>();
 
 /// A map node and the heap copy of an identity of `capacity` bytes.
 pub(super) fn entry_bytes(capacity: usize) -> usize {

@@ -63,6 +63,7 @@ use crate::storage::{
 
 pub(crate) mod bytes;
 mod group;
+pub(crate) mod heap;
 mod lease;
 mod undo;
 
