@@ -771,6 +771,7 @@ async fn replicas_share_one_limit(
     ))
     .await;
     let start = std::time::Instant::now();
+    let start_wall = wall_micros();
     let epoch_second = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -833,6 +834,11 @@ async fn replicas_share_one_limit(
     }
     // Whole seconds the flood lasted.
     let seconds = start.elapsed().as_secs();
+    // How far the wall clock (which Redis counts windows by, and which
+    // the seconds below are cut by) moved against the monotonic one (by
+    // which a lease lives) during the flood: a step of the host's clock
+    // shows here.
+    let wall_step = (wall_micros() - start_wall) as i64 - start.elapsed().as_micros() as i64;
     let asked = calls.len() as u64;
     let admitted: Vec<Call> = calls.iter().copied().filter(|c| c.admitted).collect();
     // Each second's hits: those sent and answered inside it (decided in
@@ -851,7 +857,7 @@ async fn replicas_share_one_limit(
         for (s, w) in windows.iter().enumerate() {
             assert!(
                 w.admitted <= PER_SECOND,
-                "second {s}: {} admitted of {PER_SECOND} ({w:?})",
+                "second {s}: {} admitted of {PER_SECOND} ({w:?}); the wall clock moved {wall_step} µs against the monotonic one during the flood",
                 w.admitted
             );
         }
