@@ -838,7 +838,7 @@ async fn replicas_share_one_limit(
     // the seconds below are cut by) moved against the monotonic one (by
     // which a lease lives) during the flood: a step of the host's clock
     // shows here.
-    let wall_step = (wall_micros() - start_wall) as i64 - start.elapsed().as_micros() as i64;
+    let wall_step = (wall_micros() as i64 - start_wall as i64) - start.elapsed().as_micros() as i64;
     let asked = calls.len() as u64;
     let admitted: Vec<Call> = calls.iter().copied().filter(|c| c.admitted).collect();
     // Each second's hits: those sent and answered inside it (decided in
