@@ -223,55 +223,9 @@ fn xds_settings(v: &Values<'_>) -> Result<Option<XdsSettings>, SettingsError> {
             "xds.tls_cert_file and xds.tls_key_file go together",
         ));
     }
-    let https = url.starts_with("https://");
-    let url = if url.contains("://") {
-        url
-    } else if https || tls_wanted || ca.is_some() || cert.is_some() {
-        format!("https://{url}")
-    } else {
-        format!("http://{url}")
-    };
-    if url
-        .parse::<tonic::transport::Uri>()
-        .map_or(true, |u| u.host().is_none())
-        || !(url.starts_with("http://") || url.starts_with("https://"))
-    {
-        return Err(bad(
-            src,
-            "xds.server_url",
-            &url,
-            "expected host:port, http://host:port or https://host:port",
-        ));
-    }
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|e| bad(src, "xds.tls_ca_file", &p.display().to_string(), e))
-    };
-    let tls = if url.starts_with("https://") {
-        Some(XdsTls {
-            ca_pem: ca.as_deref().map(read).transpose()?,
-            identity: match (cert, key) {
-                (Some(c), Some(k)) => Some((read(&c)?, read(&k)?)),
-                _ => None,
-            },
-            server_name,
-        })
-    } else {
-        None
-    };
-    let node_metadata = match node_metadata_text {
-        None => None,
-        Some(text) => match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(serde_json::Value::Object(map)) => Some(map),
-            _ => {
-                return Err(bad(
-                    src,
-                    "xds.node_metadata",
-                    &text,
-                    "expected a JSON object",
-                ));
-            }
-        },
-    };
+    let url = xds_url(src, url, tls_wanted || ca.is_some() || cert.is_some())?;
+    let tls = xds_tls(src, &url, ca, cert, key, server_name)?;
+    let node_metadata = xds_node_metadata(src, node_metadata_text)?;
     let headers = match headers_text {
         None => Vec::new(),
         // The text may hold a token: errors do not repeat it.
@@ -288,6 +242,81 @@ fn xds_settings(v: &Values<'_>) -> Result<Option<XdsSettings>, SettingsError> {
         retry_max: retry_max.max(retry_initial),
         serve_without_config,
     }))
+}
+
+/// `xds.server_url` with a scheme (https:// when it has none and
+/// `tls_wanted`, else http://); refused unless it names a host.
+fn xds_url(src: &Sources, url: String, tls_wanted: bool) -> Result<String, SettingsError> {
+    let https = url.starts_with("https://");
+    let url = if url.contains("://") {
+        url
+    } else if https || tls_wanted {
+        format!("https://{url}")
+    } else {
+        format!("http://{url}")
+    };
+    if url
+        .parse::<tonic::transport::Uri>()
+        .map_or(true, |u| u.host().is_none())
+        || !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        return Err(bad(
+            src,
+            "xds.server_url",
+            &url,
+            "expected host:port, http://host:port or https://host:port",
+        ));
+    }
+    Ok(url)
+}
+
+/// The TLS of an https:// xDS `url`: the CA and client identity files
+/// read; `None` for http://.
+fn xds_tls(
+    src: &Sources,
+    url: &str,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    server_name: Option<String>,
+) -> Result<Option<XdsTls>, SettingsError> {
+    let read = |p: &Path| {
+        std::fs::read(p).map_err(|e| bad(src, "xds.tls_ca_file", &p.display().to_string(), e))
+    };
+    let tls = if url.starts_with("https://") {
+        Some(XdsTls {
+            ca_pem: ca.as_deref().map(read).transpose()?,
+            identity: match (cert, key) {
+                (Some(c), Some(k)) => Some((read(&c)?, read(&k)?)),
+                _ => None,
+            },
+            server_name,
+        })
+    } else {
+        None
+    };
+    Ok(tls)
+}
+
+/// `xds.node_metadata`: a JSON object, if given.
+fn xds_node_metadata(
+    src: &Sources,
+    node_metadata_text: Option<String>,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, SettingsError> {
+    Ok(match node_metadata_text {
+        None => None,
+        Some(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Object(map)) => Some(map),
+            _ => {
+                return Err(bad(
+                    src,
+                    "xds.node_metadata",
+                    &text,
+                    "expected a JSON object",
+                ));
+            }
+        },
+    })
 }
 
 /// `xds.headers`: a JSON object of strings, each name a valid gRPC
