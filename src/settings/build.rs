@@ -455,33 +455,7 @@ fn otel_settings(v: &Values<'_>) -> Result<Option<OtelSettings>, SettingsError> 
         Some((name, _)) => name,
         None => v.get("otel.service_name")?,
     };
-    // OTEL_TRACES_SAMPLER names a ratio when it fixes one; a caller's
-    // sampled flag is followed whichever it names.
-    let fixed_ratio = match src.env.get("OTEL_TRACES_SAMPLER").map(|x| x.trim()) {
-        None | Some("parentbased_traceidratio" | "traceidratio") => None,
-        Some("always_on" | "parentbased_always_on") => Some(1.0),
-        Some("always_off" | "parentbased_always_off") => Some(0.0),
-        Some(other) => {
-            return Err(bad_foreign(
-                src,
-                "otel.sampling_ratio",
-                "OTEL_TRACES_SAMPLER",
-                other,
-                "expected parentbased_traceidratio, traceidratio, always_on, always_off or their parentbased_ forms".into(),
-            ));
-        }
-    };
-    let sampler_arg = match (v.is_given("otel.sampling_ratio"), fixed_ratio) {
-        (false, Some(_)) => None,
-        _ => foreign(v, "otel.sampling_ratio", "OTEL_TRACES_SAMPLER_ARG"),
-    };
-    let sampling_ratio = match sampler_arg {
-        None => fixed_ratio.map_or_else(|| v.get("otel.sampling_ratio"), Ok)?,
-        Some((x, var)) => match table::check(kind_of("otel.sampling_ratio"), &x) {
-            Ok(()) => x.trim().parse::<f64>().unwrap_or(1.0),
-            Err(reason) => return Err(bad_foreign(src, "otel.sampling_ratio", &var, &x, reason)),
-        },
-    };
+    let sampling_ratio = otel_sampling_ratio(v)?;
     let interval = match foreign(v, "otel.metrics_interval_ms", "OTEL_METRIC_EXPORT_INTERVAL") {
         None => v.get::<u64>("otel.metrics_interval_ms")?,
         Some((x, var)) => match table::check(kind_of("otel.metrics_interval_ms"), &x) {
@@ -533,6 +507,39 @@ fn otel_settings(v: &Values<'_>) -> Result<Option<OtelSettings>, SettingsError> 
             }
         },
     )
+}
+
+/// `otel.sampling_ratio`, or what OTEL_TRACES_SAMPLER and
+/// OTEL_TRACES_SAMPLER_ARG say instead.
+fn otel_sampling_ratio(v: &Values<'_>) -> Result<f64, SettingsError> {
+    let src = v.src;
+    // OTEL_TRACES_SAMPLER names a ratio when it fixes one; a caller's
+    // sampled flag is followed whichever it names.
+    let fixed_ratio = match src.env.get("OTEL_TRACES_SAMPLER").map(|x| x.trim()) {
+        None | Some("parentbased_traceidratio" | "traceidratio") => None,
+        Some("always_on" | "parentbased_always_on") => Some(1.0),
+        Some("always_off" | "parentbased_always_off") => Some(0.0),
+        Some(other) => {
+            return Err(bad_foreign(
+                src,
+                "otel.sampling_ratio",
+                "OTEL_TRACES_SAMPLER",
+                other,
+                "expected parentbased_traceidratio, traceidratio, always_on, always_off or their parentbased_ forms".into(),
+            ));
+        }
+    };
+    let sampler_arg = match (v.is_given("otel.sampling_ratio"), fixed_ratio) {
+        (false, Some(_)) => None,
+        _ => foreign(v, "otel.sampling_ratio", "OTEL_TRACES_SAMPLER_ARG"),
+    };
+    Ok(match sampler_arg {
+        None => fixed_ratio.map_or_else(|| v.get("otel.sampling_ratio"), Ok)?,
+        Some((x, var)) => match table::check(kind_of("otel.sampling_ratio"), &x) {
+            Ok(()) => x.trim().parse::<f64>().unwrap_or(1.0),
+            Err(reason) => return Err(bad_foreign(src, "otel.sampling_ratio", &var, &x, reason)),
+        },
+    })
 }
 
 fn kind_of(name: &str) -> Kind {
