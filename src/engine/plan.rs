@@ -73,28 +73,7 @@ impl Engine {
             .zip(&req.descriptors)
             .map(|((rule, over), d)| {
                 if let Some(o) = over {
-                    return Plan::Limited(Limited {
-                        rule: None,
-                        steps: Vec::new(),
-                        limit: AppliedLimit {
-                            requests_per_unit: o.requests_per_unit,
-                            window: Window::of(o.unit),
-                            name: None,
-                            algorithm: self.options.default_algorithm,
-                            buckets: DEFAULT_BUCKETS,
-                            burst: 0,
-                            shards: 1,
-                            // Names no algorithm. Settings never ask for
-                            // both usage reports and count_refused=false.
-                            usage_reports: is_report(d)
-                                && self.options.count_refused
-                                && self.options.usage_reports.unwrap_or(true),
-                            count_refused: self.options.count_refused,
-                            lease: false,
-                        },
-                        policy: self.options.on_store_error,
-                        also: Vec::new(),
-                    });
+                    return Plan::Limited(self.overridden(o, d));
                 }
                 let Some(rule) = rule else {
                     return Plan::NoLimit;
@@ -109,30 +88,70 @@ impl Engine {
                         Some(limit) => Plan::Limited(self.limited(rules, req, d, rule, limit)),
                     };
                 }
-                // A `rate_limits:` list: the limits no other descriptor
-                // replaces, decided together; a zero limit among them
-                // refuses the descriptor alone, as a ban.
-                let mut parts = std::iter::once(rule)
-                    .chain(&rule.more)
-                    .filter(|r| !replaced(r))
-                    .filter_map(|r| Some((r, self.applied(r, d)?)));
-                let Some((first, limit)) = parts.next() else {
-                    return Plan::NoLimit;
-                };
-                let mut also: Vec<_> = parts.collect();
-                let mut limited = self.limited(rules, req, d, first, limit);
-                if let Some(ban) = also.iter().position(|(_, l)| l.requests_per_unit == 0) {
-                    let (rule, limit) = also.swap_remove(ban);
-                    limited.rule = Some(rule);
-                    limited.limit = limit;
-                    also.clear();
-                }
-                if limited.limit.requests_per_unit > 0 {
-                    limited.also = also;
-                }
-                Plan::Limited(limited)
+                self.listed(rules, req, d, rule, replaced)
             })
             .collect()
+    }
+}
+
+impl Engine {
+    /// The limit a caller's override `o` applies to descriptor `d`, with
+    /// no rule.
+    fn overridden<'r>(&self, o: LimitOverride, d: &Descriptor) -> Limited<'r> {
+        Limited {
+            rule: None,
+            steps: Vec::new(),
+            limit: AppliedLimit {
+                requests_per_unit: o.requests_per_unit,
+                window: Window::of(o.unit),
+                name: None,
+                algorithm: self.options.default_algorithm,
+                buckets: DEFAULT_BUCKETS,
+                burst: 0,
+                shards: 1,
+                // Names no algorithm. Settings never ask for
+                // both usage reports and count_refused=false.
+                usage_reports: is_report(d)
+                    && self.options.count_refused
+                    && self.options.usage_reports.unwrap_or(true),
+                count_refused: self.options.count_refused,
+                lease: false,
+            },
+            policy: self.options.on_store_error,
+            also: Vec::new(),
+        }
+    }
+
+    /// A `rate_limits:` list: the limits no other descriptor
+    /// replaces, decided together; a zero limit among them
+    /// refuses the descriptor alone, as a ban.
+    fn listed<'r>(
+        &self,
+        rules: &'r RuleSet,
+        req: &Request,
+        d: &Descriptor,
+        rule: &'r Rule,
+        replaced: impl Fn(&Rule) -> bool,
+    ) -> Plan<'r> {
+        let mut parts = std::iter::once(rule)
+            .chain(&rule.more)
+            .filter(|r| !replaced(r))
+            .filter_map(|r| Some((r, self.applied(r, d)?)));
+        let Some((first, limit)) = parts.next() else {
+            return Plan::NoLimit;
+        };
+        let mut also: Vec<_> = parts.collect();
+        let mut limited = self.limited(rules, req, d, first, limit);
+        if let Some(ban) = also.iter().position(|(_, l)| l.requests_per_unit == 0) {
+            let (rule, limit) = also.swap_remove(ban);
+            limited.rule = Some(rule);
+            limited.limit = limit;
+            also.clear();
+        }
+        if limited.limit.requests_per_unit > 0 {
+            limited.also = also;
+        }
+        Plan::Limited(limited)
     }
 }
 

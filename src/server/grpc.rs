@@ -172,6 +172,32 @@ fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
+/// The router of one listener: health, reflection, RLS (refusing
+/// messages over `max_message_bytes`) and RLQS (`quota`).
+fn routes<H: Health>(
+    health: HealthServer<H>,
+    limiter: RateLimiter,
+    quota: &MessageSizeStatus<RateLimitQuotaServiceServer<QuotaService>>,
+    max_message_bytes: usize,
+) -> anyhow::Result<Router> {
+    let v1 = reflection_builder()
+        .build_v1()
+        .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+    let v1alpha = reflection_builder()
+        .build_v1alpha()
+        .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
+    let service = RateLimitServiceServer::new(limiter).max_decoding_message_size(max_message_bytes);
+    let service = MessageSizeStatus::new(service, max_message_bytes);
+    anyhow::Ok(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(v1)
+            .add_service(v1alpha)
+            .add_service(service)
+            .add_service(quota.clone()),
+    )
+}
+
 /// The services on the gRPC listener: RLS, RLQS and health.
 pub(super) struct Services<H> {
     pub limiter: RateLimiter,
@@ -204,25 +230,7 @@ where
         RateLimitQuotaServiceServer::new(quota).max_decoding_message_size(max_message_bytes),
         max_message_bytes,
     );
-    let routes = |health: HealthServer<H>, limiter: RateLimiter| {
-        let v1 = reflection_builder()
-            .build_v1()
-            .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
-        let v1alpha = reflection_builder()
-            .build_v1alpha()
-            .map_err(|e| anyhow::anyhow!("building the reflection service: {e}"))?;
-        let service =
-            RateLimitServiceServer::new(limiter).max_decoding_message_size(max_message_bytes);
-        let service = MessageSizeStatus::new(service, max_message_bytes);
-        anyhow::Ok(
-            tonic::transport::Server::builder()
-                .add_service(health)
-                .add_service(v1)
-                .add_service(v1alpha)
-                .add_service(service)
-                .add_service(quota.clone()),
-        )
-    };
+    let router = |health, limiter| routes(health, limiter, &quota, max_message_bytes);
     // Each connection is sent away at its own age, and closed past its
     // grace (see `conn_age`).
     let ages = Ages {
@@ -232,7 +240,7 @@ where
     let uds_server = match uds {
         Some(uds) => {
             let incoming = UnixListenerStream::new(uds);
-            let router = routes(health.clone(), limiter.clone())?;
+            let router = router(health.clone(), limiter.clone())?;
             Some(serve_each(router, incoming, ages, stopped()).boxed())
         }
         None => None,
@@ -248,12 +256,12 @@ where
                 }
                 accepted
             });
-            let router = routes(health, limiter)?;
+            let router = router(health, limiter)?;
             Some(serve_each(router, incoming, ages, stopped()).boxed())
         }
         (Some(listener), Some(tls)) => {
             let incoming = crate::tls::listen(listener, tls, stopped())?;
-            let router = routes(health, limiter)?;
+            let router = router(health, limiter)?;
             Some(serve_each(router, incoming, ages, stopped()).boxed())
         }
     };

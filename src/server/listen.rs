@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,8 +16,8 @@ use axum::body::Body;
 use axum::http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
@@ -134,66 +135,84 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let router = router.clone();
-        let counts = counts.clone();
-        let mut closing = closing_rx.clone();
-        tasks.spawn(async move {
-            let _permit = permit;
-            let activity = Arc::new(Activity {
-                started: Instant::now(),
-                last_done_ms: AtomicU64::new(0),
-                in_flight: AtomicUsize::new(0),
-            });
-            let seen = activity.clone();
-            let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                seen.in_flight.fetch_add(1, Ordering::AcqRel);
-                // Who asked, for handlers that log it (`POST /reset`).
-                request
-                    .extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
-                let busy = Busy(seen.clone());
-                let router = router.clone();
-                async move {
-                    let response: Response<Body> = router
-                        .oneshot(request.map(Body::new))
-                        .await
-                        .unwrap_or_else(|never: Infallible| match never {});
-                    drop(busy);
-                    Ok::<_, Infallible>(response)
-                }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            let mut shutting_down = false;
-            loop {
-                let idle_end = activity
-                    .idle_since()
-                    .map_or(Instant::now() + limits.idle_timeout, |since| {
-                        since + limits.idle_timeout
-                    });
-                tokio::select! {
-                    _ = connection.as_mut() => break,
-                    _ = closing.changed(), if !shutting_down => {
-                        connection.as_mut().graceful_shutdown();
-                        shutting_down = true;
-                    }
-                    _ = tokio::time::sleep_until(idle_end), if !shutting_down => {
-                        if activity.idle_since().is_some_and(|s| s.elapsed() >= limits.idle_timeout) {
-                            counts.idle_closed.fetch_add(1, Ordering::Relaxed);
-                            connection.as_mut().graceful_shutdown();
-                            shutting_down = true;
-                        }
-                    }
-                }
-            }
-        });
+        tasks.spawn(connection(
+            stream,
+            peer,
+            permit,
+            router.clone(),
+            limits,
+            counts.clone(),
+            closing_rx.clone(),
+        ));
     }
     drop(listener);
     let _ = closing_tx.send(true);
     while tasks.join_next().await.is_some() {}
+}
+
+/// Serves one accepted connection from `peer` while holding its `permit`:
+/// closes it when idle past `limits.idle_timeout`, and gracefully once
+/// `closing` changes.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    router: axum::Router,
+    limits: HttpLimits,
+    counts: Arc<HttpCounts>,
+    mut closing: watch::Receiver<bool>,
+) {
+    let _permit = permit;
+    let activity = Arc::new(Activity {
+        started: Instant::now(),
+        last_done_ms: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
+    });
+    let seen = activity.clone();
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        seen.in_flight.fetch_add(1, Ordering::AcqRel);
+        // Who asked, for handlers that log it (`POST /reset`).
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        let busy = Busy(seen.clone());
+        let router = router.clone();
+        async move {
+            let response: Response<Body> = router
+                .oneshot(request.map(Body::new))
+                .await
+                .unwrap_or_else(|never: Infallible| match never {});
+            drop(busy);
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let mut shutting_down = false;
+    loop {
+        let idle_end = activity
+            .idle_since()
+            .map_or(Instant::now() + limits.idle_timeout, |since| {
+                since + limits.idle_timeout
+            });
+        tokio::select! {
+            _ = connection.as_mut() => break,
+            _ = closing.changed(), if !shutting_down => {
+                connection.as_mut().graceful_shutdown();
+                shutting_down = true;
+            }
+            _ = tokio::time::sleep_until(idle_end), if !shutting_down => {
+                if activity.idle_since().is_some_and(|s| s.elapsed() >= limits.idle_timeout) {
+                    counts.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    connection.as_mut().graceful_shutdown();
+                    shutting_down = true;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

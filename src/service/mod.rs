@@ -25,7 +25,7 @@ use crate::observe::Instruments;
 use crate::proto::rate_limit_response::{DescriptorStatus, RateLimit, rate_limit};
 use crate::proto::{
     HeaderValue, RateLimitRequest, RateLimitResponse, RateLimitService, RateLimitUnit,
-    rate_limit_response,
+    rate_limit_descriptor, rate_limit_response,
 };
 use crate::settings::{HeaderNames, RequestLimits};
 
@@ -289,6 +289,39 @@ fn from_proto(
     limits: &RequestLimits,
     deadline: Option<Instant>,
 ) -> Result<engine::Request, Status> {
+    check_sizes(&r, limits)?;
+    let descriptors = r
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(index, d)| {
+            let limit_override = match d.limit {
+                None => None,
+                Some(o) => Some(limit_override(index, o)?),
+            };
+            Ok(Descriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| (value_text(e.key), value_text(e.value)))
+                    .collect(),
+                limit_override,
+                hits: d.hits_addend,
+                negative: d.is_negative_hits,
+            })
+        })
+        .collect::<Result<_, Status>>()?;
+    Ok(engine::Request {
+        domain: r.domain,
+        descriptors,
+        hits: u64::from(r.hits_addend),
+        deadline,
+    })
+}
+
+/// Refuses a request over `limits`: too many descriptors, too many
+/// entries in one, or a key too long or not UTF-8.
+fn check_sizes(r: &RateLimitRequest, limits: &RequestLimits) -> Result<(), Status> {
     if r.descriptors.len() > limits.max_descriptors {
         return Err(Status::invalid_argument(format!(
             "{} descriptors, over max_descriptors={}",
@@ -321,51 +354,32 @@ fn from_proto(
             }
         }
     }
-    let descriptors = r
-        .descriptors
-        .into_iter()
-        .enumerate()
-        .map(|(index, d)| {
-            let limit_override = match d.limit {
-                None => None,
-                Some(o) => {
-                    let unit = match RateLimitUnit::try_from(o.unit) {
-                        Ok(RateLimitUnit::Second) => Unit::Second,
-                        Ok(RateLimitUnit::Minute) => Unit::Minute,
-                        Ok(RateLimitUnit::Hour) => Unit::Hour,
-                        Ok(RateLimitUnit::Day) => Unit::Day,
-                        Ok(RateLimitUnit::Month) => Unit::Month,
-                        Ok(RateLimitUnit::Year) => Unit::Year,
-                        Ok(RateLimitUnit::Unknown) | Err(_) => {
-                            return Err(Status::invalid_argument(format!(
-                                "descriptor {index}: limit override has unit {} (expected SECOND to YEAR)",
-                                o.unit
-                            )));
-                        }
-                    };
-                    Some(LimitOverride {
-                        requests_per_unit: o.requests_per_unit,
-                        unit,
-                    })
-                }
-            };
-            Ok(Descriptor {
-                entries: d
-                    .entries
-                    .into_iter()
-                    .map(|e| (value_text(e.key), value_text(e.value)))
-                    .collect(),
-                limit_override,
-                hits: d.hits_addend,
-                negative: d.is_negative_hits,
-            })
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(engine::Request {
-        domain: r.domain,
-        descriptors,
-        hits: u64::from(r.hits_addend),
-        deadline,
+    Ok(())
+}
+
+/// Descriptor `index`'s limit override `o` in the engine's terms; an
+/// unknown unit is refused.
+fn limit_override(
+    index: usize,
+    o: rate_limit_descriptor::RateLimitOverride,
+) -> Result<LimitOverride, Status> {
+    let unit = match RateLimitUnit::try_from(o.unit) {
+        Ok(RateLimitUnit::Second) => Unit::Second,
+        Ok(RateLimitUnit::Minute) => Unit::Minute,
+        Ok(RateLimitUnit::Hour) => Unit::Hour,
+        Ok(RateLimitUnit::Day) => Unit::Day,
+        Ok(RateLimitUnit::Month) => Unit::Month,
+        Ok(RateLimitUnit::Year) => Unit::Year,
+        Ok(RateLimitUnit::Unknown) | Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {index}: limit override has unit {} (expected SECOND to YEAR)",
+                o.unit
+            )));
+        }
+    };
+    Ok(LimitOverride {
+        requests_per_unit: o.requests_per_unit,
+        unit,
     })
 }
 

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use super::table::{self, Kind};
 use super::values::{Values, bad};
+use super::xds;
 use super::{
     CacheConfig, FailurePolicy, GrpcTls, HeaderNames, HttpSettings, LogFormat, MetricsSettings,
     OtelSettings, RedisSettings, RequestLimits, RlqsSettings, Settings, SettingsError, Sources,
-    StoreSetting, XdsSettings, XdsTls,
+    StoreSetting,
 };
 use crate::storage::{BreakerConfig, RedisConfig};
 
@@ -64,7 +65,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         rlqs: rlqs_settings(v)?,
         limits,
         max_log_limit: v.get("max_log_limit")?,
-        xds: xds_settings(v)?,
+        xds: xds::xds_settings(v)?,
         merge_domain_config: v.bool("merge_domain_config")?,
         grpc_uds: v.opt_text("grpc_uds")?.map(PathBuf::from),
         grpc_max_connection_age: v.every("grpc_max_connection_age_ms")?,
@@ -196,130 +197,6 @@ fn rlqs_settings(v: &Values<'_>) -> Result<RlqsSettings, SettingsError> {
     })
 }
 
-fn xds_settings(v: &Values<'_>) -> Result<Option<XdsSettings>, SettingsError> {
-    let src = v.src;
-    // Every xds setting is read (and checked) whether or not it is used.
-    let url = v.opt_text("xds.server_url")?;
-    let ca = v.file("xds.tls_ca_file")?;
-    let cert = v.file("xds.tls_cert_file")?;
-    let key = v.file("xds.tls_key_file")?;
-    let tls_wanted = v.bool("xds.tls")?;
-    let server_name = v.opt_text("xds.tls_server_name")?;
-    let node_id: String = v.get("xds.node_id")?;
-    let node_cluster = v.opt_text("xds.node_cluster")?;
-    let node_metadata_text = v.opt_text("xds.node_metadata")?;
-    let headers_text = v.opt_text("xds.headers")?;
-    let retry_initial = Duration::from_millis(v.get("xds.retry_initial_ms")?);
-    let retry_max = Duration::from_millis(v.get("xds.retry_max_ms")?);
-    let serve_without_config = v.bool("xds.serve_without_config")?;
-    let Some(url) = url else {
-        return Ok(None);
-    };
-    if cert.is_some() != key.is_some() {
-        return Err(bad(
-            src,
-            "xds.tls_cert_file",
-            &format!("{cert:?}"),
-            "xds.tls_cert_file and xds.tls_key_file go together",
-        ));
-    }
-    let https = url.starts_with("https://");
-    let url = if url.contains("://") {
-        url
-    } else if https || tls_wanted || ca.is_some() || cert.is_some() {
-        format!("https://{url}")
-    } else {
-        format!("http://{url}")
-    };
-    if url
-        .parse::<tonic::transport::Uri>()
-        .map_or(true, |u| u.host().is_none())
-        || !(url.starts_with("http://") || url.starts_with("https://"))
-    {
-        return Err(bad(
-            src,
-            "xds.server_url",
-            &url,
-            "expected host:port, http://host:port or https://host:port",
-        ));
-    }
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|e| bad(src, "xds.tls_ca_file", &p.display().to_string(), e))
-    };
-    let tls = if url.starts_with("https://") {
-        Some(XdsTls {
-            ca_pem: ca.as_deref().map(read).transpose()?,
-            identity: match (cert, key) {
-                (Some(c), Some(k)) => Some((read(&c)?, read(&k)?)),
-                _ => None,
-            },
-            server_name,
-        })
-    } else {
-        None
-    };
-    let node_metadata = match node_metadata_text {
-        None => None,
-        Some(text) => match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(serde_json::Value::Object(map)) => Some(map),
-            _ => {
-                return Err(bad(
-                    src,
-                    "xds.node_metadata",
-                    &text,
-                    "expected a JSON object",
-                ));
-            }
-        },
-    };
-    let headers = match headers_text {
-        None => Vec::new(),
-        // The text may hold a token: errors do not repeat it.
-        Some(text) => xds_headers(&text).map_err(|e| bad(src, "xds.headers", "(not shown)", e))?,
-    };
-    Ok(Some(XdsSettings {
-        url,
-        node_id,
-        node_cluster,
-        node_metadata,
-        headers,
-        tls,
-        retry_initial,
-        retry_max: retry_max.max(retry_initial),
-        serve_without_config,
-    }))
-}
-
-/// `xds.headers`: a JSON object of strings, each name a valid gRPC
-/// metadata name and each value valid metadata text.
-fn xds_headers(text: &str) -> Result<Vec<(String, String)>, String> {
-    let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
-        return Err("expected a JSON object of strings".into());
-    };
-    let mut out = Vec::with_capacity(map.len());
-    for (name, value) in map {
-        let serde_json::Value::String(value) = value else {
-            return Err(format!("the value of {name:?} must be a string"));
-        };
-        let name = name.to_ascii_lowercase();
-        if name
-            .parse::<tonic::metadata::MetadataKey<tonic::metadata::Ascii>>()
-            .is_err()
-            || name.ends_with("-bin")
-        {
-            return Err(format!("{name:?} is not a gRPC metadata name"));
-        }
-        if value
-            .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
-            .is_err()
-        {
-            return Err(format!("the value of {name:?} is not valid metadata text"));
-        }
-        out.push((name, value));
-    }
-    Ok(out)
-}
-
 fn redis_settings(v: &Values<'_>, store: &StoreSetting) -> Result<RedisSettings, SettingsError> {
     let src = v.src;
     let key_prefix: String = v.get("redis.key_prefix")?;
@@ -426,33 +303,7 @@ fn otel_settings(v: &Values<'_>) -> Result<Option<OtelSettings>, SettingsError> 
         Some((name, _)) => name,
         None => v.get("otel.service_name")?,
     };
-    // OTEL_TRACES_SAMPLER names a ratio when it fixes one; a caller's
-    // sampled flag is followed whichever it names.
-    let fixed_ratio = match src.env.get("OTEL_TRACES_SAMPLER").map(|x| x.trim()) {
-        None | Some("parentbased_traceidratio" | "traceidratio") => None,
-        Some("always_on" | "parentbased_always_on") => Some(1.0),
-        Some("always_off" | "parentbased_always_off") => Some(0.0),
-        Some(other) => {
-            return Err(bad_foreign(
-                src,
-                "otel.sampling_ratio",
-                "OTEL_TRACES_SAMPLER",
-                other,
-                "expected parentbased_traceidratio, traceidratio, always_on, always_off or their parentbased_ forms".into(),
-            ));
-        }
-    };
-    let sampler_arg = match (v.is_given("otel.sampling_ratio"), fixed_ratio) {
-        (false, Some(_)) => None,
-        _ => foreign(v, "otel.sampling_ratio", "OTEL_TRACES_SAMPLER_ARG"),
-    };
-    let sampling_ratio = match sampler_arg {
-        None => fixed_ratio.map_or_else(|| v.get("otel.sampling_ratio"), Ok)?,
-        Some((x, var)) => match table::check(kind_of("otel.sampling_ratio"), &x) {
-            Ok(()) => x.trim().parse::<f64>().unwrap_or(1.0),
-            Err(reason) => return Err(bad_foreign(src, "otel.sampling_ratio", &var, &x, reason)),
-        },
-    };
+    let sampling_ratio = otel_sampling_ratio(v)?;
     let interval = match foreign(v, "otel.metrics_interval_ms", "OTEL_METRIC_EXPORT_INTERVAL") {
         None => v.get::<u64>("otel.metrics_interval_ms")?,
         Some((x, var)) => match table::check(kind_of("otel.metrics_interval_ms"), &x) {
@@ -504,6 +355,39 @@ fn otel_settings(v: &Values<'_>) -> Result<Option<OtelSettings>, SettingsError> 
             }
         },
     )
+}
+
+/// `otel.sampling_ratio`, or what OTEL_TRACES_SAMPLER and
+/// OTEL_TRACES_SAMPLER_ARG say instead.
+fn otel_sampling_ratio(v: &Values<'_>) -> Result<f64, SettingsError> {
+    let src = v.src;
+    // OTEL_TRACES_SAMPLER names a ratio when it fixes one; a caller's
+    // sampled flag is followed whichever it names.
+    let fixed_ratio = match src.env.get("OTEL_TRACES_SAMPLER").map(|x| x.trim()) {
+        None | Some("parentbased_traceidratio" | "traceidratio") => None,
+        Some("always_on" | "parentbased_always_on") => Some(1.0),
+        Some("always_off" | "parentbased_always_off") => Some(0.0),
+        Some(other) => {
+            return Err(bad_foreign(
+                src,
+                "otel.sampling_ratio",
+                "OTEL_TRACES_SAMPLER",
+                other,
+                "expected parentbased_traceidratio, traceidratio, always_on, always_off or their parentbased_ forms".into(),
+            ));
+        }
+    };
+    let sampler_arg = match (v.is_given("otel.sampling_ratio"), fixed_ratio) {
+        (false, Some(_)) => None,
+        _ => foreign(v, "otel.sampling_ratio", "OTEL_TRACES_SAMPLER_ARG"),
+    };
+    Ok(match sampler_arg {
+        None => fixed_ratio.map_or_else(|| v.get("otel.sampling_ratio"), Ok)?,
+        Some((x, var)) => match table::check(kind_of("otel.sampling_ratio"), &x) {
+            Ok(()) => x.trim().parse::<f64>().unwrap_or(1.0),
+            Err(reason) => return Err(bad_foreign(src, "otel.sampling_ratio", &var, &x, reason)),
+        },
+    })
 }
 
 fn kind_of(name: &str) -> Kind {

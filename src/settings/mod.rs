@@ -20,6 +20,7 @@ mod flags;
 mod kind;
 pub mod table;
 mod values;
+mod xds;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

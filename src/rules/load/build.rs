@@ -138,19 +138,7 @@ impl Walker<'_> {
         let line = map.span().start().map_or(0, |m| m.line());
         let fields = self.fields(map, path, DESCRIPTOR_KEYS);
 
-        let key = match fields.get("key") {
-            None => {
-                self.error(Some(line), &join(path, "key"), "missing key");
-                None
-            }
-            Some((_, value)) => match self.string(value, &join(path, "key")) {
-                Some(k) if k.is_empty() => {
-                    self.error(line_of(value), &join(path, "key"), "empty key");
-                    None
-                }
-                k => k,
-            },
-        };
+        let key = self.descriptor_key(&fields, path, line);
         let value = match fields.get("value") {
             Some((_, v)) => self.string(v, &join(path, "value")),
             None => Some(String::new()),
@@ -160,24 +148,7 @@ impl Walker<'_> {
         let detailed_metric = self.flag(&fields, path, "detailed_metric").unwrap_or(false);
         let value_to_metric = self.flag(&fields, path, "value_to_metric").unwrap_or(false);
         let share_threshold = self.flag(&fields, path, "share_threshold").unwrap_or(false);
-        if share_threshold
-            && let Some(v) = &value
-            && !v.contains('*')
-        {
-            let at = fields.get("share_threshold").and_then(|(k, _)| key_line(k));
-            self.error(
-                at,
-                &join(path, "share_threshold"),
-                format!(
-                    "share_threshold applies only to a wildcard value (one with `*`, such as \"files/*\"), not {}",
-                    if v.is_empty() {
-                        "a descriptor without a value".to_string()
-                    } else {
-                        format!("{v:?}")
-                    }
-                ),
-            );
-        }
+        self.check_share_threshold(&fields, path, share_threshold, value.as_deref());
         let metadata = fields
             .get("metadata")
             .and_then(|(_, v)| self.metadata(v, &join(path, "metadata")));
@@ -188,22 +159,7 @@ impl Walker<'_> {
             metadata,
             line,
         };
-        let rule = match (fields.get("rate_limit"), fields.get("rate_limits")) {
-            (Some(_), Some((k, _))) => {
-                self.error(
-                    key_line(k),
-                    &join(path, "rate_limits"),
-                    "rate_limit and rate_limits together: give one limit as rate_limit, \
-                     or every limit in the rate_limits list",
-                );
-                None
-            }
-            (Some((k, v)), None) => self
-                .rate_limit(key_line(k), v, &join(path, "rate_limit"))
-                .map(|limit| self.rule(limit, &flags, line)),
-            (None, Some((k, v))) => self.rate_limits(k, v, &join(path, "rate_limits"), &flags),
-            (None, None) => None,
-        };
+        let rule = self.descriptor_rule(&fields, path, &flags, line);
         let children = match fields.get("descriptors") {
             Some((_, list)) => self.level(list, &join(path, "descriptors")),
             None => Level::default(),
@@ -220,6 +176,78 @@ impl Walker<'_> {
             value_to_metric,
             line: u32::try_from(line).unwrap_or(u32::MAX),
         })
+    }
+
+    /// A descriptor's `key`: required and not empty.
+    fn descriptor_key(&mut self, fields: &Fields<'_>, path: &str, line: usize) -> Option<String> {
+        match fields.get("key") {
+            None => {
+                self.error(Some(line), &join(path, "key"), "missing key");
+                None
+            }
+            Some((_, value)) => match self.string(value, &join(path, "key")) {
+                Some(k) if k.is_empty() => {
+                    self.error(line_of(value), &join(path, "key"), "empty key");
+                    None
+                }
+                k => k,
+            },
+        }
+    }
+
+    /// Refuses `share_threshold` on a descriptor whose value has no `*`.
+    fn check_share_threshold(
+        &mut self,
+        fields: &Fields<'_>,
+        path: &str,
+        share_threshold: bool,
+        value: Option<&str>,
+    ) {
+        if share_threshold
+            && let Some(v) = value
+            && !v.contains('*')
+        {
+            let at = fields.get("share_threshold").and_then(|(k, _)| key_line(k));
+            self.error(
+                at,
+                &join(path, "share_threshold"),
+                format!(
+                    "share_threshold applies only to a wildcard value (one with `*`, such as \"files/*\"), not {}",
+                    if v.is_empty() {
+                        "a descriptor without a value".to_string()
+                    } else {
+                        format!("{v:?}")
+                    }
+                ),
+            );
+        }
+    }
+
+    /// A descriptor's rule: its `rate_limit` or its `rate_limits` list,
+    /// not both; `line` is where the descriptor was written.
+    fn descriptor_rule(
+        &mut self,
+        fields: &Fields<'_>,
+        path: &str,
+        flags: &Flags,
+        line: usize,
+    ) -> Option<Rule> {
+        match (fields.get("rate_limit"), fields.get("rate_limits")) {
+            (Some(_), Some((k, _))) => {
+                self.error(
+                    key_line(k),
+                    &join(path, "rate_limits"),
+                    "rate_limit and rate_limits together: give one limit as rate_limit, \
+                     or every limit in the rate_limits list",
+                );
+                None
+            }
+            (Some((k, v)), None) => self
+                .rate_limit(key_line(k), v, &join(path, "rate_limit"))
+                .map(|limit| self.rule(limit, flags, line)),
+            (None, Some((k, v))) => self.rate_limits(k, v, &join(path, "rate_limits"), flags),
+            (None, None) => None,
+        }
     }
 
     /// A rule from a checked `rate_limit` block and its descriptor's flags;

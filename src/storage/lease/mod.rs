@@ -122,13 +122,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::watch;
 
 mod counts;
+mod granted;
 mod held;
 mod hits;
 mod walk;
 
 use counts::Counters;
 pub use counts::LeaseCounts;
-use held::{Held, reservations};
+use granted::Asked;
+use held::Held;
 use hits::{capacity, horizon, lease_hit, leased, store_hit};
 use walk::{HeldMap, SHARDS, lock};
 
@@ -441,24 +443,17 @@ impl Leasing {
         let (_, d) = tokio::join!(self.give_back(&hit, unused), self.inner.hit(lease));
         let d = d?;
         let answered = self.clock.monotonic_micros();
+        let asked = Asked {
+            hit: &hit,
+            lease,
+            size,
+            ahead,
+            now,
+            answered,
+            generation,
+        };
         if !d.admitted {
-            // Less than a lease is left in this window: what the refusal
-            // recorded goes back, and the window's last hits are decided
-            // in the store alone.
-            self.with_held(&hit, answered, |h| {
-                h.tight_until = now.saturating_add(d.reset_micros);
-                h.store_left = 0;
-            });
-            drop(asking);
-            if size == hit.hits {
-                return Ok(d);
-            }
-            if let Some(r) = d.receipt {
-                self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                let _ = self.inner.undo(lease, r).await;
-            }
-            self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-            return self.inner.hit(store_hit(&hit, hit.hits)).await;
+            return self.refused(asked, d, asking).await;
         }
         let until = now.saturating_add(d.reset_micros);
         if size == hit.hits {
@@ -469,53 +464,7 @@ impl Leasing {
             });
             return Ok(d);
         }
-        let reserved = reservations(&hit, &d, ahead, now, answered);
-        let reserved_hits: u64 = reserved.iter().map(|r| r.tokens).sum();
-        self.counters.taken.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .taken_hits
-            .fetch_add(size + reserved_hits, Ordering::Relaxed);
-        self.counters
-            .reserved_hits
-            .fetch_add(reserved_hits, Ordering::Relaxed);
-        self.follow_resets();
-        let left = size - hit.hits;
-        // A lease asked concurrently may have landed meanwhile: the older
-        // one's unused hits go back.
-        let kept = self.with_held(&hit, answered, |h| {
-            // Under the map's lock, which a reset takes to forget the
-            // lease after the store's reset: a lease asked before a reset
-            // completed is either refused here or forgotten by it.
-            if self.generation_now() != generation {
-                return None;
-            }
-            let older = h.take_unused(now, &self.counters);
-            h.tokens = left;
-            h.receipt = d.receipt;
-            h.until = until;
-            h.last_used = now;
-            h.store_left = d.remaining;
-            h.store_left_until = until;
-            h.leased_at = now;
-            h.ahead.extend(reserved);
-            Some((older, h.local_reset(now)))
-        });
-        let Some((older, reset)) = kept.flatten() else {
-            // The lease may predate a reset: its hits are not used. Or
-            // the map had no room left for the limiter: they go back.
-            drop(asking);
-            if self.generation_now() == generation {
-                let unused = d.receipt.map(|r| Receipt {
-                    hits: left.min(r.hits),
-                    ..r
-                });
-                self.give_back(&hit, unused.filter(|r| r.hits > 0)).await;
-            }
-            return Ok(Decision::new(true, d.remaining, d.reset_micros));
-        };
-        drop(asking);
-        self.give_back(&hit, older).await;
-        Ok(Decision::new(true, d.remaining.saturating_add(left), reset))
+        self.keep(asked, d, asking).await
     }
 }
 
