@@ -244,14 +244,18 @@ pub enum Algorithm {
     /// `unit` (the generic cell rate algorithm: one stored arrival time).
     /// Exact, constant memory; the burst is its own number.
     TokenBucket,
+    /// At most `requests_per_unit` requests in flight: a take holds a
+    /// slot until its release (a negative hit) or `max_duration`.
+    Concurrency,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowCounter,
         Algorithm::SlidingWindowLog,
         Algorithm::TokenBucket,
+        Algorithm::Concurrency,
     ];
 
     pub fn as_str(self) -> &'static str {

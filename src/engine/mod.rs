@@ -143,7 +143,12 @@ impl Engine {
                 });
             }
             if let Some(o) = d.limit_override
-                && self.options.default_algorithm.spec().entry_per_hit
+                && self
+                    .options
+                    .default_algorithm
+                    .spec()
+                    .entry_per_hit
+                    .is_some()
                 && o.requests_per_unit > self.options.max_log_limit
             {
                 return Err(EngineError::BadDescriptor {

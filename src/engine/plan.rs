@@ -133,9 +133,17 @@ impl Engine {
         rule: &'r Rule,
         replaced: impl Fn(&Rule) -> bool,
     ) -> Plan<'r> {
+        let algorithm = |r: &Rule| r.algorithm.unwrap_or(self.options.default_algorithm);
+        // A release (a negative hit where the list counts requests in
+        // flight) frees slots, and gives nothing back to the rates.
+        let release = d.negative
+            && std::iter::once(rule)
+                .chain(&rule.more)
+                .any(|r| algorithm(r).releases());
         let mut parts = std::iter::once(rule)
             .chain(&rule.more)
             .filter(|r| !replaced(r))
+            .filter(|r| !release || algorithm(r).releases())
             .filter_map(|r| Some((r, self.applied(r, d)?)));
         let Some((first, limit)) = parts.next() else {
             return Plan::NoLimit;
@@ -166,17 +174,22 @@ impl Engine {
         else {
             return None;
         };
+        let algorithm = rule.algorithm.unwrap_or(self.options.default_algorithm);
         Some(AppliedLimit {
             requests_per_unit,
             window,
             name: rule.name.clone(),
-            algorithm: rule.algorithm.unwrap_or(self.options.default_algorithm),
+            algorithm,
             buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
-            burst: rule.burst.unwrap_or(0),
+            // The algorithm's own number ([`Param`]): a bucket's burst, or
+            // how long a slot is held (load lets a rule have only its
+            // algorithm's).
+            burst: rule.burst.or(rule.max_duration).unwrap_or(0),
             shards: rule.shards.unwrap_or(1),
             // A rule that does not count refused requests takes no usage
             // reports (load refuses a rule that says both).
             usage_reports: is_report(d)
+                && algorithm.spec().takes_reports
                 && rule.count_refused
                 && rule
                     .usage_reports

@@ -136,7 +136,7 @@ pub fn counted(
             limit,
             burst: rule.burst.unwrap_or(0),
         })),
-        Rlqs::Ledger => None,
+        Rlqs::Ledger | Rlqs::Never => None,
     }
 }
 
@@ -158,6 +158,15 @@ pub fn plan(rule: Option<&Rule>, global_shadow: bool) -> Plan {
         _ if rule.shadow_mode || global_shadow => Plan::Shadow,
         // A zero limit anywhere in a `rate_limits:` list.
         _ if rule.more.iter().any(banned) => Plan::Banned,
+        // A limit a quota stream cannot release what it took from (a
+        // count in flight; rules name such an algorithm, it is never the
+        // default): refused, never passed.
+        _ if std::iter::once(rule)
+            .chain(&rule.more)
+            .any(|r| r.algorithm.is_some_and(|a| a.spec().rlqs == Rlqs::Never)) =>
+        {
+            Plan::Banned
+        }
         LimitSpec::PerUnit {
             requests_per_unit: 0,
             ..

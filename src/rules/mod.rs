@@ -18,6 +18,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::limit::algorithms::{Param, duration_text};
 use crate::limit::{Algorithm, FailurePolicy, Window};
 
 pub use load::keys::{Place, REFUSED, RULE_KEYS, Refused, RuleKey};
@@ -54,6 +55,9 @@ pub struct Rule {
     /// `rate_limit.burst` (token bucket only): the bucket's size; `None`
     /// means `requests_per_unit`.
     pub burst: Option<u64>,
+    /// `rate_limit.max_duration` (concurrency only), in microseconds: how
+    /// long a slot is held at most.
+    pub max_duration: Option<u64>,
     /// `rate_limit.shards` (1..=64): sub-limiters the limit is split over;
     /// `None` means 1.
     pub shards: Option<u16>,
@@ -494,16 +498,23 @@ fn describe_rule(rule: &Rule, default: Algorithm) -> String {
         LimitSpec::PerUnit {
             requests_per_unit,
             window,
-        } => format!(
-            "{requests_per_unit}/{window} {}",
-            rule.algorithm.unwrap_or(default).as_str()
-        ),
+        } => {
+            let algorithm = rule.algorithm.unwrap_or(default);
+            if algorithm.spec().param == Param::MaxDuration {
+                format!("{requests_per_unit} in flight {algorithm}")
+            } else {
+                format!("{requests_per_unit}/{window} {algorithm}")
+            }
+        }
     };
     if let Some(buckets) = rule.buckets {
         text.push_str(&format!(" buckets={buckets}"));
     }
     if let Some(burst) = rule.burst {
         text.push_str(&format!(" burst={burst}"));
+    }
+    if let Some(d) = rule.max_duration {
+        text.push_str(&format!(" max_duration={}", duration_text(d)));
     }
     if let Some(shards) = rule.shards {
         text.push_str(&format!(" shards={shards}"));

@@ -299,6 +299,7 @@ fn rules_json(
                 "name": r.name,
                 "buckets": r.buckets,
                 "burst": r.burst,
+                "maxDuration": r.max_duration.map(crate::limit::algorithms::duration_text),
                 "shards": r.shards,
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
                 "countRefused": r.count_refused,

@@ -13,6 +13,8 @@ use super::{
     OtelSettings, RedisSettings, RequestLimits, RlqsSettings, Settings, SettingsError, Sources,
     StoreSetting,
 };
+use crate::limit::Algorithm;
+use crate::limit::algorithms::Param;
 use crate::storage::{BreakerConfig, RedisConfig};
 
 /// The declared values composed into what the program reads, with the
@@ -50,7 +52,7 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         },
         rules_dir,
         rules_reload: v.every("rules_reload_ms")?,
-        default_algorithm: v.get("default_algorithm")?,
+        default_algorithm: default_algorithm(v)?,
         on_store_error,
         on_overload,
         usage_reports,
@@ -84,6 +86,22 @@ pub(super) fn build(v: &Values<'_>) -> Result<Settings, SettingsError> {
         otel,
         warnings: Vec::new(),
     })
+}
+
+/// `default_algorithm`: one a rule that names none can run, with no key
+/// of its own that the rule must give (a limit in flight needs its
+/// `max_duration`).
+fn default_algorithm(v: &Values<'_>) -> Result<Algorithm, SettingsError> {
+    let algorithm: Algorithm = v.get("default_algorithm")?;
+    if algorithm.spec().param == Param::MaxDuration {
+        return Err(bad(
+            v.src,
+            "default_algorithm",
+            algorithm.as_str(),
+            "a rule must name it, with its max_duration",
+        ));
+    }
+    Ok(algorithm)
 }
 
 /// `rules_dir`, which must be a readable directory when set.

@@ -301,6 +301,7 @@ impl OverLimitCache {
                 }
                 Plan::Answer(refused(&r))
             }
+            Refusals::Never => Plan::Forward(hit.hits),
             Refusals::Single | Refusals::SameCost => {
                 if hit.negative {
                     map.remove(&id);
@@ -321,6 +322,9 @@ impl OverLimitCache {
         // never answered here: another request's charge on it, taken back
         // on any replica, reopens it before its reset.
         if d.admitted || hit.negative || hit.receipt || d.reset_micros == 0 {
+            return;
+        }
+        if (0..hit.parts()).any(|i| hit.part(i).algorithm.spec().refusals == Refusals::Never) {
             return;
         }
         let group = d.group.as_ref().map(|g| (g.clone(), sent_at));

@@ -182,7 +182,7 @@ pub(super) async fn two_second_window(store: &dyn Store, algorithm: Algorithm) {
     // since the first hit for the others.
     let (least, most, spent) = match algorithm {
         Algorithm::FixedWindow => (1_500_000, 2_000_000, to % 2_000_000),
-        Algorithm::SlidingWindowLog => (1_500_000, 2_000_000, to - from),
+        Algorithm::SlidingWindowLog | Algorithm::Concurrency => (1_500_000, 2_000_000, to - from),
         Algorithm::SlidingWindowCounter => (2_200_000, 2_666_667, to % 2_000_000),
         Algorithm::TokenBucket => (550_000, 666_667, to - from),
     };

@@ -237,6 +237,7 @@ impl Limiter {
         let w = l.window_micros();
         match self.promise.bound {
             Bound::None => Ok(()),
+            Bound::InFlight => unreachable!("the grammar draws no concurrency rule yet"),
             Bound::Window => {
                 let offset = l.zone.map_or(0i64, |(_, o)| o * 1_000_000);
                 let window_of = |t: u64| ((t as i64 + offset) as u64) / w;

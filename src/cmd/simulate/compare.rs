@@ -16,7 +16,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use tollgate::clock::ManualClock;
-use tollgate::limit::algorithms::Param;
+use tollgate::limit::algorithms::{Bound, Param};
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::storage::{Hit, MemoryStore, Shard, Store};
 
@@ -47,8 +47,11 @@ pub struct Outcome {
 
 /// The contenders in table order, for a limit of `limit`.
 pub fn contenders(limit: u64) -> Vec<Contender> {
+    // The rates: arrivals alone do not say how long a request is in
+    // flight.
     let mut out: Vec<Contender> = Algorithm::ALL
         .into_iter()
+        .filter(|a| a.spec().bound != Bound::InFlight)
         .map(|algorithm| Contender {
             algorithm,
             burst: 0,
@@ -167,7 +170,7 @@ pub fn render(rows: &[(Contender, Outcome, Outcome)], args: &SimulateArgs) -> St
         let name = match (who.algorithm.spec().param, who.burst) {
             (Param::Burst, 0) => format!("{} (burst {limit})", who.algorithm),
             (Param::Burst, b) => format!("{} (burst {b})", who.algorithm),
-            (Param::Buckets, _) => who.algorithm.to_string(),
+            (Param::Buckets | Param::MaxDuration, _) => who.algorithm.to_string(),
         };
         let _ = writeln!(
             out,

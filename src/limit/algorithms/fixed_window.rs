@@ -23,7 +23,8 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Window,
     calendar: true,
     own_keys: &[],
-    entry_per_hit: false,
+    entry_per_hit: None,
+    takes_reports: true,
     memory: || State::Fixed(Memory::default()),
 };
 

@@ -14,6 +14,7 @@ use crate::limit::Algorithm;
 use crate::storage::keys::Role;
 use crate::storage::{Decision, Hit, Receipt};
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod sliding_counter;
 pub mod sliding_log;
@@ -35,6 +36,9 @@ pub enum Bound {
     Buckets,
     /// In any interval of length t: at most burst + rate x t.
     Bucket,
+    /// At every instant: at most the limit of admitted takes held (taken
+    /// within `max_duration` and not released).
+    InFlight,
 }
 
 /// Everything the layers ask of an algorithm.
@@ -71,8 +75,12 @@ pub struct Spec {
     /// Rule keys that apply to this algorithm only.
     pub own_keys: &'static [&'static str],
     /// Whether its state keeps an entry per hit admitted, so that
-    /// `max_log_limit` caps its limit (a rule's, or a request's own).
-    pub entry_per_hit: bool,
+    /// `max_log_limit` caps its limit (a rule's, or a request's own): why,
+    /// and what a rule may do instead, as validation says them.
+    pub entry_per_hit: Option<(&'static str, &'static str)>,
+    /// Whether it may take usage reports (`usage_reports`): costs
+    /// recorded whatever the answer.
+    pub takes_reports: bool,
     /// A new state of it in the embedded store.
     pub(crate) memory: fn() -> State,
 }
@@ -84,6 +92,9 @@ pub enum Param {
     Buckets,
     /// The bucket's burst, as the store holds it exact.
     Burst,
+    /// How long a slot is held at most, in microseconds (carried in
+    /// [`Hit::burst`](crate::storage::Hit)).
+    MaxDuration,
 }
 
 /// How a replica decides from leased quota.
@@ -114,6 +125,9 @@ pub enum Refusals {
     Single,
     /// A refusal says the same of the same cost until its reset.
     SameCost,
+    /// None: the store must see every call (a refusal records what it
+    /// owes, and a release may come at any moment).
+    Never,
 }
 
 /// How a quota stream's share is counted in the store.
@@ -125,6 +139,9 @@ pub enum Rlqs {
     Bucket,
     /// In the ledger alone: RLS and RLQS do not share one count.
     Ledger,
+    /// Not at all: a quota stream cannot release what it took, so a
+    /// bucket that meets it is refused.
+    Never,
 }
 
 /// What a reset does beyond deleting the limiter's keys.
@@ -138,6 +155,9 @@ pub enum Reset {
     /// Starts a new bucket after now, so that a lease taken before the
     /// reset gives nothing back into it.
     NewBucket,
+    /// Every slot held becomes owed a release, so that the releases of
+    /// requests taken before the reset free nothing taken after it.
+    OweHeld,
 }
 
 impl Algorithm {
@@ -148,7 +168,15 @@ impl Algorithm {
             Algorithm::SlidingWindowCounter => &sliding_counter::SPEC,
             Algorithm::SlidingWindowLog => &sliding_log::SPEC,
             Algorithm::TokenBucket => &token_bucket::SPEC,
+            Algorithm::Concurrency => &concurrency::SPEC,
         }
+    }
+
+    /// Whether a negative hit on it is a release (of a slot held), not
+    /// hits given back: in a `rate_limits:` list with it, a release goes
+    /// to it alone, and the rates keep what the request took.
+    pub fn releases(self) -> bool {
+        self.spec().bound == Bound::InFlight
     }
 
     /// The algorithms that can lease, as validation lists them.
@@ -176,6 +204,7 @@ pub(crate) enum State {
     Counter(sliding_counter::Memory),
     Log(sliding_log::Memory),
     Bucket(token_bucket::Memory),
+    Slots(concurrency::Memory),
 }
 
 /// What the embedded store asks of a limiter's state, with the semantics
@@ -198,7 +227,7 @@ pub(crate) trait Embedded {
     /// What the state holds on the heap.
     fn heap_bytes(&self) -> usize;
     /// What a reset does to a state kept after it (see [`Reset`]).
-    fn forget(&mut self, _now: u64) {}
+    fn forget(&mut self, _now: u64, _hit: &Hit<'_>) {}
 }
 
 impl State {
@@ -214,6 +243,7 @@ impl State {
             State::Counter(m) => m,
             State::Log(m) => m,
             State::Bucket(m) => m,
+            State::Slots(m) => m,
         }
     }
 
@@ -223,6 +253,7 @@ impl State {
             State::Counter(m) => m.heap_bytes(),
             State::Log(m) => m.heap_bytes(),
             State::Bucket(m) => m.heap_bytes(),
+            State::Slots(m) => m.heap_bytes(),
         }
     }
 
@@ -232,6 +263,18 @@ impl State {
             State::Fixed(m) => Some(m),
             _ => None,
         }
+    }
+}
+
+/// A duration in microseconds as rules write it: `500ms`, `30s`, `2m`,
+/// `1h` (the largest unit that divides it).
+pub fn duration_text(micros: u64) -> String {
+    let ms = micros / 1_000;
+    match ms {
+        _ if ms > 0 && ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
+        _ if ms > 0 && ms.is_multiple_of(60_000) => format!("{}m", ms / 60_000),
+        _ if ms > 0 && ms.is_multiple_of(1_000) => format!("{}s", ms / 1_000),
+        _ => format!("{ms}ms"),
     }
 }
 

@@ -21,7 +21,8 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Buckets,
     calendar: false,
     own_keys: &["buckets"],
-    entry_per_hit: false,
+    entry_per_hit: None,
+    takes_reports: true,
     memory: || State::Counter(Memory::default()),
 };
 

@@ -22,7 +22,11 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Trailing,
     calendar: false,
     own_keys: &[],
-    entry_per_hit: true,
+    entry_per_hit: Some((
+        "a log keeps every admitted hit",
+        "use algorithm: sliding_window_counter, or raise max_log_limit",
+    )),
+    takes_reports: true,
     memory: || State::Log(Memory::default()),
 };
 

@@ -20,7 +20,8 @@ pub const SPEC: Spec = Spec {
     bound: Bound::Bucket,
     calendar: false,
     own_keys: &["burst"],
-    entry_per_hit: false,
+    entry_per_hit: None,
+    takes_reports: true,
     memory: || State::Bucket(Memory::default()),
 };
 
@@ -68,7 +69,7 @@ impl Embedded for Memory {
 
     /// A reset starts a new bucket after `now`: a lease or a charge
     /// taken before it gives nothing back into it.
-    fn forget(&mut self, now: u64) {
+    fn forget(&mut self, now: u64, _: &Hit<'_>) {
         self.leased.since = now + 1;
     }
 }

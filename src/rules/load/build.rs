@@ -40,6 +40,7 @@ pub(super) const RATE_LIMIT_KEYS: &[&str] = &[
     "count_refused",
     "timezone",
     "lease",
+    "max_duration",
 ];
 
 impl Walker<'_> {
@@ -260,6 +261,7 @@ impl Walker<'_> {
             algorithm: limit.algorithm,
             buckets: limit.buckets,
             burst: limit.burst,
+            max_duration: limit.max_duration,
             shards: limit.shards,
             on_store_error: limit.on_store_error,
             usage_reports: limit.usage_reports,
@@ -320,6 +322,7 @@ impl Walker<'_> {
             rpu_line,
             path,
         );
+        let max_duration = self.max_duration(&fields, algorithm, limit.as_ref(), owner_line, path);
         let shards = fields
             .get("shards")
             .and_then(|(_, v)| self.shards(v, limit.as_ref(), burst, path));
@@ -352,6 +355,7 @@ impl Walker<'_> {
             algorithm,
             buckets,
             burst,
+            max_duration,
             shards,
             on_store_error,
             usage_reports,
@@ -525,7 +529,10 @@ impl Walker<'_> {
     fn log_limit(&mut self, limit: u32, algorithm: Option<Algorithm>, node: &Yaml, path: &str) {
         let max = self.options.max_log_limit;
         let effective = algorithm.unwrap_or(self.options.default_algorithm);
-        if !effective.spec().entry_per_hit || limit <= max {
+        let Some((why, instead)) = effective.spec().entry_per_hit else {
+            return;
+        };
+        if limit <= max {
             return;
         }
         let inherited = if algorithm.is_none() {
@@ -537,9 +544,8 @@ impl Walker<'_> {
             line_of(node),
             &join(path, "requests_per_unit"),
             format!(
-                "sliding_window_log limit {limit}{inherited} is above max_log_limit {max} \
-                 (a log keeps every admitted hit); use algorithm: sliding_window_counter, \
-                 or raise max_log_limit"
+                "{effective} limit {limit}{inherited} is above max_log_limit {max} \
+                 ({why}); {instead}"
             ),
         );
     }
@@ -563,6 +569,7 @@ pub(super) struct RateLimit {
     pub(super) algorithm: Option<Algorithm>,
     pub(super) buckets: Option<u8>,
     pub(super) burst: Option<u64>,
+    pub(super) max_duration: Option<u64>,
     pub(super) shards: Option<u16>,
     pub(super) on_store_error: Option<FailurePolicy>,
     pub(super) usage_reports: Option<bool>,

@@ -205,7 +205,7 @@ pub const RULE_KEYS: &[RuleKey] = &[
     k(
         RateLimit,
         "algorithm",
-        "`fixed_window`, `sliding_window_counter`, `sliding_window_log` or `token_bucket`",
+        "`fixed_window`, `sliding_window_counter`, `sliding_window_log`, `token_bucket` or `concurrency`",
         "the `default_algorithm` setting; `fixed_window` with `timezone`",
         "how hits are counted",
     ),
@@ -264,6 +264,13 @@ pub const RULE_KEYS: &[RuleKey] = &[
         "boolean",
         "the `lease` setting, where the limit may be leased",
         "`true`: decided from quota each replica leases from the store, so most hits cost no store call; the limit is never passed",
+    ),
+    k(
+        RateLimit,
+        "max_duration",
+        "a whole number with its unit: `ms`, `s`, `m` or `h` (such as `500ms` or `30s`), more than 0",
+        "required on `concurrency`, refused elsewhere",
+        "the longest a request holds its slot: a slot whose release never comes frees itself then",
     ),
     k(
         Replaces,
@@ -407,6 +414,26 @@ pub const REFUSED: &[Refused] = &[
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: second, requests_per_unit: 1, algorithm: fixed_window, count_refused: false, lease: true}\n",
     ),
     r(
+        "`concurrency` without `max_duration`",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: concurrency}\n",
+    ),
+    r(
+        "`max_duration` on another algorithm than `concurrency`",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: second, requests_per_unit: 5, algorithm: fixed_window, max_duration: 30s}\n",
+    ),
+    r(
+        "`concurrency` with a unit other than `second`",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: minute, requests_per_unit: 5, algorithm: concurrency, max_duration: 30s}\n",
+    ),
+    r(
+        "`concurrency` with `unit_multiplier`, `shards` or `usage_reports`",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: second, unit_multiplier: 2, requests_per_unit: 5, algorithm: concurrency, max_duration: 30s}\n",
+    ),
+    r(
+        "`lease: true` on `concurrency`",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: second, requests_per_unit: 5, algorithm: concurrency, max_duration: 30s, lease: true}\n",
+    ),
+    r(
         "an empty `rate_limits` list",
         "domain: d\ndescriptors:\n  - key: k\n    rate_limits: []\n",
     ),
@@ -506,7 +533,7 @@ mod tests {
     /// a list and a token bucket beside it) loads.
     #[test]
     fn every_key_together_loads() {
-        let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: \"v*\"\n    shadow_mode: true\n    quota_mode: false\n    detailed_metric: true\n    value_to_metric: true\n    share_threshold: true\n    metadata: {team: a}\n    rate_limit:\n      unit: day\n      requests_per_unit: 10\n      name: a\n      replaces: [{name: b}]\n      algorithm: fixed_window\n      on_store_error: allow\n      usage_reports: false\n      count_refused: true\n      timezone: UTC\n      lease: false\n    descriptors:\n      - key: c\n        rate_limit: {unit: second, requests_per_unit: 10, unit_multiplier: 2, algorithm: token_bucket, burst: 5, shards: 2}\n      - key: e\n        rate_limit: {unit: second, requests_per_unit: 10, algorithm: sliding_window_counter, buckets: 4}\n      - key: u\n        rate_limit: {unlimited: true}\n      - key: l\n        rate_limits:\n          - {unit: second, requests_per_unit: 1}\n          - {unit: hour, requests_per_unit: 10}\n";
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: \"v*\"\n    shadow_mode: true\n    quota_mode: false\n    detailed_metric: true\n    value_to_metric: true\n    share_threshold: true\n    metadata: {team: a}\n    rate_limit:\n      unit: day\n      requests_per_unit: 10\n      name: a\n      replaces: [{name: b}]\n      algorithm: fixed_window\n      on_store_error: allow\n      usage_reports: false\n      count_refused: true\n      timezone: UTC\n      lease: false\n    descriptors:\n      - key: c\n        rate_limit: {unit: second, requests_per_unit: 10, unit_multiplier: 2, algorithm: token_bucket, burst: 5, shards: 2}\n      - key: e\n        rate_limit: {unit: second, requests_per_unit: 10, algorithm: sliding_window_counter, buckets: 4}\n      - key: u\n        rate_limit: {unlimited: true}\n      - key: n\n        rate_limit: {unit: second, requests_per_unit: 5, algorithm: concurrency, max_duration: 30s}\n      - key: l\n        rate_limits:\n          - {unit: second, requests_per_unit: 1}\n          - {unit: hour, requests_per_unit: 10}\n";
         assert_eq!(loaded(yaml), Ok(()));
         let written: std::collections::HashSet<&str> = yaml
             .split(['\n', '{', ',', '['])

@@ -27,6 +27,7 @@ mod list;
 mod metadata;
 mod refused;
 mod replaces;
+mod slots;
 mod tree;
 mod window;
 mod yaml;

@@ -34,7 +34,7 @@ pub(super) fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
 pub(super) fn capacity(hit: &Hit<'_>) -> u64 {
     match hit.algorithm.spec().param {
         Param::Burst => effective_burst(hit.burst, hit.limit, hit.window),
-        Param::Buckets => hit.limit,
+        Param::Buckets | Param::MaxDuration => hit.limit,
     }
 }
 

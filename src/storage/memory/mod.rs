@@ -378,10 +378,11 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
         let mut shard = lock(&self.shards[index]);
-        if let Some((held, slot)) = shard.slots.remove_entry(&key) {
+        let removed = shard.slots.remove_entry(&key);
+        if let Some((held, slot)) = &removed {
             shard.held = shard
                 .held
-                .saturating_sub(entry_bytes(held.capacity()) + state_bytes(&slot));
+                .saturating_sub(entry_bytes(held.capacity()) + state_bytes(slot));
             shard.spare_nodes += 1;
         }
         let reset = hit.algorithm.spec().reset;
@@ -396,9 +397,19 @@ impl MemoryStore {
                 .insert(key, (now, span.end.saturating_add(ahead)));
         } else if reset == Reset::NewBucket {
             self.with_slot(&mut shard, key, hit.algorithm, now, |slot| {
-                slot.state.ops().forget(now);
+                slot.state.ops().forget(now, hit);
                 slot.expires_at = now + 1;
             });
+        } else if reset == Reset::OweHeld
+            && let Some((held, mut slot)) = removed
+        {
+            // Kept, with what it held now owed (until when it would have
+            // been held, its expiry already).
+            slot.state.ops().forget(now, hit);
+            let bytes = entry_bytes(held.capacity()) + state_bytes(&slot);
+            shard.held += bytes;
+            shard.spare_nodes = shard.spare_nodes.saturating_sub(1);
+            shard.slots.insert(held, slot);
         }
     }
 

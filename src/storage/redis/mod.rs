@@ -228,6 +228,7 @@ impl RedisStore {
                     effective_burst(hit.burst, hit.limit, hit.window).min(MAX_EXACT) as i64
                 }
                 Param::Buckets => i64::from(hit.buckets),
+                Param::MaxDuration => hit.burst.clamp(1, MAX_EXACT) as i64,
             },
             // 2: answer with receipts (never asked with usage reports);
             // 3: and reserve hits in the next windows.

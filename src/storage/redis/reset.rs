@@ -58,7 +58,25 @@ impl RedisStore {
             self.command(lease_slot, "DEL", vec![ledger.into_key(Role::Lease)])
                 .await?;
         }
-        if hit.algorithm.spec().reset == Reset::MarkWindow {
+        if hit.algorithm.spec().reset == Reset::OweHeld {
+            // Its own script keeps what was held as owed, in one step.
+            keys.drain(1..3);
+            self.command(slot, "DEL", keys).await?;
+            let (slot, mut call) = self.prepare(hit, &[]);
+            call.args[3] = 5;
+            let timeout = self.inner.command_timeout;
+            match tokio::time::timeout(timeout, self.call(slot, call)).await {
+                Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
+                Ok(reply) => match reply?[..] {
+                    [1] => {}
+                    ref other => {
+                        return Err(StoreError::Protocol(format!(
+                            "unexpected reset reply {other:?}"
+                        )));
+                    }
+                },
+            }
+        } else if hit.algorithm.spec().reset == Reset::MarkWindow {
             // Deleted and marked in one step: no give-back lands between.
             let (w, life) = match hit.window.zone() {
                 None => (hit.window.micros(), 0),
