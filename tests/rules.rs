@@ -303,7 +303,7 @@ fn unknown_key() {
         "unknown_key.yaml",
         12,
         "descriptors[1].descriptors[0].rate_limit.unti: ",
-        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused, timezone, lease)",
+        "unknown key \"unti\" (allowed: unit, requests_per_unit, unit_multiplier, unlimited, name, replaces, algorithm, buckets, burst, shards, on_store_error, usage_reports, count_refused, timezone, lease, max_duration)",
     );
 }
 
