@@ -119,6 +119,14 @@ pub const TABLE: &[Row] = &[
         bound: of_algorithm,
     },
     Row {
+        combination: "`concurrency` (also in a list, with `count_refused: false`, reset)",
+        bound_text: "at most the limit of takes held at any instant (admitted within the last `max_duration` and not released); so in any `max_duration`, at most the limit plus the releases within it. A refused take's release frees nothing",
+        faults_text: FAULTS,
+        checked_by: "`tests/model.rs`, `tests/concurrency.rs`, `tests/envoy_concurrency.rs`",
+        applies: |f| f.algorithm.releases() && !f.rlqs,
+        bound: of_algorithm,
+    },
+    Row {
         combination: "RLQS beside RLS, `fixed_window` or `token_bucket`, not sharded, not calendar (also in a list, under `share_threshold`, leased)",
         bound_text: "the algorithm's bound for both protocols together, plus the Envoys' buckets' bursts: what they hold as the window (a bucket: the interval) begins and what they are given beyond their rates within it",
         faults_text: RLQS_FAULTS,
@@ -127,7 +135,7 @@ pub const TABLE: &[Row] = &[
         bound: of_algorithm,
     },
     Row {
-        combination: "RLQS beside RLS, any other rule (the sliding windows, sharded; a calendar limit, which RLQS skips: Envoy's `no_assignment_behavior` applies)",
+        combination: "RLQS beside RLS, any other rule (the sliding windows, sharded; a calendar limit, which RLQS skips: Envoy's `no_assignment_behavior` applies; `concurrency`, whose buckets RLQS denies, as a quota stream cannot release what it took)",
         bound_text: "the algorithm's bound for each protocol alone (RLQS: plus the Envoys' buckets' bursts)",
         faults_text: RLQS_FAULTS,
         checked_by: "`tests/model.rs`, `tests/lease.rs`, `tests/rlqs.rs`",
@@ -140,6 +148,7 @@ pub const TABLE: &[Row] = &[
 pub const ALLOWANCES: &[&str] = &[
     "Hits given back (`is_negative_hits`) make that much room again.",
     "Usage reports are recorded whatever they answer and admit nothing: requests' admitted hits keep the bound.",
+    "`concurrency` counts on every take being released once, whatever its answer (Envoy's stream-done call does so): a release first pays what refused takes owe, then frees the oldest slot. A release whose take never reached the store (its call failed before the write, or `on_store_error: allow` answered it), or that comes after its slot's `max_duration`, frees a slot another request holds: one more in flight, for each.",
     "With `lease`, a reset through one replica forgets that replica's lease at once; each other replica may still spend what it held of a lease taken before the reset, until it reads the reset (Redis: within 200 ms): at most a tenth of the limit (a bucket: of its burst) per other replica, in the window holding the reset.",
     "`on_store_error: allow` answers OK a descriptor whose store call failed or outlived its deadline, without counting it (a quota stream assigns its bucket `ALLOW_ALL` when no assignment of it is in force): those hits come on top of the bound (`deny` refuses them; `error`, the default, fails the call with `UNAVAILABLE` and Envoy's `failure_mode_deny` decides).",
     "A replica that crashes loses its leases: they only admit less, for the rest of their window.",
