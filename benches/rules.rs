@@ -2,7 +2,9 @@
 //! its own value (one rule per tenant, as a control plane writes them).
 //!
 //! `cargo bench --bench rules` measures N = 1,000, 10,000 and 100,000;
-//! `cargo bench --bench rules -- 1000000` (any sizes) measures others. Per N:
+//! `cargo bench --bench rules -- 1000000` (any sizes) measures others.
+//! `cargo test --bench rules` (CI) measures 20,000 and 100,000 and fails
+//! when a rule costs a serving replica more than 1 KiB of RSS. Per N:
 //!
 //! - `heap B/rule`: bytes the loaded rules hold on the heap, counted by this
 //!   benchmark's global allocator (live bytes after `load_dir` less before,
@@ -15,8 +17,9 @@
 //!   machine changes less.
 //! - `serve RSS B/rule`: the resident memory of a real `tollgate serve`
 //!   with the N rules less one with a single rule, per rule (`VmRSS`:
-//!   what a replica pays, allocator overhead and metrics included), and
-//!   `start s`, the time until it listens.
+//!   what a replica pays, allocator overhead and metrics included), once
+//!   it has settled (no longer falling) after start, and `start s`, the
+//!   time until it listens.
 //! - `validate s`: a real `tollgate validate` of the directory.
 //!
 //! Linux only (`/proc`).
@@ -26,7 +29,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tollgate::rules::{LoadOptions, load_dir};
 
@@ -133,9 +136,23 @@ fn serve_rss(dir: &Path) -> (usize, f64) {
         }
     }
     let took = started.elapsed().as_secs_f64();
-    // Let the startup's last allocations settle.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let rss = vm_rss(child.id());
+    // What the replica keeps: jemalloc's background thread hands the
+    // pages the load freed back within about a second (its
+    // `dirty_decay_ms`, `.cargo/config.toml`), so wait until the resident
+    // size has not fallen by 1% for a second, or 10 s.
+    let mut rss = vm_rss(child.id());
+    let mut steady_since = Instant::now();
+    let waited = Instant::now();
+    while steady_since.elapsed() < Duration::from_secs(1)
+        && waited.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = vm_rss(child.id());
+        if now < rss - rss / 100 {
+            steady_since = Instant::now();
+        }
+        rss = rss.min(now);
+    }
     let _ = child.kill();
     let _ = child.wait();
     (rss, took)
@@ -147,13 +164,15 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .filter_map(|a| a.replace(['_', ','], "").parse().ok())
         .collect();
-    // `cargo bench` passes `--bench`; `cargo test --benches` runs it once,
-    // small.
-    let sizes = match (sizes.is_empty(), std::env::args().any(|a| a == "--bench")) {
+    // `cargo bench` passes `--bench`; `cargo test --bench rules` (CI) runs
+    // the sizes of the memory bound, and fails past it.
+    let checked = sizes.is_empty() && !std::env::args().any(|a| a == "--bench");
+    let sizes = match (sizes.is_empty(), checked) {
         (false, _) => sizes,
-        (true, true) => vec![1_000, 10_000, 100_000],
-        (true, false) => vec![1_000],
+        (true, false) => vec![1_000, 10_000, 100_000],
+        (true, true) => vec![20_000, 100_000],
     };
+    let mut over = Vec::new();
     let options = LoadOptions::default();
     let base = tempfile::tempdir().unwrap();
     write_rules(base.path(), 1);
@@ -199,12 +218,24 @@ fn main() {
             .unwrap();
         let validate = started.elapsed().as_secs_f64();
         assert!(status.success());
+        let rss_per_rule = rss.saturating_sub(base_rss) as f64 / n as f64;
         println!(
-            "{n:>9} {:>12.0} {:>12.1} {:>9.1} {load:>8.3} {cpu:>6.2} {:>17.0} {start:>8.3} {validate:>11.3}",
+            "{n:>9} {:>12.0} {:>12.1} {:>9.1} {load:>8.3} {cpu:>6.2} {rss_per_rule:>17.0} {start:>8.3} {validate:>11.3}",
             heap as f64 / n as f64,
             allocs as f64 / n as f64,
             peak as f64 / 1e6,
-            rss.saturating_sub(base_rss) as f64 / n as f64,
         );
+        if rss_per_rule > MAX_RSS_PER_RULE {
+            over.push(format!("{n} rules: {rss_per_rule:.0} B/rule"));
+        }
     }
+    assert!(
+        !checked || over.is_empty(),
+        "a serving replica's rules cost more than {MAX_RSS_PER_RULE} B each in RSS: {}",
+        over.join(", ")
+    );
 }
+
+/// What a rule may cost a serving replica, in resident bytes: checked at
+/// 20,000 and 100,000 rules by `cargo test --bench rules` (CI).
+const MAX_RSS_PER_RULE: f64 = 1024.0;

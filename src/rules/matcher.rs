@@ -25,7 +25,7 @@ pub(super) fn find<'a>(domain: &'a Domain, entries: &[(String, String)]) -> Opti
         }
         level = &node.children;
     }
-    lookup(level, last_key, last_value)?.rule.as_ref()
+    lookup(level, last_key, last_value)?.rule.as_deref()
 }
 
 /// How one entry of a descriptor was matched.

@@ -150,7 +150,9 @@ pub struct Node {
     pub key: Arc<str>,
     /// Empty for the key-only default node.
     pub value: Arc<str>,
-    pub rule: Option<Rule>,
+    /// Boxed: most nodes of a large rule set sit in a level's hash map,
+    /// whose empty buckets then cost a pointer rather than a rule.
+    pub rule: Option<Box<Rule>>,
     pub children: Level,
     /// `share_threshold`: a wildcard whose matches share one limiter.
     pub share_threshold: bool,
@@ -292,7 +294,7 @@ impl RuleSet {
                     }
                     // A `rate_limits:` list: every limit, by its place.
                     Some(rule) => {
-                        let list = std::iter::once(rule).chain(&rule.more);
+                        let list = std::iter::once(&**rule).chain(&rule.more);
                         for (i, rule) in list.enumerate() {
                             out.push(format!("{path}[{i}]: {}", describe_rule(rule, default)));
                         }

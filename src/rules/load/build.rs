@@ -171,7 +171,7 @@ impl Walker<'_> {
         Some(Node {
             key: self.intern(key?),
             value: value?.into(),
-            rule,
+            rule: rule.map(Box::new),
             children,
             share_threshold,
             value_to_metric,
