@@ -13,6 +13,10 @@
 //!   releases: another Envoy on the same tollgate gets 429 for the tenant
 //!   until `max_duration` after their takes, and 200 soon after.
 //!
+//! And the same policies under the route: Envoy 1.40 drops their
+//! `hits_addend`, so a release counts as one more take (why the example
+//! puts them in the filter).
+//!
 //! Every refusal asserted is one answered before the slots it counts on
 //! could have freed themselves (`max_duration` after the instant before
 //! the first take), measured around the calls, so a slow machine fails
@@ -88,6 +92,94 @@ async fn in_flight_through_envoy(settings: &[(&str, &str)]) {
         .await;
     drop(second);
     rig.tollgate.stop().await;
+}
+
+/// The same two policies under the route instead of the filter: Envoy
+/// 1.40 sends both calls, but without their `hits_addend`, so the release
+/// arrives as one more take (what the example's comment says). One
+/// request at a time, each with its two calls decided before the next:
+/// two slots a request, and the third request's second take is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_route_a_release_is_one_more_take() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let rules = std::fs::read_to_string(RULES).unwrap();
+    let tollgate = Tollgate::start(&[("concurrency.yaml", &rules)], &[]).await;
+    tollgate.wait_serving(Duration::from_secs(30)).await;
+    let upstream = Slow::start().await;
+    let example = std::fs::read_to_string(EXAMPLE).unwrap();
+    let start = example
+        .find("                      rate_limits:\n")
+        .unwrap();
+    let end = example
+        .find("                      rate_limit_service:")
+        .unwrap();
+    let policies: String = example[start..end]
+        .lines()
+        .map(|l| format!("      {l}\n"))
+        .collect();
+    let route = "                            cluster: upstream\n";
+    assert!(example.contains(route));
+    let route_level = format!("{}{}", &example[..start], &example[end..])
+        .replace(route, &format!("{route}{policies}"));
+    let (envoy, listener) = envoy_on(&route_level, upstream.addr, tollgate.grpc).await;
+    let (_, max_duration) = rule();
+    let mut rig = Rig {
+        tollgate,
+        upstream,
+        max_duration,
+        calls: 0,
+    };
+    rig.warm_up(listener).await;
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let (status, _) = get(listener, "route-level", None).await.unwrap();
+        statuses.push(status);
+        rig.calls += 2;
+        rig.settle().await;
+    }
+    assert!(
+        Instant::now() < started + max_duration,
+        "the machine is too slow for this test"
+    );
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429],
+        "Envoy sends hits_addend for a route's policies now: the example's comment and \
+         the book (rules/algorithms.md) say otherwise"
+    );
+    drop(envoy);
+    rig.tollgate.stop().await;
+}
+
+/// The book shows the example's ratelimit filter by line numbers
+/// (`docs/src/rules/algorithms.md`): they still name the whole filter.
+#[test]
+fn the_book_includes_the_whole_filter() {
+    let page = std::fs::read_to_string("docs/src/rules/algorithms.md").unwrap();
+    let directive = "{{#include ../../../examples/envoy/concurrency/envoy.yaml:";
+    let at = page.find(directive).expect("the book includes the example") + directive.len();
+    let (from, to) = page[at..]
+        .split_once("}}")
+        .unwrap()
+        .0
+        .split_once(':')
+        .unwrap();
+    let (from, to): (usize, usize) = (from.parse().unwrap(), to.parse().unwrap());
+    let example = std::fs::read_to_string(EXAMPLE).unwrap();
+    let lines: Vec<&str> = example.lines().collect();
+    assert_eq!(
+        lines[from - 1].trim(),
+        "- name: envoy.filters.http.ratelimit",
+        "line {from}"
+    );
+    assert_eq!(lines[to - 1].trim(), "cluster_name: tollgate", "line {to}");
+    assert_eq!(
+        lines[to].trim(),
+        "- name: envoy.filters.http.router",
+        "line {}",
+        to + 1
+    );
 }
 
 /// The example rule's slots (`requests_per_unit`) and `max_duration`.
