@@ -91,7 +91,7 @@ pub const TABLE: &[Row] = &[
         bound_text: "at most the limit in every aligned window",
         faults_text: FAULTS,
         checked_by: "`tests/model.rs`",
-        applies: |f| f.algorithm == Algorithm::FixedWindow && !f.rlqs,
+        applies: |f| of_algorithm(f) == Bound::Window && !f.rlqs,
         bound: of_algorithm,
     },
     Row {
@@ -99,7 +99,7 @@ pub const TABLE: &[Row] = &[
         bound_text: "at most the limit in every trailing window",
         faults_text: FAULTS,
         checked_by: "`tests/model.rs`",
-        applies: |f| f.algorithm == Algorithm::SlidingWindowLog && !f.rlqs,
+        applies: |f| of_algorithm(f) == Bound::Trailing && !f.rlqs,
         bound: of_algorithm,
     },
     Row {
@@ -107,7 +107,7 @@ pub const TABLE: &[Row] = &[
         bound_text: "at most the limit in every `buckets - 1` aligned buckets (so at most 2x in a trailing window)",
         faults_text: FAULTS,
         checked_by: "`tests/model.rs`",
-        applies: |f| f.algorithm == Algorithm::SlidingWindowCounter && !f.rlqs,
+        applies: |f| of_algorithm(f) == Bound::Buckets && !f.rlqs,
         bound: of_algorithm,
     },
     Row {
@@ -115,7 +115,7 @@ pub const TABLE: &[Row] = &[
         bound_text: "at most burst + rate x t in any interval t",
         faults_text: FAULTS,
         checked_by: "`tests/model.rs`",
-        applies: |f| f.algorithm == Algorithm::TokenBucket && !f.rlqs,
+        applies: |f| of_algorithm(f) == Bound::Bucket && !f.rlqs,
         bound: of_algorithm,
     },
     Row {
@@ -123,7 +123,7 @@ pub const TABLE: &[Row] = &[
         bound_text: "at most the limit of takes held at any instant (admitted within the last `max_duration` and not released); so in any `max_duration`, at most the limit plus the releases within it. A refused take's release frees nothing",
         faults_text: FAULTS,
         checked_by: "`tests/model.rs`, `tests/concurrency.rs`, `tests/envoy_concurrency.rs`",
-        applies: |f| f.algorithm.releases() && !f.rlqs,
+        applies: |f| of_algorithm(f) == Bound::InFlight && !f.rlqs,
         bound: of_algorithm,
     },
     Row {

@@ -142,19 +142,15 @@ impl Engine {
                     reason: "a descriptor needs at least one entry".into(),
                 });
             }
+            let algorithm = self.options.default_algorithm;
             if let Some(o) = d.limit_override
-                && self
-                    .options
-                    .default_algorithm
-                    .spec()
-                    .entry_per_hit
-                    .is_some()
+                && let Some((why, instead)) = algorithm.spec().entry_per_hit
                 && o.requests_per_unit > self.options.max_log_limit
             {
                 return Err(EngineError::BadDescriptor {
                     index,
                     reason: format!(
-                        "limit override of {} per {} is above max_log_limit={} for sliding_window_log (one stored entry per hit); use sliding_window_counter for large limits",
+                        "limit override of {} per {} is above max_log_limit={} for {algorithm} ({why}); {instead}",
                         o.requests_per_unit,
                         o.unit.as_str(),
                         self.options.max_log_limit

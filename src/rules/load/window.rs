@@ -71,12 +71,17 @@ impl Walker<'_> {
             );
         }
         if let Some(other) = algorithm.filter(|a| !a.spec().calendar) {
+            let calendar: Vec<&str> = Algorithm::ALL
+                .into_iter()
+                .filter(|a| a.spec().calendar)
+                .map(Algorithm::as_str)
+                .collect();
             self.error(
                 at,
                 &path,
                 format!(
-                    "timezone applies only to algorithm: fixed_window (calendar windows), \
-                     not {other}"
+                    "timezone applies only to algorithm: {} (calendar windows), not {other}",
+                    calendar.join(" or ")
                 ),
             );
         }
@@ -99,6 +104,10 @@ impl Walker<'_> {
             },
             (limit, _) => limit,
         };
-        (limit, Some(Algorithm::FixedWindow))
+        // The algorithm a calendar may time (there is one).
+        (
+            limit,
+            Algorithm::ALL.into_iter().find(|a| a.spec().calendar),
+        )
     }
 }
