@@ -78,6 +78,9 @@ descriptors:
     value: banned
     rate_limit: {{unit: second, requests_per_unit: 0}}
   - key: name
+    value: inflight
+    rate_limit: {{algorithm: concurrency, unit: second, requests_per_unit: 5, max_duration: 30s}}
+  - key: name
     value: shadow
     shadow_mode: true
     rate_limit: {{unit: second, requests_per_unit: 5}}
@@ -520,6 +523,7 @@ async fn blanket_rules(t: &Tollgate, domain: &str) {
     let banned = [("name", "banned")];
     let shadow = [("name", "shadow")];
     let unknown = [("nothing", "matches")];
+    let inflight = [("name", "inflight")];
     let response = q
         .report(vec![
             usage(&free, 3, 0, 5),
@@ -527,9 +531,12 @@ async fn blanket_rules(t: &Tollgate, domain: &str) {
             usage(&banned, 0, 3, 5),
             usage(&shadow, 30, 0, 5),
             usage(&unknown, 1, 0, 5),
+            usage(&inflight, 3, 0, 5),
         ])
         .await;
-    assert_eq!(response.bucket_action.len(), 5, "{response:?}");
+    assert_eq!(response.bucket_action.len(), 6, "{response:?}");
+    // A quota stream has no release: a count in flight is refused to it.
+    assert_eq!(outcome(&response, &inflight), Outcome::Deny, "concurrency");
     assert_eq!(outcome(&response, &free), Outcome::Allow, "no limit");
     assert_eq!(outcome(&response, &open), Outcome::Allow, "unlimited");
     assert_eq!(outcome(&response, &banned), Outcome::Deny, "a 0 limit");
