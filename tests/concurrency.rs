@@ -10,7 +10,8 @@
 //! - a slot whose release never comes frees itself after `max_duration`,
 //!   and not before;
 //! - in a `rate_limits:` list with a rate, a take the rate refuses holds
-//!   no slot, and its release frees none;
+//!   no slot, and its release frees none; nor does a take another
+//!   descriptor refuses, with `count_refused: false`;
 //! - a reset frees every slot, and the releases of the takes before it
 //!   free nothing taken after.
 //!
@@ -53,6 +54,15 @@ descriptors:
     rate_limits:
       - {{algorithm: concurrency, unit: second, requests_per_unit: 2, max_duration: 2s}}
       - {{unit: minute, requests_per_unit: 4, algorithm: fixed_window}}
+  - key: pooled
+    rate_limit:
+      algorithm: concurrency
+      unit: second
+      requests_per_unit: 2
+      max_duration: 2s
+      count_refused: false
+  - key: user
+    rate_limit: {{unit: minute, requests_per_unit: 1, algorithm: fixed_window}}
 "
     )
 }
@@ -205,6 +215,39 @@ async fn in_a_list(c: &mut Clients, domain: &str) {
     );
 }
 
+/// `count_refused: false`: a request another descriptor refuses holds no
+/// slot, and its release frees none another request holds.
+async fn refused_elsewhere(c: &mut Clients, domain: &str) {
+    let pooled: &[(&str, &str)] = &[("pooled", "p")];
+    let with_user = |user: &str| {
+        let mut r = call(domain, pooled, false);
+        r.descriptors.push(descriptor(&[("user", user)]));
+        r
+    };
+    assert_eq!(
+        c.ask(with_user("a")).await.overall_code,
+        OK,
+        "the first take"
+    );
+    let r = c.ask(with_user("a")).await;
+    assert_eq!(r.overall_code, OVER, "the user's limit refuses");
+    assert_eq!(r.statuses[0].code, OK, "the pool had a slot");
+    // The refused request's release (its take was given back).
+    c.release(domain, pooled).await;
+    assert_eq!(
+        c.ask(with_user("b")).await.overall_code,
+        OK,
+        "the refused request held no slot"
+    );
+    let r = c.ask(with_user("c")).await;
+    assert_eq!(r.overall_code, OVER, "2 held: its release freed none");
+    assert_eq!(r.statuses[0].code, OVER, "refused by the pool");
+    c.release(domain, pooled).await;
+    // An admitted request's release frees its slot.
+    c.release(domain, pooled).await;
+    assert_eq!(c.ask(with_user("d")).await.overall_code, OK, "a slot freed");
+}
+
 /// A reset frees the slots; the releases of the takes before it free
 /// nothing taken after.
 async fn reset(c: &mut Clients, debug: SocketAddr, domain: &str) {
@@ -258,6 +301,7 @@ async fn every_case(settings: &[(&str, &str)], replicas: usize) {
     let mut c = Clients::of(&all).await;
     held_refused_and_released(&mut c, &domain).await;
     in_a_list(&mut c, &domain).await;
+    refused_elsewhere(&mut c, &domain).await;
     reset(&mut c, all[0].debug, &domain).await;
     expire(&mut c, &domain).await;
     for t in all {

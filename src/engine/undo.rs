@@ -127,8 +127,11 @@ impl Engine {
         }
         let pending = (0..n).filter(|&i| ready[i].is_none()).map(|i| {
             first[i].take().unwrap_or_else(|| {
-                // A give-back is made whatever the answer.
-                checked[i] = refused && !req.descriptors[i].negative;
+                // A give-back is made whatever the answer; and a count in
+                // flight is charged and given back (its release is then
+                // owed), never only checked: the refused request's release
+                // will come, and must free nothing another holds.
+                checked[i] = refused && !req.descriptors[i].negative && !releases(&plans[i]);
                 Box::pin(call(i, checked[i]))
             })
         });
@@ -223,6 +226,14 @@ impl Engine {
                 .record_taken_back(hits);
         }
     }
+}
+
+/// Whether a plan counts requests in flight (on any limit of its list).
+fn releases(plan: &Plan<'_>) -> bool {
+    let Plan::Limited(l) = plan else {
+        return false;
+    };
+    l.limit.algorithm.releases() || l.also.iter().any(|(_, a)| a.algorithm.releases())
 }
 
 /// Whether a descriptor's outcome refuses the request whatever the others
