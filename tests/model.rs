@@ -51,7 +51,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clock::{Clocks, VirtualClock, advance};
-use coverage::{Coverage, note_features, print};
+use coverage::{Coverage, note_features, print, require};
 use envoy::{Envoy, EnvoySpec};
 use grammar::{Rules, pick};
 use oracle::{Moment, Oracle};
@@ -95,7 +95,7 @@ fn draw_case(seed: u64, real: bool) -> (Case, u64) {
     let mut refused = 0;
     let domain = format!("model{seed}");
     let rules = loop {
-        let rules = grammar::draw(&mut rng, &domain);
+        let rules = grammar::draw(&mut rng, &domain, if real { 75 } else { 35 });
         match world::load(&rules) {
             Ok(_) => break rules,
             Err(e) => {
@@ -251,10 +251,15 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
             }
             Op::Envoy(e, op) => envoys[*e].apply(op, &mut obs),
             // One call, or a client's calls a millisecond apart (a flood).
-            Op::Ask(r, req) | Op::Flood(r, req, _) => {
+            Op::Ask(r, req) | Op::Flood(r, req, _) | Op::Take(r, req, _) | Op::Done(r, req, _) => {
                 let times = match op {
                     Op::Flood(_, _, times) => *times,
                     _ => 1,
+                };
+                let pair = match op {
+                    Op::Take(_, _, id) => Some((*id, true)),
+                    Op::Done(_, _, id) => Some((*id, false)),
+                    _ => None,
                 };
                 for _ in 0..times {
                     let lo = clocks.now();
@@ -265,6 +270,15 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         seq: n,
                     };
                     check_answer(req, &answer).map_err(|e| format!("op {n}: {e}"))?;
+                    if std::env::var("TOLLGATE_MODEL_TRACE").is_ok() {
+                        let codes = answer.as_ref().map(|a| {
+                            (
+                                a.overall,
+                                a.statuses.iter().map(|s| s.code).collect::<Vec<_>>(),
+                            )
+                        });
+                        eprintln!("op {n} at {} µs: {codes:?}", at.lo);
+                    }
                     let through = (!stepped[*r]).then_some(*r);
                     refusals
                         // A call during which time passed (a slow
@@ -287,6 +301,7 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                         &answer,
                         at,
                         world.failing(*r),
+                        pair,
                         coverage,
                     );
                     if matches!(op, Op::Flood(..)) {
@@ -345,6 +360,7 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
                                 answer,
                                 at,
                                 world.failing(*r),
+                                None,
                                 coverage,
                             );
                         }
@@ -559,6 +575,9 @@ async fn the_embedded_store_on_a_virtual_clock() {
     let c = explore(Backend::Virtual, budget()).await;
     print("the embedded store", &c, started.elapsed());
     assert!(c.cases > 0 && c.admitted > 0, "the model ran no traffic");
+    if std::env::var("TOLLGATE_MODEL_SEED").is_err() {
+        require(&c);
+    }
     assert_eq!(c.failed, 0, "cases failed");
 }
 
@@ -640,4 +659,61 @@ fn readme_states_the_promises_the_oracle_checks() {
         text.contains(&table),
         "the Guarantees table in docs/src/guarantees.md differs from tollgate::guarantees::markdown(); it should read:\n{table}"
     );
+}
+
+/// Each key load refuses on a limit in flight (as the grammar draws it
+/// now and then), and `max_duration` on another algorithm: refused, with
+/// the file and line.
+#[test]
+fn a_limit_in_flight_refuses_at_load_with_file_and_line() {
+    let base = |algorithm| grammar::Rule {
+        key: "api_key".into(),
+        value: grammar::Value::KeyOnly,
+        limits: vec![grammar::Limit {
+            algorithm,
+            limit: 3,
+            unit: "second",
+            multiplier: 1,
+            buckets: None,
+            burst: None,
+            zone: None,
+            name: "l0".into(),
+            max_duration: Some(grammar::MAX_DURATIONS[1]),
+        }],
+        list: false,
+        shadow: false,
+        quota: false,
+        shards: 1,
+        lease: false,
+        count_refused: None,
+        usage_reports: false,
+        replaces: Vec::new(),
+        on_store_error: None,
+    };
+    let rules = |rule| Rules {
+        domain: "refused".into(),
+        rules: vec![rule],
+    };
+    world::load(&rules(base(tollgate::limit::Algorithm::Concurrency)))
+        .expect("a limit in flight loads");
+    let mut cases: Vec<grammar::Rule> = (0..grammar::REFUSED_IN_FLIGHT)
+        .map(|which| {
+            let mut r = base(tollgate::limit::Algorithm::Concurrency);
+            grammar::refuse_in_flight(&mut r, 0, which);
+            r
+        })
+        .collect();
+    cases.push(base(tollgate::limit::Algorithm::SlidingWindowLog));
+    for rule in cases {
+        let rules = rules(rule);
+        let e = world::load(&rules).expect_err(&rules.yaml());
+        assert!(
+            e.lines().any(|l| l
+                .strip_prefix("model.yaml:")
+                .and_then(|rest| rest.split(':').next())
+                .is_some_and(|n| n.parse::<u32>().is_ok())),
+            "refused without file and line: {e}\n{}",
+            rules.yaml()
+        );
+    }
 }

@@ -28,6 +28,8 @@ pub struct Coverage {
     /// Of those, answered while Tokio's paused time moved (a slow store).
     pub envoy_moved: u64,
     pub refused_rule_files: u64,
+    /// Takes admitted on limits in flight (`concurrency`).
+    pub in_flight_admitted: u64,
     /// Refusals the refusal check could judge (`model/refusals.rs`).
     pub refusals_checked: u64,
     /// Cases that failed (`TOLLGATE_MODEL_KEEP_GOING`).
@@ -111,7 +113,7 @@ pub fn note_features(case: &Case, coverage: &mut Coverage) {
     }
     for op in &case.ops {
         let reqs: Vec<&Req> = match op {
-            Op::Ask(_, q) | Op::Flood(_, q, _) => vec![q],
+            Op::Ask(_, q) | Op::Flood(_, q, _) | Op::Take(_, q, _) | Op::Done(_, q, _) => vec![q],
             Op::Together(_, calls) => calls
                 .iter()
                 .filter_map(|c| match c {
@@ -145,6 +147,8 @@ pub fn note_features(case: &Case, coverage: &mut Coverage) {
         }
         let what = match op {
             Op::Advance(_) | Op::Ask(..) => continue,
+            Op::Take(..) => "a take whose release comes later (concurrency)",
+            Op::Done(..) => "a take's release (concurrency)",
             Op::Together(_, calls) if calls.iter().any(|c| matches!(c, Call::Reset(..))) => {
                 "fault: a reset among concurrent callers"
             }
@@ -165,6 +169,34 @@ pub fn note_features(case: &Case, coverage: &mut Coverage) {
     }
 }
 
+/// What a run on the embedded store must have met: every algorithm, in
+/// a list too, and limits in flight with their releases, admitting.
+pub fn require(c: &Coverage) {
+    for a in grammar::DRAWN {
+        let name = a.as_str();
+        for what in [name.to_string(), format!("{name} + in a list")] {
+            assert!(
+                c.features.get(&what).is_some_and(|n| *n > 0),
+                "the run drew no case of {what}"
+            );
+        }
+    }
+    for what in [
+        "a take whose release comes later (concurrency)",
+        "a take's release (concurrency)",
+        "concurrency + count_refused: false",
+    ] {
+        assert!(
+            c.features.get(what).is_some_and(|n| *n > 0),
+            "the run drew no case of {what}"
+        );
+    }
+    assert!(
+        c.in_flight_admitted > 0,
+        "no take admitted on a limit in flight"
+    );
+}
+
 pub fn print(store: &str, c: &Coverage, took: Duration) {
     println!(
         "model on {store}: {} cases ({:.1}/s), {} ops, {} hits admitted ({} decisions from leases), {} requests admitted by Envoys ({} reports answered, {} while a slow store moved Tokio's time), {} rule files refused at load, in {:.0?}",
@@ -181,6 +213,10 @@ pub fn print(store: &str, c: &Coverage, took: Duration) {
     );
     println!("  refusals judged: {}", c.refusals_checked);
     println!("  hits admitted on leased rules: {}", c.admitted_on_leased);
+    println!(
+        "  takes admitted on limits in flight: {}",
+        c.in_flight_admitted
+    );
     for (what, n) in &c.features {
         println!("  {n:>6}  {what}");
     }

@@ -11,11 +11,34 @@ use rand_chacha::rand_core::SeedableRng;
 use tollgate::guarantees::Features;
 use tollgate::limit::Algorithm;
 
+/// The algorithms the case's generator draws from (`concurrency` is
+/// drawn from a generator of its own, [`Concurrency`], so that the cases
+/// drawn before it came replay).
 pub const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::FixedWindow,
     Algorithm::SlidingWindowLog,
     Algorithm::SlidingWindowCounter,
     Algorithm::TokenBucket,
+];
+
+/// Every algorithm a case may meet.
+pub const DRAWN: [Algorithm; 5] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::TokenBucket,
+    Algorithm::Concurrency,
+];
+
+/// `max_duration`s drawn for a limit in flight: as written, and in
+/// microseconds. The model's time moves by milliseconds to seconds
+/// between calls: slots freed by their releases, by themselves, or held
+/// across the whole case.
+pub const MAX_DURATIONS: [(&str, u64); 4] = [
+    ("200ms", 200_000),
+    ("1s", 1_000_000),
+    ("2s", 2_000_000),
+    ("1m", 60_000_000),
 ];
 
 pub fn pick(rng: &mut ChaCha8Rng, n: usize) -> usize {
@@ -50,6 +73,9 @@ pub struct Limit {
     /// saving, so the model computes its boundaries itself).
     pub zone: Option<(&'static str, i64)>,
     pub name: String,
+    /// `max_duration` (`concurrency`; on another algorithm, refused), as
+    /// written and in microseconds.
+    pub max_duration: Option<(&'static str, u64)>,
 }
 
 impl Limit {
@@ -73,6 +99,11 @@ impl Limit {
 
     pub fn burst(&self) -> u64 {
         self.burst.unwrap_or(self.limit)
+    }
+
+    /// How long a slot is held at most (`concurrency`).
+    pub fn max_duration_micros(&self) -> u64 {
+        self.max_duration.map_or(self.window_micros(), |(_, m)| m)
     }
 }
 
@@ -151,6 +182,7 @@ fn draw_limit(rng: &mut ChaCha8Rng, index: usize, taken: &[Limit], leases: bool)
                 .then(|| limit * (1 + pick(rng, 3) as u64)),
             zone,
             name: format!("l{index}"),
+            max_duration: None,
         };
         // A list refuses two limits of one algorithm and window.
         if !taken
@@ -162,8 +194,10 @@ fn draw_limit(rng: &mut ChaCha8Rng, index: usize, taken: &[Limit], leases: bool)
     }
 }
 
-/// A rule set of one domain: a few top-level rules on a few keys.
-pub fn draw(rng: &mut ChaCha8Rng, domain: &str) -> Rules {
+/// A rule set of one domain: a few top-level rules on a few keys; limits
+/// in flight in `in_flight` percent of the cases (the real clock's few
+/// cases draw them more often).
+pub fn draw(rng: &mut ChaCha8Rng, domain: &str, in_flight_percent: u64) -> Rules {
     // Keys added to the grammar later draw from a generator of their own
     // (seeded by the case's domain, which holds its seed): the case's
     // generator draws what it drew before, so seeds found earlier replay.
@@ -272,9 +306,86 @@ pub fn draw(rng: &mut ChaCha8Rng, domain: &str) -> Rules {
         let last = rules.len() - 1;
         rules[last].replaces.push(target);
     }
-    Rules {
+    let mut drawn = Rules {
         domain: domain.to_string(),
         rules,
+    };
+    in_flight(&mut drawn, in_flight_percent);
+    drawn
+}
+
+/// Limits in flight (`concurrency`, added later): some of the cases
+/// turn some of their limits into one (a list keeps its other limit, a
+/// rate), from a generator of their own, so that every other case draws
+/// what it drew before. Now and then a key load refuses beside it (or
+/// `max_duration` on another algorithm), to see the refusal name its line.
+/// (Seeded by the file drawn so far: a file drawn again after a refusal
+/// draws anew.)
+fn in_flight(drawn: &mut Rules, percent: u64) {
+    let mut side = {
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&(drawn.yaml(), "concurrency"), &mut h);
+        ChaCha8Rng::seed_from_u64(std::hash::Hasher::finish(&h))
+    };
+    let rules = &mut drawn.rules;
+    if !chance(&mut side, percent) {
+        if chance(&mut side, 3) {
+            let r = pick(&mut side, rules.len());
+            rules[r].limits[0].max_duration = Some(MAX_DURATIONS[pick(&mut side, 4)]);
+        }
+        return;
+    }
+    let mut any = false;
+    for rule in rules.iter_mut() {
+        if !chance(&mut side, 45) {
+            continue;
+        }
+        let k = pick(&mut side, rule.limits.len());
+        become_in_flight(&mut side, rule, k);
+        any = true;
+    }
+    if !any {
+        let r = pick(&mut side, rules.len());
+        let k = pick(&mut side, rules[r].limits.len());
+        become_in_flight(&mut side, &mut rules[r], k);
+    }
+}
+
+fn become_in_flight(side: &mut ChaCha8Rng, rule: &mut Rule, k: usize) {
+    let l = &mut rule.limits[k];
+    l.algorithm = Algorithm::Concurrency;
+    l.limit = [1, 2, 3, 5, 10, 20][pick(side, 6)];
+    l.unit = "second";
+    l.multiplier = 1;
+    l.buckets = None;
+    l.burst = None;
+    l.zone = None;
+    l.max_duration = Some(MAX_DURATIONS[pick(side, 4)]);
+    // What load refuses on it, the rule's as its limit's.
+    rule.lease = false;
+    rule.shards = 1;
+    rule.usage_reports = false;
+    if chance(side, 8) {
+        refuse_in_flight(rule, k, pick(side, REFUSED_IN_FLIGHT));
+    }
+}
+
+/// The keys load refuses on a limit in flight, one by one.
+pub const REFUSED_IN_FLIGHT: usize = 9;
+
+/// Limit `k` of `rule` (a limit in flight) with refused key `which`.
+pub fn refuse_in_flight(rule: &mut Rule, k: usize, which: usize) {
+    let l = &mut rule.limits[k];
+    match which {
+        0 => l.unit = "minute",
+        1 => l.multiplier = 2,
+        2 => rule.shards = 2,
+        3 => rule.usage_reports = true,
+        4 => rule.lease = true,
+        5 => l.zone = Some(("UTC", 0)),
+        6 => l.burst = Some(l.limit * 2),
+        7 => l.buckets = Some(3),
+        _ => l.max_duration = None,
     }
 }
 
@@ -325,6 +436,9 @@ impl Rules {
                 }
                 if let Some((zone, _)) = l.zone {
                     let _ = writeln!(y, "{pad}timezone: {zone}");
+                }
+                if let Some((text, _)) = l.max_duration {
+                    let _ = writeln!(y, "{pad}max_duration: {text}");
                 }
                 if r.shards > 1 {
                     let _ = writeln!(y, "{pad}shards: {}", r.shards);

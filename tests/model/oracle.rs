@@ -36,6 +36,12 @@ pub struct Limiter {
     pub envoy_admitted: Vec<(Moment, u64)>,
     /// The Envoys' buckets counting on it: indices of [`Oracle::tracks`].
     pub tracks: Vec<usize>,
+    /// Takes whose release comes later (Envoy-like pairs, `concurrency`):
+    /// the pair's id, its moment, and whether its call surely reached the
+    /// store (no store fault in force, an answer).
+    pub takes: Vec<(u64, Moment, bool)>,
+    /// The pairs' releases: id and moment (also in `given_back`).
+    pub releases: Vec<(u64, Moment)>,
 }
 
 /// One Envoy bucket's filter over time: its state after each change (the
@@ -124,6 +130,8 @@ impl Oracle {
             resets: Vec::new(),
             envoy_admitted: Vec::new(),
             tracks: Vec::new(),
+            takes: Vec::new(),
+            releases: Vec::new(),
         })
     }
 
@@ -136,6 +144,8 @@ impl Oracle {
             resets: Vec::new(),
             envoy_admitted: Vec::new(),
             tracks: Vec::new(),
+            takes: Vec::new(),
+            releases: Vec::new(),
         })
     }
 
@@ -188,6 +198,10 @@ impl Limiter {
             };
             let rls = within(&self.admitted);
             let envoys = within(&self.envoy_admitted);
+            if self.promise.bound == Bound::InFlight {
+                self.check_held(&rls)
+                    .map_err(|e| format!("held at once: {e}"))?;
+            }
             if self.promise.one_count {
                 // RLS and RLQS on one count: their hits together.
                 let mut both = rls;
@@ -217,6 +231,88 @@ impl Limiter {
             .sum()
     }
 
+    /// The paired check (`concurrency`, Envoy-like traffic): each take
+    /// admitted is held from its answer until its own release is sent or
+    /// `max_duration` after it was sent (a take with no release paired
+    /// with it: until then); at any instant, at most the limit held,
+    /// plus what the releases that may free a slot another take holds
+    /// freed within the last `max_duration`. Those are (README's
+    /// allowance): releases paired with no take (hits given back at
+    /// random), a release whose take may not have reached the store (a
+    /// store fault in force, an error), and one sent `max_duration` or
+    /// more after its take (its slot, or what its refusal owed, lapsed).
+    /// A refused take's release frees nothing another holds: it pays what
+    /// the refusal owes.
+    fn check_held(&self, admitted: &[(Moment, u64)]) -> Result<(), String> {
+        let d = self.limit.max_duration_micros();
+        // Each pair's release: the first one sent.
+        let mut released: BTreeMap<u64, Moment> = BTreeMap::new();
+        for (id, m) in &self.releases {
+            released
+                .entry(*id)
+                .and_modify(|e| {
+                    if m.lo < e.lo {
+                        *e = *m
+                    }
+                })
+                .or_insert(*m);
+        }
+        let take_of: BTreeMap<usize, (u64, Moment, bool)> =
+            self.takes.iter().map(|t| (t.1.seq, *t)).collect();
+        // The releases that free only what their own take holds or owes.
+        let mut own: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
+        for (id, m) in &self.releases {
+            if let Some((_, t, clean)) = self.takes.iter().find(|t| t.0 == *id)
+                && *clean
+                && m.hi < t.lo + d
+            {
+                own.insert(m.seq);
+            }
+        }
+        let foreign: Vec<(Moment, u64)> = self
+            .given_back
+            .iter()
+            .filter(|(m, _)| !own.contains(&m.seq))
+            .copied()
+            .collect();
+        // Each admitted take: held from `hi` until `end`.
+        let held: Vec<(u64, u64, u64)> = admitted
+            .iter()
+            .map(|(m, c)| {
+                let mut end = m.lo + d;
+                if let Some((id, _, _)) = take_of.get(&m.seq)
+                    && let Some(r) = released.get(id)
+                {
+                    end = end.min(r.lo);
+                }
+                (m.hi, end, *c)
+            })
+            .collect();
+        for &(t, _, _) in &held {
+            let sum: u64 = held
+                .iter()
+                .filter(|(from, end, _)| *from <= t && t < *end)
+                .map(|(_, _, c)| c)
+                .sum();
+            if sum <= self.limit.limit {
+                continue;
+            }
+            let slack: u64 = foreign
+                .iter()
+                .filter(|(m, _)| m.hi + d > t && m.lo <= t)
+                .map(|(_, c)| c)
+                .sum();
+            let allowed = self.limit.limit + slack;
+            if sum > allowed {
+                return Err(format!(
+                    "{sum} takes held at {t} µs (admitted within the last max_duration, {d} µs, and not released), bound {} + releases that may free another's slot within it {slack} = {allowed}",
+                    self.limit.limit
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn check_stretch(
         &self,
         hits: &[(Moment, u64)],
@@ -237,7 +333,28 @@ impl Limiter {
         let w = l.window_micros();
         match self.promise.bound {
             Bound::None => Ok(()),
-            Bound::InFlight => unreachable!("the grammar draws no concurrency rule yet"),
+            Bound::InFlight => {
+                // Every take admitted within a trailing `max_duration` is
+                // still held at its end, unless a release within it freed
+                // it: at most the limit plus the releases within it.
+                let d = l.max_duration_micros();
+                for (start, _) in hits {
+                    let from = start.lo;
+                    let sum: u64 = hits
+                        .iter()
+                        .filter(|(m, _)| m.lo >= from && m.hi < from + d)
+                        .map(|(_, c)| c)
+                        .sum();
+                    let allowed =
+                        l.limit + self.back_within(from, from + d) + beyond(from, from + d - 1);
+                    if sum > allowed {
+                        return Err(format!(
+                            "{sum} admitted in the trailing max_duration ({d} µs) from {from} µs, bound {allowed} (the limit and the releases within it)"
+                        ));
+                    }
+                }
+                Ok(())
+            }
             Bound::Window => {
                 let offset = l.zone.map_or(0i64, |(_, o)| o * 1_000_000);
                 let window_of = |t: u64| ((t as i64 + offset) as u64) / w;

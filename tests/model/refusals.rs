@@ -11,6 +11,12 @@
 //! concurrent caller has touched since its last reset: a descriptor
 //! answered OK recorded its cost (with `count_refused: false`, only in an
 //! answer OK overall), one refused recorded nothing.
+//!
+//! A limit in flight (`concurrency`) is not followed: what its refused
+//! takes owe and which slot a release frees are the store's state, which
+//! the model does not rebuild. Its refused combinations at load are drawn
+//! by the grammar (`grammar::refuse_in_flight`) and must name their file
+//! and line as every other refusal (`draw_case`).
 
 use std::collections::BTreeMap;
 

@@ -448,6 +448,12 @@ pub enum Op {
     Flood(usize, Req, usize),
     /// Something happens to an Envoy (RLQS).
     Envoy(usize, EnvoyOp),
+    /// An ask whose release comes later (as Envoy's stream-done call
+    /// comes for every request, refused ones too): the pair's id.
+    Take(usize, Req, u64),
+    /// The release of take `id`: its descriptors as negative hits of
+    /// their costs.
+    Done(usize, Req, u64),
 }
 
 /// A case's traffic: most descriptors on a hot value of each key.
@@ -457,6 +463,9 @@ pub struct Traffic {
     /// from a generator of their own: the case's generator draws what it
     /// drew before, so seeds found earlier replay their cases.
     side: ChaCha8Rng,
+    /// Envoy-like pairs of a take and its release (limits in flight,
+    /// added later still): a generator of their own again.
+    pairs: ChaCha8Rng,
 }
 
 impl Traffic {
@@ -469,7 +478,9 @@ impl Traffic {
         let mut h = std::hash::DefaultHasher::new();
         std::hash::Hash::hash(&hot, &mut h);
         let side = ChaCha8Rng::seed_from_u64(std::hash::Hasher::finish(&h));
-        Traffic { hot, side }
+        std::hash::Hash::hash("pairs", &mut h);
+        let pairs = ChaCha8Rng::seed_from_u64(std::hash::Hasher::finish(&h));
+        Traffic { hot, side, pairs }
     }
 
     fn req(&mut self, rng: &mut ChaCha8Rng, rules: &Rules) -> Req {
@@ -631,5 +642,59 @@ pub fn draw_ops(
         };
         ops.push(op);
     }
+    if rules
+        .rules
+        .iter()
+        .any(|r| r.limits.iter().any(|l| l.algorithm.releases()))
+    {
+        ops = pair(&mut traffic.pairs, ops, replicas);
+    }
     (ops, envoys)
+}
+
+/// Envoy-like pairs, in cases with a limit in flight (from a generator
+/// of their own): most asks become takes whose release follows a few ops
+/// later (after the time those ops pass), whatever the take's answer;
+/// now and then on another replica, and now and then lost.
+fn pair(side: &mut ChaCha8Rng, ops: Vec<Op>, replicas: usize) -> Vec<Op> {
+    let mut out = Vec::with_capacity(ops.len() * 2);
+    // (position in `ops` after which it is sent, the release)
+    let mut pending: Vec<(usize, Op)> = Vec::new();
+    for (i, op) in ops.into_iter().enumerate() {
+        let op = match op {
+            Op::Ask(r, req) if chance(side, 70) => {
+                let id = i as u64;
+                let release = Req {
+                    hits: req.hits,
+                    descriptors: req
+                        .descriptors
+                        .iter()
+                        .filter(|d| !d.negative)
+                        .map(|d| Desc {
+                            hits: Some(req.cost(d)),
+                            negative: true,
+                            ..d.clone()
+                        })
+                        .collect(),
+                };
+                if !release.descriptors.is_empty() && !chance(side, 8) {
+                    let to = if chance(side, 20) {
+                        pick(side, replicas)
+                    } else {
+                        r
+                    };
+                    let after = i + [0, 1, 2, 4, 8, 16, 40][pick(side, 7)];
+                    pending.push((after, Op::Done(to, release, id)));
+                }
+                Op::Take(r, req, id)
+            }
+            other => other,
+        };
+        out.push(op);
+        let (now, later): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(at, _)| *at <= i);
+        pending = later;
+        out.extend(now.into_iter().map(|(_, op)| op));
+    }
+    out.extend(pending.into_iter().map(|(_, op)| op));
+    out
 }
