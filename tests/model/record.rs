@@ -55,17 +55,7 @@ pub fn record(
                 && limit.algorithm.releases()
             {
                 if take && !d.negative {
-                    // An open defect (`regressions::only_checked_release`):
-                    // a request refused before its `count_refused: false`
-                    // limit in flight is asked sends no take, so its
-                    // release frees another's slot.
-                    // `TOLLGATE_MODEL_ONLY_CHECKED=1` allows it, to see
-                    // what else a run finds.
-                    let only_checked = std::env::var_os("TOLLGATE_MODEL_ONLY_CHECKED").is_some()
-                        && rule.count_refused == Some(false)
-                        && !matches!(answer, Ok(resp) if resp.overall == Code::Ok);
-                    l.takes
-                        .push((id, at, !failing && answer.is_ok() && !only_checked));
+                    l.takes.push((id, at, !failing && answer.is_ok()));
                 } else if !take && d.negative {
                     l.releases.push((id, at));
                 }
