@@ -161,6 +161,90 @@ struct Entry {
     swallowed: u64,
 }
 
+/// What an entry says of a hit, and whether it stays.
+enum Kept {
+    /// The entry stays; the plan for the hit.
+    Keep(Plan),
+    /// The entry is dropped, and this cost goes to the store.
+    Drop(u64),
+}
+
+impl Refusal {
+    /// The refusal as answered at `now`: its reset (and each limit's of a
+    /// list) moved on by the time since it was kept.
+    fn answer(&self, now: u64) -> Decision {
+        Decision {
+            admitted: false,
+            remaining: self.remaining,
+            reset_micros: self.until - now,
+            receipt: None,
+            group: self.group.as_ref().map(|(g, at)| {
+                let mut g = g.clone();
+                for d in &mut g.parts {
+                    d.reset_micros = d.reset_micros.saturating_sub(now.saturating_sub(*at));
+                }
+                g
+            }),
+        }
+    }
+}
+
+impl Entry {
+    /// What the entry's live refusals (at least one) say of `hit` at
+    /// `now` (see the module docs).
+    fn answer(&mut self, hit: &Hit<'_>, now: u64) -> Kept {
+        if !hit.also.is_empty() {
+            // Several limits: a refusal is kept per cost (see the module
+            // docs); give-backs and checks go to the store.
+            return self.same_cost(hit, now, hit.hits > 0);
+        }
+        if hit.usage_reports {
+            // Reports are recorded whatever the answer: only checks are
+            // answered here.
+            return self.same_cost(hit, now, hit.hits == 0);
+        }
+        match hit.algorithm.spec().refusals {
+            Refusals::AllCosts => self.any_cost(hit, now),
+            Refusals::Never => Kept::Keep(Plan::Forward(hit.hits)),
+            Refusals::Single | Refusals::SameCost => self.same_cost(hit, now, hit.hits > 0),
+        }
+    }
+
+    /// Refusals kept per cost: a give-back drops the entry; a hit whose
+    /// cost was refused (when `answerable`) is refused again; any other
+    /// goes to the store.
+    fn same_cost(&self, hit: &Hit<'_>, now: u64, answerable: bool) -> Kept {
+        if hit.negative {
+            return Kept::Drop(hit.hits);
+        }
+        Kept::Keep(match self.refusals.iter().find(|r| r.cost == hit.hits) {
+            Some(r) if answerable => Plan::Answer(r.answer(now)),
+            _ => Plan::Forward(hit.hits),
+        })
+    }
+
+    /// A full fixed window: every cost is refused and, within the limit,
+    /// swallowed (the store would have counted it); a give-back takes from
+    /// what was swallowed first, and only the rest goes to the store.
+    fn any_cost(&mut self, hit: &Hit<'_>, now: u64) -> Kept {
+        let r = self.refusals[0].clone();
+        if hit.negative {
+            if hit.hits <= self.swallowed {
+                self.swallowed -= hit.hits;
+                return Kept::Keep(Plan::Answer(Decision {
+                    admitted: true,
+                    ..r.answer(now)
+                }));
+            }
+            return Kept::Drop(hit.hits - self.swallowed);
+        }
+        if hit.hits <= hit.limit {
+            self.swallowed += hit.hits;
+        }
+        Kept::Keep(Plan::Answer(r.answer(now)))
+    }
+}
+
 enum Plan {
     Answer(Decision),
     /// Send this cost to the store (a give-back may be smaller than asked).
@@ -230,6 +314,9 @@ impl OverLimitCache {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// What to do with `hit` on limiter `id` at `now`: answer it from a
+    /// refusal kept, or send a cost to the store (dropping an entry that
+    /// no longer says anything of it).
     fn plan(&self, id: u64, hit: &Hit<'_>, now: u64) -> Plan {
         let mut map = self.lock();
         let Some(entry) = map.get_mut(&id) else {
@@ -240,77 +327,16 @@ impl OverLimitCache {
             return Plan::Forward(hit.hits);
         }
         entry.refusals.retain(|r| r.until > now);
-        if entry.refusals.is_empty() {
-            map.remove(&id);
-            return Plan::Forward(hit.hits);
-        }
-        let refused = |r: &Refusal| Decision {
-            admitted: false,
-            remaining: r.remaining,
-            reset_micros: r.until - now,
-            receipt: None,
-            group: r.group.as_ref().map(|(g, at)| {
-                let mut g = g.clone();
-                for d in &mut g.parts {
-                    d.reset_micros = d.reset_micros.saturating_sub(now.saturating_sub(*at));
-                }
-                g
-            }),
+        let kept = if entry.refusals.is_empty() {
+            Kept::Drop(hit.hits)
+        } else {
+            entry.answer(hit, now)
         };
-        if !hit.also.is_empty() {
-            // Several limits: a refusal is kept per cost (see the module
-            // docs); give-backs and checks go to the store.
-            if hit.negative {
+        match kept {
+            Kept::Keep(plan) => plan,
+            Kept::Drop(cost) => {
                 map.remove(&id);
-                return Plan::Forward(hit.hits);
-            }
-            return match entry.refusals.iter().find(|r| r.cost == hit.hits) {
-                Some(r) if hit.hits > 0 => Plan::Answer(refused(r)),
-                _ => Plan::Forward(hit.hits),
-            };
-        }
-        if hit.usage_reports {
-            // Reports are recorded whatever the answer: only checks are
-            // answered here.
-            if hit.negative {
-                map.remove(&id);
-                return Plan::Forward(hit.hits);
-            }
-            return match entry.refusals.iter().find(|r| r.cost == 0) {
-                Some(r) if hit.hits == 0 => Plan::Answer(refused(r)),
-                _ => Plan::Forward(hit.hits),
-            };
-        }
-        match hit.algorithm.spec().refusals {
-            Refusals::AllCosts => {
-                let r = entry.refusals[0].clone();
-                if hit.negative {
-                    if hit.hits <= entry.swallowed {
-                        entry.swallowed -= hit.hits;
-                        return Plan::Answer(Decision {
-                            admitted: true,
-                            ..refused(&r)
-                        });
-                    }
-                    let rest = hit.hits - entry.swallowed;
-                    map.remove(&id);
-                    return Plan::Forward(rest);
-                }
-                if hit.hits <= hit.limit {
-                    entry.swallowed += hit.hits;
-                }
-                Plan::Answer(refused(&r))
-            }
-            Refusals::Never => Plan::Forward(hit.hits),
-            Refusals::Single | Refusals::SameCost => {
-                if hit.negative {
-                    map.remove(&id);
-                    return Plan::Forward(hit.hits);
-                }
-                match entry.refusals.iter().find(|r| r.cost == hit.hits) {
-                    Some(r) if hit.hits > 0 => Plan::Answer(refused(r)),
-                    _ => Plan::Forward(hit.hits),
-                }
+                Plan::Forward(cost)
             }
         }
     }

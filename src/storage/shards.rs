@@ -41,7 +41,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::storage::{Also, BoxFuture, Decision, Hit, Receipt, Shard, Store, StoreError};
+use crate::storage::{Also, BoxFuture, Decision, Group, Hit, Receipt, Shard, Store, StoreError};
 
 /// The share of shard `index` of `count` in `limit`: the first
 /// `limit % count` shards get one more, so the shares add up to `limit`.
@@ -66,86 +66,115 @@ impl Sharded {
         }
     }
 
+    /// Decides a sharded hit: a give-back or a usage report on the one
+    /// shard the round robin picks; any other hit on that shard, then on
+    /// the next ones in turn while they refuse it.
     async fn sharded(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
         let count = hit.shard.count;
         let start = (self.next.fetch_add(1, Ordering::Relaxed) % u64::from(count)) as u16;
-        // Several limits: each shard holds a share of every one of them
-        // (no allocation for a single limit).
-        let shares = |index: u16| -> Vec<Also> {
-            hit.also
-                .iter()
-                .map(|a| Also {
-                    limit: share(a.limit, count, index),
-                    burst: share_of_burst(a.burst, count, index),
-                    ..*a
-                })
-                .collect()
-        };
         // A give-back goes to one shard. So does a positive cost on a
         // limiter that takes usage reports: the shard records it whatever
         // it answers, so passing it on would record it twice.
         if hit.negative || (hit.usage_reports && hit.hits > 0) {
-            let also = shares(start);
+            let also = shares_of_list(&hit, start);
             let sub = Hit {
                 also: &also,
                 ..shard_hit(&hit, start)
             };
             return self.inner.hit(sub).await;
         }
-        let mut soonest: Option<u64> = None;
-        // Several limits: the answer of the shard whose reset is soonest.
-        let mut refusal = None;
-        let mut failure: Option<StoreError> = None;
-        let mut full = 0u64;
+        let mut tried = Tried::default();
         for k in 0..count {
             let index = (start + k) % count;
-            let also = shares(index);
+            let also = shares_of_list(&hit, index);
             let sub = Hit {
                 also: &also,
                 ..shard_hit(&hit, index)
             };
             match self.inner.hit(sub).await {
-                Ok(d) if d.admitted => {
-                    let open_shards = u64::from(count) - full;
-                    // The limit the answer describes (one of a list).
-                    let (whole, part) = (hit.part(d.which()).limit, sub.part(d.which()).limit);
-                    let spare = whole.saturating_sub(hit.hits);
-                    // The shard's remaining as a part of its share, applied
-                    // to the shares of the shards not seen full.
-                    let estimate =
-                        u128::from(d.remaining) * u128::from(whole) * u128::from(open_shards)
-                            / (u128::from(part.max(1)) * u128::from(count));
-                    let remaining = u64::try_from(estimate).unwrap_or(u64::MAX).min(spare);
-                    return Ok(Decision {
-                        admitted: true,
-                        remaining,
-                        ..d
-                    });
-                }
-                Ok(d) => {
-                    // A refused hit the shard recorded (the fixed window's)
-                    // stays: the hit is tried on the next shard, and one
-                    // receipt names one shard.
-                    full += 1;
-                    if soonest.is_none_or(|s| d.reset_micros < s) {
-                        soonest = Some(d.reset_micros);
-                        refusal = d.group;
-                    }
-                }
+                Ok(d) if d.admitted => return Ok(admitted(&hit, &sub, d, tried.full)),
+                Ok(d) => tried.refused(d),
                 // One shard's server failing does not stop the others from
                 // answering; the failure is reported only when no shard
                 // could take the hit and none refused it either.
-                Err(e) => failure = Some(e),
+                Err(e) => tried.failure = Some(e),
             }
         }
-        match (soonest, failure) {
+        tried.answer()
+    }
+}
+
+/// Several limits: each shard holds a share of every one of them (no
+/// allocation for a single limit). The list of shard `index`.
+fn shares_of_list(hit: &Hit<'_>, index: u16) -> Vec<Also> {
+    let count = hit.shard.count;
+    hit.also
+        .iter()
+        .map(|a| Also {
+            limit: share(a.limit, count, index),
+            burst: share_of_burst(a.burst, count, index),
+            ..*a
+        })
+        .collect()
+}
+
+/// The answer to `hit` when the shard asked with `sub` admitted it after
+/// `full` shards refused it: the shard's remaining as a part of its share,
+/// applied to the shares of the shards not seen full (of the limit the
+/// answer describes, one of a list), never more than the limit less this
+/// hit.
+fn admitted(hit: &Hit<'_>, sub: &Hit<'_>, d: Decision, full: u64) -> Decision {
+    let count = hit.shard.count;
+    let open_shards = u64::from(count) - full;
+    // The limit the answer describes (one of a list).
+    let (whole, part) = (hit.part(d.which()).limit, sub.part(d.which()).limit);
+    let spare = whole.saturating_sub(hit.hits);
+    let estimate = u128::from(d.remaining) * u128::from(whole) * u128::from(open_shards)
+        / (u128::from(part.max(1)) * u128::from(count));
+    let remaining = u64::try_from(estimate).unwrap_or(u64::MAX).min(spare);
+    Decision {
+        admitted: true,
+        remaining,
+        ..d
+    }
+}
+
+/// What the shards tried so far answered, none admitting the hit.
+#[derive(Default)]
+struct Tried {
+    /// The soonest reset of the shards that refused.
+    soonest: Option<u64>,
+    /// Several limits: the answer of the shard whose reset is soonest.
+    refusal: Option<Box<Group>>,
+    /// The last failure of a shard's server.
+    failure: Option<StoreError>,
+    /// Shards that refused.
+    full: u64,
+}
+
+impl Tried {
+    /// A shard refused with `d`.
+    fn refused(&mut self, d: Decision) {
+        // A refused hit the shard recorded (the fixed window's) stays: the
+        // hit is tried on the next shard, and one receipt names one shard.
+        self.full += 1;
+        if self.soonest.is_none_or(|s| d.reset_micros < s) {
+            self.soonest = Some(d.reset_micros);
+            self.refusal = d.group;
+        }
+    }
+
+    /// The answer once every shard was tried: refused until the soonest
+    /// reset, or the failure when no shard answered at all.
+    fn answer(self) -> Result<Decision, StoreError> {
+        match (self.soonest, self.failure) {
             (None, Some(e)) => Err(e),
             (soonest, _) => Ok(Decision {
                 admitted: false,
                 remaining: 0,
                 reset_micros: soonest.unwrap_or(0),
                 receipt: None,
-                group: refusal,
+                group: self.refusal,
             }),
         }
     }

@@ -80,6 +80,10 @@ impl Embedded for Memory {
 /// the limiter takes usage reports. What quota streams' shares hold of a
 /// window (`held`, [`crate::quota::window`]) is spent with its count: a
 /// hit is admitted only while both stay within the limit.
+///
+/// The steps of lua/fixed_window.lua: read the window's count ([`roll`]),
+/// decide the hit (give back, refuse a cost above the limit, or count it),
+/// then reserve ahead for an admitted lease ([`reserve_ahead`]).
 fn decide(
     now: u64,
     hit: &Hit<'_>,
@@ -91,58 +95,21 @@ fn decide(
     let Span { index: idx, end } = hit.window.span(now);
     let fixed = hit.window.zone().is_none();
     if *window != idx {
-        // The hits reserved for this window by leases taken in an earlier
-        // one are its count (a calendar window reserves none).
-        let shift = idx.wrapping_sub(*window);
-        if fixed && idx > *window && shift <= AHEAD as u64 {
-            let s = shift as usize;
-            *count = ahead[s - 1];
-            ahead.rotate_left(s);
-            ahead[AHEAD - s..].fill(0);
-        } else {
-            *count = 0;
-            *ahead = [0; AHEAD];
-        }
-        *window = idx;
-        if let Some(h) = held {
-            h.forget_before(idx);
-            if h.is_empty() {
-                *held = None;
-            }
-        }
+        roll(idx, fixed, window, count, ahead, held);
     }
     let w = hit.window.micros();
-    // Hits the shares hold of window `i`; nothing to work out (on every
-    // decision) where no share holds any.
-    let shared = |i: u64| {
-        held.as_ref().map_or(0, |h| {
-            h.hits(
-                i,
-                crate::quota::fill_secs(hit.window).saturating_mul(1_000_000),
-            )
-        })
-    };
-    let now_shared = shared(idx);
+    let now_shared = shared(held, hit, idx);
     let limit = hit.limit;
     let reset = end - now;
-    let expires = |ahead: &[u64; AHEAD]| {
-        let last = ahead
-            .iter()
-            .rposition(|&a| a > 0)
-            .map_or(0, |j| j as u64 + 1);
-        let shares = held
-            .as_ref()
-            .and_then(|h| h.last())
-            .map_or(0, |i| (i + 1).saturating_mul(w));
-        (end + last * w).max(shares)
-    };
     let left = |count: u64| limit.saturating_sub(count.saturating_add(now_shared));
     if hit.negative {
         *count = count.saturating_sub(hit.hits);
-        return (decision(true, left(*count), reset), expires(ahead));
+        let d = decision(true, left(*count), reset);
+        return (d, expires(ahead, held, end, w));
     }
     if hit.hits > limit && !hit.usage_reports {
-        return (decision(false, left(*count), reset), expires(ahead));
+        let d = decision(false, left(*count), reset);
+        return (d, expires(ahead, held, end, w));
     }
     let before = *count;
     *count = count.saturating_add(hit.hits).min(MAX_COUNT);
@@ -155,24 +122,95 @@ fn decide(
         reset
     };
     let d = decision(admitted, left(*count), reset);
-    // An admitted lease's reservations in the next windows, window after
-    // window while each has room (as lua/fixed_window.lua).
     let mut granted = 0;
     if admitted && fixed && hit.receipt && !hit.ahead.is_none() {
-        let wanted = usize::from(hit.ahead.windows.min(Ahead::MAX_WINDOWS));
-        for (j, a) in ahead.iter_mut().take(wanted).enumerate() {
-            let room = limit.saturating_sub(shared(idx + 1 + j as u64));
-            if a.saturating_add(hit.ahead.hits) > room {
-                break;
-            }
-            *a += hit.ahead.hits;
-            granted += 1;
-        }
+        granted = reserve_ahead(hit, idx, ahead, held);
     }
     (
         with_receipt(d, hit, *count - before, idx, granted),
-        expires(ahead),
+        expires(ahead, held, end, w),
     )
+}
+
+/// Moves the state to window `idx`, as the script reads the count: the
+/// hits reserved for this window by leases taken in an earlier one are
+/// its count (a calendar window reserves none), and what the shares held
+/// of windows gone by is forgotten.
+fn roll(
+    idx: u64,
+    fixed: bool,
+    window: &mut u64,
+    count: &mut u64,
+    ahead: &mut [u64; AHEAD],
+    held: &mut Option<Box<Held>>,
+) {
+    let shift = idx.wrapping_sub(*window);
+    if fixed && idx > *window && shift <= AHEAD as u64 {
+        let s = shift as usize;
+        *count = ahead[s - 1];
+        ahead.rotate_left(s);
+        ahead[AHEAD - s..].fill(0);
+    } else {
+        *count = 0;
+        *ahead = [0; AHEAD];
+    }
+    *window = idx;
+    if let Some(h) = held {
+        h.forget_before(idx);
+        if h.is_empty() {
+            *held = None;
+        }
+    }
+}
+
+/// Hits the shares hold of window `i` (the script's `shared` and `held`);
+/// nothing to work out (on every decision) where no share holds any.
+fn shared(held: &Option<Box<Held>>, hit: &Hit<'_>, i: u64) -> u64 {
+    held.as_ref().map_or(0, |h| {
+        h.hits(
+            i,
+            crate::quota::fill_secs(hit.window).saturating_mul(1_000_000),
+        )
+    })
+}
+
+/// When the state holds nothing that still counts: the end of the current
+/// window, of the last one reserved ahead, or of the last one the shares
+/// hold, whichever is last (the script's `keep`).
+fn expires(ahead: &[u64; AHEAD], held: &Option<Box<Held>>, end: u64, w: u64) -> u64 {
+    let last = ahead
+        .iter()
+        .rposition(|&a| a > 0)
+        .map_or(0, |j| j as u64 + 1);
+    let shares = held
+        .as_ref()
+        .and_then(|h| h.last())
+        .map_or(0, |i| (i + 1).saturating_mul(w));
+    (end + last * w).max(shares)
+}
+
+/// The script's "Reservations in the next windows, for an admitted lease":
+/// the lease's hits in each of the next windows, window after window while
+/// each has room beside what the shares hold of it. Returns the windows
+/// reserved.
+fn reserve_ahead(
+    hit: &Hit<'_>,
+    idx: u64,
+    ahead: &mut [u64; AHEAD],
+    held: &Option<Box<Held>>,
+) -> u64 {
+    let limit = hit.limit;
+    let mut granted = 0;
+    let wanted = usize::from(hit.ahead.windows.min(Ahead::MAX_WINDOWS));
+    for (j, a) in ahead.iter_mut().take(wanted).enumerate() {
+        let room = limit.saturating_sub(shared(held, hit, idx + 1 + j as u64));
+        if a.saturating_add(hit.ahead.hits) > room {
+            break;
+        }
+        *a += hit.ahead.hits;
+        granted += 1;
+    }
+    granted
 }
 
 /// The count of window `index` as a fixed window's state holds it, without

@@ -77,6 +77,10 @@ impl Embedded for Memory {
 /// bucket is exactly `w` scaled units long whatever `n` is and no bucket
 /// boundary is rounded; real durations are the scaled ones divided by
 /// `n - 1`, rounded up.
+///
+/// The steps of lua/sliding_window_counter.lua: move the buckets to now
+/// ([`Buckets::roll`]), then its `decide` (give back, or take), with the
+/// script's local functions as methods of [`Buckets`].
 fn decide(
     now: u64,
     w: u64,
@@ -84,61 +88,110 @@ fn decide(
     window: &mut u64,
     counts: &mut Vec<u64>,
 ) -> (Decision, u64) {
-    let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
-    let spans = n as u64 - 1;
-    let scaled = u128::from(now) * u128::from(spans);
-    let idx = (scaled / u128::from(w)) as u64;
-    let elapsed = (scaled - u128::from(idx) * u128::from(w)) as u64;
-    let real = |scaled: u64| scaled.div_ceil(spans);
-    if counts.len() != n {
-        counts.clear();
-        // Exactly n: the default growth would round 2 buckets up to 4.
-        counts.reserve_exact(n);
-        counts.resize(n, 0);
-    } else if idx >= *window && idx - *window < n as u64 {
-        let shift = (idx - *window) as usize;
-        counts.rotate_right(shift);
-        counts[..shift].fill(0);
-    } else if idx != *window {
-        counts.fill(0);
+    let b = Buckets::at(now, w, hit);
+    b.roll(window, counts);
+    let expires = now + b.real(b.n as u64 * w - b.elapsed);
+    let d = if hit.negative {
+        b.give_back(counts, hit.hits)
+    } else {
+        b.take(counts, hit)
+    };
+    (d, expires)
+}
+
+/// The buckets as one decision sees them: their number, the current
+/// bucket and how far into it now is, and the limit.
+struct Buckets {
+    /// The number of buckets.
+    n: usize,
+    /// `n - 1`: scaled units per microsecond.
+    spans: u64,
+    /// A bucket's length in scaled units (the window in microseconds).
+    w: u64,
+    /// Index of the current bucket.
+    idx: u64,
+    /// Scaled time since the current bucket started.
+    elapsed: u64,
+    limit: u64,
+}
+
+impl Buckets {
+    /// The buckets of `hit`'s limiter at `now`.
+    fn at(now: u64, w: u64, hit: &Hit<'_>) -> Buckets {
+        let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
+        let spans = n as u64 - 1;
+        let scaled = u128::from(now) * u128::from(spans);
+        let idx = (scaled / u128::from(w)) as u64;
+        let elapsed = (scaled - u128::from(idx) * u128::from(w)) as u64;
+        Buckets {
+            n,
+            spans,
+            w,
+            idx,
+            elapsed,
+            limit: hit.limit,
+        }
     }
-    *window = idx;
-    let expires = now + real(n as u64 * w - elapsed);
-    let limit = hit.limit;
-    // The same floating-point steps as lua/sliding_window_counter.lua.
-    // Multiplying before dividing keeps the estimate exact while
-    // oldest x window stays below 2^53.
-    let wf = w as f64;
-    let left = (w - elapsed) as f64;
-    let estimate = |counts: &[u64]| {
+
+    /// The script's `real`: a scaled duration in microseconds, rounded up.
+    fn real(&self, scaled: u64) -> u64 {
+        scaled.div_ceil(self.spans)
+    }
+
+    /// Moves the counts to the current bucket, as the script reads them:
+    /// shifted by the buckets gone by, all zero after `n` of them (or when
+    /// the bucket count changed).
+    fn roll(&self, window: &mut u64, counts: &mut Vec<u64>) {
+        let (n, idx) = (self.n, self.idx);
+        if counts.len() != n {
+            counts.clear();
+            // Exactly n: the default growth would round 2 buckets up to 4.
+            counts.reserve_exact(n);
+            counts.resize(n, 0);
+        } else if idx >= *window && idx - *window < n as u64 {
+            let shift = (idx - *window) as usize;
+            counts.rotate_right(shift);
+            counts[..shift].fill(0);
+        } else if idx != *window {
+            counts.fill(0);
+        }
+        *window = idx;
+    }
+
+    /// The script's `estimate`, in the same floating-point steps.
+    /// Multiplying before dividing keeps the estimate exact while
+    /// oldest x window stays below 2^53.
+    fn estimate(&self, counts: &[u64]) -> f64 {
+        let n = self.n;
+        let wf = self.w as f64;
+        let left = (self.w - self.elapsed) as f64;
         let full: u64 = counts[..n - 1].iter().sum();
         counts[n - 1] as f64 * left / wf + full as f64
-    };
-    let remaining = |est: f64| {
-        let r = (limit as f64 - est).floor();
-        if r > 0.0 { r as u64 } else { 0 }
-    };
-    // Until the oldest bucket holding hits has left the trailing window.
-    let ok_reset = |counts: &[u64]| match counts.iter().rposition(|&c| c > 0) {
-        Some(age) => real((n - age) as u64 * w - elapsed),
-        None => 0,
-    };
-    if hit.negative {
-        let mut back = hit.hits;
-        for c in counts.iter_mut() {
-            let take = back.min(*c);
-            *c -= take;
-            back -= take;
-        }
-        let est = estimate(counts);
-        return (decision(true, remaining(est), ok_reset(counts)), expires);
     }
-    // Refused: the first bucket (j buckets on) where the full ones fit a
-    // hit of `cost`, then the moment in it when the oldest has lost enough
-    // weight: oldest x (w - e) / w <= room  holds from
-    // e = w - floor(w x room / oldest).
-    let wait_for = |counts: &[u64], cost: u64| {
-        let need = (limit - cost) as f64;
+
+    /// The script's `remaining`.
+    fn remaining(&self, est: f64) -> u64 {
+        let r = (self.limit as f64 - est).floor();
+        if r > 0.0 { r as u64 } else { 0 }
+    }
+
+    /// The script's `ok_reset`: until the oldest bucket holding hits has
+    /// left the trailing window.
+    fn ok_reset(&self, counts: &[u64]) -> u64 {
+        match counts.iter().rposition(|&c| c > 0) {
+            Some(age) => self.real((self.n - age) as u64 * self.w - self.elapsed),
+            None => 0,
+        }
+    }
+
+    /// The script's `wait_for`: refused, the first bucket (j buckets on)
+    /// where the full ones fit a hit of `cost`, then the moment in it when
+    /// the oldest has lost enough weight: oldest x (w - e) / w <= room
+    /// holds from e = w - floor(w x room / oldest).
+    fn wait_for(&self, counts: &[u64], cost: u64) -> u64 {
+        let (n, w) = (self.n, self.w);
+        let wf = w as f64;
+        let need = (self.limit - cost) as f64;
         for j in 0..n {
             let full: u64 = counts[..n - 1 - j].iter().sum();
             if full as f64 > need {
@@ -151,33 +204,50 @@ fn decide(
                 w - ((wf * (need - full as f64) / oldest as f64).floor() as u64).min(w)
             };
             return if j == 0 {
-                real(at.saturating_sub(elapsed)).max(1)
+                self.real(at.saturating_sub(self.elapsed)).max(1)
             } else {
-                real(j as u64 * w + at - elapsed)
+                self.real(j as u64 * w + at - self.elapsed)
             };
         }
         w
-    };
-    let est = estimate(counts);
-    if hit.hits > limit && !hit.usage_reports {
-        return (decision(false, remaining(est), w), expires);
     }
-    if est + hit.hits as f64 <= limit as f64 {
-        counts[0] += hit.hits;
-        let est = estimate(counts);
-        let d = decision(true, remaining(est), ok_reset(counts));
-        return (with_receipt(d, hit, hit.hits, idx, 0), expires);
+
+    /// The negative branch of the script's `decide`: gives `hits` back,
+    /// newest bucket first, never below zero.
+    fn give_back(&self, counts: &mut [u64], hits: u64) -> Decision {
+        let mut back = hits;
+        for c in counts.iter_mut() {
+            let take = back.min(*c);
+            *c -= take;
+            back -= take;
+        }
+        let est = self.estimate(counts);
+        decision(true, self.remaining(est), self.ok_reset(counts))
     }
-    if hit.usage_reports {
-        // Recorded all the same; refused until a check would pass.
-        counts[0] = counts[0].saturating_add(hit.hits).min(MAX_COUNT);
-        let d = decision(false, remaining(estimate(counts)), wait_for(counts, 0));
-        return (d, expires);
+
+    /// The rest of the script's `decide`: refuses a cost above the limit,
+    /// admits one that fits, records a usage report that does not (and
+    /// refuses it), or refuses.
+    fn take(&self, counts: &mut [u64], hit: &Hit<'_>) -> Decision {
+        let limit = self.limit;
+        let est = self.estimate(counts);
+        if hit.hits > limit && !hit.usage_reports {
+            return decision(false, self.remaining(est), self.w);
+        }
+        if est + hit.hits as f64 <= limit as f64 {
+            counts[0] += hit.hits;
+            let est = self.estimate(counts);
+            let d = decision(true, self.remaining(est), self.ok_reset(counts));
+            return with_receipt(d, hit, hit.hits, self.idx, 0);
+        }
+        if hit.usage_reports {
+            // Recorded all the same; refused until a check would pass.
+            counts[0] = counts[0].saturating_add(hit.hits).min(MAX_COUNT);
+            let est = self.estimate(counts);
+            return decision(false, self.remaining(est), self.wait_for(counts, 0));
+        }
+        decision(false, self.remaining(est), self.wait_for(counts, hit.hits))
     }
-    (
-        decision(false, remaining(est), wait_for(counts, hit.hits)),
-        expires,
-    )
 }
 
 /// Counter: the receipt's bucket, while it is still one of the `n`

@@ -70,6 +70,10 @@ impl Embedded for Memory {
 /// themselves); while the log is already at or past its limit such a cost
 /// is added to the newest entry, which takes the report's time, so a log
 /// never holds more entries than its limit.
+///
+/// The steps of lua/sliding_window_log.lua: prune, then its `decide`
+/// (give back, refuse a cost above the limit, admit, record a report,
+/// refuse), each a method of [`Log`].
 fn decide(
     now: u64,
     w: u64,
@@ -78,86 +82,161 @@ fn decide(
     sum: &mut u64,
     max_members: usize,
 ) -> (Decision, u64) {
-    // A hit at time t counts while t > now - w.
-    while let Some(&(ts, cost)) = entries.front() {
-        if ts + w <= now {
-            entries.pop_front();
-            *sum -= cost;
-        } else {
-            break;
+    let mut log = Log {
+        entries,
+        sum,
+        now,
+        w,
+        limit: hit.limit,
+        max_members,
+    };
+    log.prune();
+    log.shrink();
+    let d = if hit.negative {
+        log.give_back(hit.hits)
+    } else if hit.hits > log.limit && !hit.usage_reports {
+        decision(false, log.remaining(), w)
+    } else if *log.sum + hit.hits <= log.limit {
+        log.admit(hit)
+    } else if hit.usage_reports && hit.hits > 0 {
+        log.record_report(hit.hits)
+    } else {
+        decision(false, log.remaining(), log.wait_for(hit.hits))
+    };
+    (d, log.expires())
+}
+
+/// A log as one decision sees it: its entries and their sum, the clock,
+/// the window and the limit. Its methods are the script's local functions
+/// and the branches of the script's `decide`.
+struct Log<'a> {
+    /// (timestamp in microseconds, cost), oldest first.
+    entries: &'a mut VecDeque<(u64, u64)>,
+    /// The costs in `entries`.
+    sum: &'a mut u64,
+    now: u64,
+    w: u64,
+    limit: u64,
+    max_members: usize,
+}
+
+impl Log<'_> {
+    /// The script's "Prune the hits that stopped counting": a hit at time
+    /// t counts while t > now - w.
+    fn prune(&mut self) {
+        while let Some(&(ts, cost)) = self.entries.front() {
+            if ts + self.w <= self.now {
+                self.entries.pop_front();
+                *self.sum -= cost;
+            } else {
+                break;
+            }
         }
     }
-    // Memory follows the log down as well as up; a quarter full, so that a
-    // log hovering around one length does not reallocate back and forth.
-    if entries.capacity() > 8 && entries.len() <= entries.capacity() / 4 {
-        entries.shrink_to(entries.len() * 2);
+
+    /// Memory follows the log down as well as up; a quarter full, so that
+    /// a log hovering around one length does not reallocate back and forth
+    /// (the embedded store's own step: Redis keeps its memory).
+    fn shrink(&mut self) {
+        let entries = &mut *self.entries;
+        if entries.capacity() > 8 && entries.len() <= entries.capacity() / 4 {
+            entries.shrink_to(entries.len() * 2);
+        }
     }
-    let limit = hit.limit;
-    let oldest_reset =
-        |entries: &VecDeque<(u64, u64)>| entries.front().map(|&(ts, _)| ts + w - now).unwrap_or(0);
-    let expires =
-        |entries: &VecDeque<(u64, u64)>| entries.back().map(|&(ts, _)| ts + w).unwrap_or(now);
-    if hit.negative {
-        let mut back = hit.hits;
+
+    /// The script's `remaining`.
+    fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(*self.sum)
+    }
+
+    /// The script's `oldest_reset`: until the oldest hit stops counting.
+    fn oldest_reset(&self) -> u64 {
+        self.entries
+            .front()
+            .map(|&(ts, _)| ts + self.w - self.now)
+            .unwrap_or(0)
+    }
+
+    /// When the newest hit stops counting (the script's expiry in `save`).
+    fn expires(&self) -> u64 {
+        self.entries
+            .back()
+            .map(|&(ts, _)| ts + self.w)
+            .unwrap_or(self.now)
+    }
+
+    /// The script's negative branch: gives back from the newest hits.
+    fn give_back(&mut self, hits: u64) -> Decision {
+        let mut back = hits;
         while back > 0 {
-            let Some(last) = entries.back_mut() else {
+            let Some(last) = self.entries.back_mut() else {
                 break;
             };
             let take = back.min(last.1);
             last.1 -= take;
-            *sum -= take;
+            *self.sum -= take;
             back -= take;
             if last.1 == 0 {
-                entries.pop_back();
+                self.entries.pop_back();
             }
         }
-        let d = decision(true, limit.saturating_sub(*sum), oldest_reset(entries));
-        return (d, expires(entries));
+        decision(true, self.remaining(), self.oldest_reset())
     }
-    if hit.hits > limit && !hit.usage_reports {
-        let d = decision(false, limit.saturating_sub(*sum), w);
-        return (d, expires(entries));
-    }
-    if *sum + hit.hits <= limit {
+
+    /// The script's admitting branch: a positive cost is recorded at now.
+    fn admit(&mut self, hit: &Hit<'_>) -> Decision {
         let mut at = 0;
         if hit.hits > 0 {
-            at = record(entries, now, w, hit.hits, limit, max_members);
-            *sum += hit.hits;
+            at = record(
+                self.entries,
+                self.now,
+                self.w,
+                hit.hits,
+                self.limit,
+                self.max_members,
+            );
+            *self.sum += hit.hits;
         }
-        let d = decision(true, limit - *sum, oldest_reset(entries));
-        return (with_receipt(d, hit, hit.hits, at, at), expires(entries));
+        let d = decision(true, self.limit - *self.sum, self.oldest_reset());
+        with_receipt(d, hit, hit.hits, at, at)
     }
-    // Refused: the first moment enough of the oldest hits have left for a
-    // hit of `cost`.
-    let wait_for = |entries: &VecDeque<(u64, u64)>, sum: u64, cost: u64| {
-        let mut freed = 0;
-        for &(ts, c) in entries.iter() {
-            freed += c;
-            if sum - freed + cost <= limit {
-                return ts + w - now;
-            }
-        }
-        w
-    };
-    if hit.usage_reports && hit.hits > 0 {
-        let add = hit.hits.min(MAX_COUNT - *sum);
-        match entries.back_mut() {
-            Some(last) if *sum >= limit => *last = (last.0.max(now), last.1 + add),
+
+    /// The script's usage report branch: a positive cost that does not fit
+    /// is recorded all the same (the sum saturating at [`MAX_COUNT`]), on
+    /// the newest entry while the log is at or past its limit, and
+    /// refused.
+    fn record_report(&mut self, hits: u64) -> Decision {
+        let add = hits.min(MAX_COUNT - *self.sum);
+        match self.entries.back_mut() {
+            Some(last) if *self.sum >= self.limit => *last = (last.0.max(self.now), last.1 + add),
             _ if add == 0 => {}
             _ => {
-                record(entries, now, w, add, limit, max_members);
+                record(
+                    self.entries,
+                    self.now,
+                    self.w,
+                    add,
+                    self.limit,
+                    self.max_members,
+                );
             }
         }
-        *sum += add;
-        let d = decision(false, 0, wait_for(entries, *sum, 0));
-        return (d, expires(entries));
+        *self.sum += add;
+        decision(false, 0, self.wait_for(0))
     }
-    let d = decision(
-        false,
-        limit.saturating_sub(*sum),
-        wait_for(entries, *sum, hit.hits),
-    );
-    (d, expires(entries))
+
+    /// The script's `wait_for`: refused, the first moment enough of the
+    /// oldest hits have left for a hit of `cost`.
+    fn wait_for(&self, cost: u64) -> u64 {
+        let mut freed = 0;
+        for &(ts, c) in self.entries.iter() {
+            freed += c;
+            if *self.sum - freed + cost <= self.limit {
+                return ts + self.w - self.now;
+            }
+        }
+        self.w
+    }
 }
 
 /// Adds an admitted hit of `cost` at `now` to a log of at most

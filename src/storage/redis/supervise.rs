@@ -80,23 +80,48 @@ pub(super) async fn refresh_cluster(
     if !pools.values().any(|p| p.is_connected()) {
         // Nothing reachable (first start, or every known node gone): go
         // back to the seeds.
-        for seed in seeds {
-            if let Entry::Vacant(slot) = pools.entry(seed.to_string()) {
-                match settings.open_node(seed.clone()) {
-                    Ok(pool) => {
-                        slot.insert(Arc::new(pool));
-                    }
-                    Err(e) => tracing::error!(error = %e, "opening a redis seed node"),
+        open_seeds(settings, seeds, pools);
+    }
+    let Some(state) = ask_cluster_slots(settings, pools, preferred).await else {
+        return;
+    };
+    if Routing::cluster_source(&state) == inner.routing().source {
+        return;
+    }
+    adopt_routing(inner, settings, &state, pools).await;
+}
+
+/// Opens a pool to every seed that has none yet.
+fn open_seeds(
+    settings: &PoolSettings,
+    seeds: &[Server],
+    pools: &mut HashMap<String, Arc<NodePool>>,
+) {
+    for seed in seeds {
+        if let Entry::Vacant(slot) = pools.entry(seed.to_string()) {
+            match settings.open_node(seed.clone()) {
+                Ok(pool) => {
+                    slot.insert(Arc::new(pool));
                 }
+                Err(e) => tracing::error!(error = %e, "opening a redis seed node"),
             }
         }
     }
+}
+
+/// The first non-empty `CLUSTER SLOTS` reply of a connected pool, asking
+/// the node that answered last time (`preferred`) first, and remembering
+/// the one that answers now.
+async fn ask_cluster_slots(
+    settings: &PoolSettings,
+    pools: &HashMap<String, Arc<NodePool>>,
+    preferred: &mut Option<String>,
+) -> Option<ClusterRouting> {
     // The node that answered last time first: a hung node (connected, but
     // silent until the unresponsive check closes it) costs a timeout per
     // refresh when asked first every time.
     let mut candidates: Vec<&Arc<NodePool>> = pools.values().filter(|p| p.is_connected()).collect();
     candidates.sort_by_key(|p| p.id.name() != preferred.as_deref());
-    let mut asked = None;
     for pool in candidates {
         let Some(client) = pool.pool.clients().iter().find(|c| c.is_connected()) else {
             continue;
@@ -111,40 +136,29 @@ pub(super) async fn refresh_cluster(
             match ClusterRouting::from_cluster_slots(reply, host) {
                 Ok(state) if !state.slots().is_empty() => {
                     *preferred = pool.id.name().map(str::to_owned);
-                    asked = Some(state);
-                    break;
+                    return Some(state);
                 }
                 Ok(_) => {}
                 Err(e) => tracing::debug!(node = %pool.id, error = %e, "bad CLUSTER SLOTS reply"),
             }
         }
     }
-    let Some(state) = asked else { return };
-    if Routing::cluster_source(&state) == inner.routing().source {
-        return;
-    }
-    // Pools opened to follow a redirection (a new primary that took its
-    // first slots) are used as they are.
-    let mut known = pools.clone();
-    for (name, pool) in inner
-        .redirect_pools
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-    {
-        known.entry(name.clone()).or_insert(pool.clone());
-    }
-    match Routing::cluster(&state, &known, settings) {
+    None
+}
+
+/// Routes by `state` from now on: its primaries' pools (known ones reused,
+/// new ones opened and given time to connect) become the open pools, and
+/// the redirection pools it now routes to are no longer kept apart.
+async fn adopt_routing(
+    inner: &Inner,
+    settings: &PoolSettings,
+    state: &ClusterRouting,
+    pools: &mut HashMap<String, Arc<NodePool>>,
+) {
+    let known = known_pools(inner, pools);
+    match Routing::cluster(state, &known, settings) {
         Ok(routing) => {
-            // A primary new to us gets its connections before calls are
-            // routed to it: until then its slots' calls go to the old
-            // owner, which redirects them.
-            let deadline = tokio::time::Instant::now() + settings.connect_timeout;
-            for node in &routing.nodes {
-                while !node.is_connected() && tokio::time::Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
+            wait_connected(&routing, settings).await;
             let primaries: Vec<String> = routing.nodes.iter().map(|n| n.id.to_string()).collect();
             tracing::info!(kind = inner.kind, primaries = ?primaries, "redis cluster routing updated");
             *pools = routing
@@ -160,6 +174,36 @@ pub(super) async fn refresh_cluster(
             inner.set_routing(routing);
         }
         Err(e) => tracing::error!(error = %e, "opening a redis cluster node"),
+    }
+}
+
+/// The open pools, and those opened to follow a redirection (a new
+/// primary that took its first slots), which are used as they are.
+fn known_pools(
+    inner: &Inner,
+    pools: &HashMap<String, Arc<NodePool>>,
+) -> HashMap<String, Arc<NodePool>> {
+    let mut known = pools.clone();
+    for (name, pool) in inner
+        .redirect_pools
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        known.entry(name.clone()).or_insert(pool.clone());
+    }
+    known
+}
+
+/// A primary new to us gets its connections before calls are routed to
+/// it: until then its slots' calls go to the old owner, which redirects
+/// them. Waits at most the connect timeout for them all.
+async fn wait_connected(routing: &Routing, settings: &PoolSettings) {
+    let deadline = tokio::time::Instant::now() + settings.connect_timeout;
+    for node in &routing.nodes {
+        while !node.is_connected() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
