@@ -64,7 +64,7 @@ pub struct Row {
 }
 
 fn counted(f: &Features) -> bool {
-    f.algorithm.spec().rlqs != Rlqs::Ledger && f.shards <= 1 && !f.calendar
+    matches!(f.algorithm.spec().rlqs, Rlqs::Window | Rlqs::Bucket) && f.shards <= 1 && !f.calendar
 }
 
 fn of_algorithm(f: &Features) -> Bound {
