@@ -30,7 +30,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::redis::{RedisCluster, RedisServer};
 use support::tollgate::{Tollgate, descriptor};
-use support::unique_domain;
+use support::{http_post as post, unique_domain};
 use tollgate::rules::{LoadOptions, parse_file};
 use tonic::transport::Channel;
 
@@ -274,24 +274,6 @@ async fn reset(c: &mut Clients, debug: SocketAddr, domain: &str) {
         OVER,
         "3 taken after the reset are held"
     );
-}
-
-async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_string(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, body.to_string())
 }
 
 async fn every_case(settings: &[(&str, &str)], replicas: usize) {

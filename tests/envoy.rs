@@ -9,7 +9,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::envoy::{Conn, Envoy, request, rewrite_ports, upstream};
+use support::envoy::{Conn, Envoy, envoy_on, request, upstream};
 use support::free_port;
 use support::tollgate::Tollgate;
 use tokio::time::Instant;
@@ -167,27 +167,6 @@ async fn the_rlqs_example_assigns_denies_and_allows() {
     );
     drop(envoy);
     tollgate.stop().await;
-}
-
-/// Starts Envoy on `config` (ports 9901, 10000, 8000 and 8081 moved to
-/// free ones, the last two to `upstream` and `grpc`); its listener.
-async fn envoy_on(config: &str, upstream: SocketAddr, grpc: SocketAddr) -> (Envoy, SocketAddr) {
-    let (admin, listener) = (free_port(), free_port());
-    let config = rewrite_ports(
-        config,
-        &[
-            (9901, admin),
-            (10000, listener),
-            (8000, upstream.port()),
-            (8081, grpc.port()),
-        ],
-    );
-    let envoy = tokio::task::spawn_blocking(move || {
-        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
-    })
-    .await
-    .unwrap();
-    (envoy, SocketAddr::from(([127, 0, 0, 1], listener)))
 }
 
 /// `examples/envoy/envoy.yaml` limits what its comments say: two searches a

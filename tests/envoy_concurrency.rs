@@ -29,8 +29,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::envoy::{Envoy, envoy_bin, rewrite_ports};
-use support::free_port;
+use support::envoy::{Envoy, envoy_bin, envoy_on};
 use support::tollgate::Tollgate;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -198,27 +197,6 @@ fn rule() -> (usize, Duration) {
         None => Duration::from_secs(d.strip_suffix('s').unwrap().parse().unwrap()),
     };
     (slots, max_duration)
-}
-
-/// Starts Envoy on `config` (ports 9901, 10000, 8000 and 8081 moved to
-/// free ones, the last two to `upstream` and `grpc`); its listener.
-async fn envoy_on(config: &str, upstream: SocketAddr, grpc: SocketAddr) -> (Envoy, SocketAddr) {
-    let (admin, listener) = (free_port(), free_port());
-    let config = rewrite_ports(
-        config,
-        &[
-            (9901, admin),
-            (10000, listener),
-            (8000, upstream.port()),
-            (8081, grpc.port()),
-        ],
-    );
-    let envoy = tokio::task::spawn_blocking(move || {
-        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
-    })
-    .await
-    .unwrap();
-    (envoy, SocketAddr::from(([127, 0, 0, 1], listener)))
 }
 
 /// The upstream: answers `200 ok` at once, or, for a request with an

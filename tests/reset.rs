@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use support::process::{Proc, tollgate_bin};
 use support::redis::{RedisCluster, RedisServer};
 use support::tollgate::{Tollgate, descriptor};
-use support::{away_from_an_hour_boundary, free_port, unique_domain};
+use support::{away_from_an_hour_boundary, free_port, http_post as post, unique_domain};
 
 /// Requests per hour of every unsharded rule.
 const LIMIT: usize = 3;
@@ -84,26 +84,6 @@ async fn admits_exactly(t: &Tollgate, domain: &str, algo: &str, user: &str, n: u
         !ask(t, domain, algo, user).await,
         "{algo} {user} {when}: request {n} admitted, over the limit"
     );
-}
-
-/// `POST path` with a JSON body over HTTP/1.1 on a fresh connection: the
-/// status and body.
-async fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(request.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_string(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, body.to_string())
 }
 
 /// The JSON body of a reset of `descriptors` in `domain`.

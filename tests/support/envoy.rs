@@ -293,3 +293,24 @@ impl Conn {
         status
     }
 }
+
+/// Starts Envoy on `config` (ports 9901, 10000, 8000 and 8081 moved to
+/// free ones, the last two to `upstream` and `grpc`); its listener.
+pub async fn envoy_on(config: &str, upstream: SocketAddr, grpc: SocketAddr) -> (Envoy, SocketAddr) {
+    let (admin, listener) = (super::free_port(), super::free_port());
+    let config = rewrite_ports(
+        config,
+        &[
+            (9901, admin),
+            (10000, listener),
+            (8000, upstream.port()),
+            (8081, grpc.port()),
+        ],
+    );
+    let envoy = tokio::task::spawn_blocking(move || {
+        Envoy::start(&config, SocketAddr::from(([127, 0, 0, 1], admin)))
+    })
+    .await
+    .unwrap();
+    (envoy, SocketAddr::from(([127, 0, 0, 1], listener)))
+}

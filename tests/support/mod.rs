@@ -52,6 +52,29 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body.to_string())
 }
 
+/// `POST path` with a JSON body over HTTP/1.1 on a fresh connection: the
+/// status and body.
+pub async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        s.read_to_string(&mut out),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
+}
+
 /// Waits, when the wall clock is in the last 10 s of an hour, until the
 /// next hour has begun: a burst after it stays in one hour-long window.
 pub async fn away_from_an_hour_boundary() {
