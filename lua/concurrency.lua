@@ -24,7 +24,8 @@
 -- each followed by {slots taken, the member's sequence, its score}; undo
 -- and reset return {1}.
 -- A take refused owes its release: a release pays what is owed first,
--- then frees the oldest slot held, and frees nothing beyond. What is owed
+-- then frees the oldest slot held, and frees nothing beyond. A take of more
+-- than the limit owes nothing, and a release of more frees nothing. What is owed
 -- lapses max_duration after the last take that owed it. Both keys expire
 -- when nothing held or owed is left. The clock is the server's (TIME).
 
@@ -75,6 +76,12 @@ local gone = redis.call('ZRANGEBYSCORE', set, '-inf', cutoff)
 if #gone > 0 then
   for i = 1, #gone do held = held - cost_of(gone[i]) end
   redis.call('ZREMRANGEBYSCORE', set, '-inf', cutoff)
+  dirty = true
+end
+-- The set lost while its metadata stayed (evicted, deleted): nothing is
+-- held, whatever the metadata says.
+if held ~= 0 and #redis.call('ZRANGE', set, 0, 0) == 0 then
+  held = 0
   dirty = true
 end
 if owed > 0 and owed_until <= now then
@@ -134,6 +141,13 @@ local function release(n)
 end
 
 local function decide(n, negative)
+  if n > limit then
+    -- More than the limit at once: a take that can never pass owes
+    -- nothing, and a release that large frees nothing (its take was such a
+    -- take: Envoy gives both one cost).
+    if negative then return {1, remaining(), oldest_reset()} end
+    return {0, remaining(), d}
+  end
   if negative then return release(n) end
   if held + n <= limit then
     if n > 0 then
@@ -146,7 +160,6 @@ local function decide(n, negative)
   end
   -- Its release is still to come, and frees nothing another take holds.
   owe(n, now + d)
-  if n > limit then return {0, remaining(), d} end
   return {0, remaining(), wait_for(n)}
 end
 

@@ -310,6 +310,44 @@ async fn slots_on_a_redis_cluster_across_two_replicas() {
     every_case(&[("store", &url), ("redis.command_timeout_ms", "5000")], 2).await;
 }
 
+/// Redis loses the set of slots (evicted, deleted) while its metadata
+/// stays: nothing is held, whatever the metadata says, and the count
+/// starts again from the set.
+#[tokio::test]
+async fn a_lost_set_of_slots_holds_nothing() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let domain = unique_domain("concurrency-lost");
+    let text = rules(&domain);
+    let t = Tollgate::start(
+        &[("r.yaml", text.as_str())],
+        &[("store", &url), ("redis.command_timeout_ms", "5000")],
+    )
+    .await;
+    t.wait_serving(Duration::from_secs(20)).await;
+    let mut c = Clients::of(std::slice::from_ref(&t)).await;
+    for _ in 0..3 {
+        assert_eq!(c.take(&domain, A).await, OK);
+    }
+    assert_eq!(c.take(&domain, A).await, OVER, "3 held");
+    let keys = redis.cli(&["KEYS", "*"]);
+    let sets: Vec<&str> = keys
+        .lines()
+        .filter(|k| redis.cli(&["TYPE", k]).trim() == "zset")
+        .collect();
+    assert_eq!(sets.len(), 1, "one set of slots in {keys}");
+    redis.cli(&["DEL", sets[0]]);
+    for i in 0..3 {
+        assert_eq!(
+            c.take(&domain, A).await,
+            OK,
+            "take {i} after the set was lost"
+        );
+    }
+    assert_eq!(c.take(&domain, A).await, OVER, "3 held again");
+    t.stop().await;
+}
+
 /// Each refusal of the rule loader, with its line.
 #[test]
 fn what_a_limit_in_flight_refuses_at_load() {

@@ -364,7 +364,10 @@ async fn negative_hits_give_back(store: &dyn Store, algorithm: Algorithm) {
     let d = l.give_back(store, 2).await;
     assert!(d.admitted, "{}", ctx(store, algorithm));
     assert_eq!(d.remaining, 4, "{}", ctx(store, algorithm));
-    let d = l.give_back(store, 100).await;
+    // More than held, never below zero (a count in flight frees nothing
+    // for a release of more than its limit: its take owed nothing).
+    let back = if algorithm.releases() { 10 } else { 100 };
+    let d = l.give_back(store, back).await;
     assert_eq!(
         d.remaining,
         10,

@@ -75,7 +75,17 @@ impl Embedded for Memory {
     ) -> Decision {
         let d = max_duration(hit);
         self.expire(now, d);
-        let out = if hit.negative {
+        let out = if hit.hits > hit.limit {
+            // More than the limit at once: a take that can never pass
+            // owes nothing, and a release that large frees nothing (its
+            // take was such a take: Envoy gives both one cost).
+            let wait = if hit.negative {
+                self.oldest_reset(now, d)
+            } else {
+                d
+            };
+            decision(hit.negative, hit.limit.saturating_sub(self.held), wait)
+        } else if hit.negative {
             self.release(hit.hits);
             decision(
                 true,
@@ -99,11 +109,7 @@ impl Embedded for Memory {
             // Refused: its release is still to come, and frees nothing
             // another request holds.
             self.owe(hit.hits, now + d);
-            let wait = if hit.hits > hit.limit {
-                d
-            } else {
-                self.wait_for(now, d, hit.hits, hit.limit)
-            };
+            let wait = self.wait_for(now, d, hit.hits, hit.limit);
             decision(false, hit.limit.saturating_sub(self.held), wait)
         };
         *expires_at = self.expires(now, d);
@@ -125,7 +131,7 @@ impl Embedded for Memory {
         {
             let take = r.hits.min(self.slots[i].1);
             self.slots[i].1 -= take;
-            self.held -= take;
+            self.held = self.held.saturating_sub(take);
             if self.slots[i].1 == 0 {
                 self.slots.remove(i);
             }
@@ -159,7 +165,7 @@ impl Memory {
                 break;
             }
             self.slots.pop_front();
-            self.held -= n;
+            self.held = self.held.saturating_sub(n);
         }
         if self.owed_until <= now {
             self.owed = 0;
@@ -173,13 +179,13 @@ impl Memory {
     /// full list's newest entry takes them, and the later time: they are
     /// held longer, never shorter).
     fn take(&mut self, now: u64, n: u64, max_members: usize) {
-        self.held += n;
+        self.held = self.held.saturating_add(n);
         let full = self.slots.len() >= max_members.max(1);
         if let Some(last) = self.slots.back_mut()
             && (last.0 == now || full)
         {
             last.0 = last.0.max(now);
-            last.1 += n;
+            last.1 = last.1.saturating_add(n);
             return;
         }
         if self.slots.len() == self.slots.capacity() {
@@ -201,7 +207,7 @@ impl Memory {
             };
             let take = back.min(first.1);
             first.1 -= take;
-            self.held -= take;
+            self.held = self.held.saturating_sub(take);
             back -= take;
             if first.1 == 0 {
                 self.slots.pop_front();
@@ -210,7 +216,7 @@ impl Memory {
     }
 
     fn owe(&mut self, n: u64, until: u64) {
-        self.owed = (self.owed + n).min(MAX_COUNT);
+        self.owed = self.owed.saturating_add(n).min(MAX_COUNT);
         self.owed_until = self.owed_until.max(until);
     }
 
@@ -224,7 +230,7 @@ impl Memory {
         let mut freed = 0;
         for &(ts, c) in &self.slots {
             freed += c;
-            if self.held - freed + n <= limit {
+            if self.held.saturating_sub(freed) + n <= limit {
                 return ts + d - now;
             }
         }
@@ -300,6 +306,20 @@ mod tests {
         assert_eq!(m.held, 0);
         assert!(run(&mut m, 1_010, 1, 1, false).admitted);
         assert!(!run(&mut m, 1_011, 1, 1, false).admitted);
+    }
+
+    #[test]
+    fn more_than_the_limit_at_once_owes_nothing_and_frees_nothing() {
+        let mut m = Memory::default();
+        assert!(run(&mut m, 0, 2, 1, false).admitted);
+        assert!(!run(&mut m, 1, 2, u64::MAX, false).admitted);
+        assert!(!run(&mut m, 2, 2, 3, false).admitted);
+        // Their releases: nothing freed, nothing owed was paid.
+        run(&mut m, 3, 2, u64::MAX, true);
+        run(&mut m, 4, 2, 3, true);
+        assert_eq!((m.held, m.owed), (1, 0));
+        assert!(run(&mut m, 5, 2, 1, false).admitted);
+        assert!(!run(&mut m, 6, 2, 1, false).admitted);
     }
 
     #[test]
