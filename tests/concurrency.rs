@@ -415,6 +415,19 @@ fn what_a_limit_in_flight_refuses_at_load() {
         .unwrap_err()
         .to_string();
     assert!(errors.contains("r.yaml:8: "), "{errors}");
+    // A limit may not replace a count in flight: its take and release are
+    // two requests. Refused at the replacing rule's descriptor.
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: concurrency, unit: second, requests_per_unit: 5, max_duration: 1s, name: c}\n  - key: p\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: c}]}\n";
+    let errors = tollgate::rules::load_texts(
+        vec![(std::path::PathBuf::from("r.yaml"), text.to_string())],
+        &LoadOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errors.contains("r.yaml:5: ") && errors.contains("a concurrency limit"),
+        "{errors}"
+    );
     let ok = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {algorithm: concurrency, unit: second, requests_per_unit: 5, max_duration: 500ms}\n";
     parse_file(Path::new("r.yaml"), ok, &LoadOptions::default()).unwrap();
 }

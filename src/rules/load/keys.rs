@@ -434,6 +434,10 @@ pub const REFUSED: &[Refused] = &[
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: second, requests_per_unit: 5, algorithm: concurrency, max_duration: 30s, lease: true}\n",
     ),
     r(
+        "`replaces` naming a `concurrency` limit",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: second, requests_per_unit: 5, algorithm: concurrency, max_duration: 30s, name: c}\n  - key: p\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: c}]}\n",
+    ),
+    r(
         "an empty `rate_limits` list",
         "domain: d\ndescriptors:\n  - key: k\n    rate_limits: []\n",
     ),

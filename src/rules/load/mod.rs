@@ -26,6 +26,7 @@ mod limit;
 mod list;
 mod metadata;
 mod refused;
+mod released;
 mod replaces;
 mod slots;
 mod tree;
@@ -135,6 +136,7 @@ pub fn load_texts(
     let mut set = RuleSet::default();
     // Domain name -> (file, line of its `domain` value), to name both files.
     let mut seen: HashMap<String, (PathBuf, usize)> = HashMap::new();
+    let files: Vec<PathBuf> = texts.iter().map(|(f, _)| f.clone()).collect();
     for (file, text) in texts {
         match parse(&file, &text, options) {
             Ok((domain, line)) => {
@@ -164,6 +166,7 @@ pub fn load_texts(
             Err(RuleErrors(mut errs)) => errors.append(&mut errs),
         }
     }
+    errors.extend(released::replaced_in_flight(&set, &files));
     if errors.is_empty() {
         Ok(set)
     } else {
