@@ -181,10 +181,14 @@ impl Memory {
     fn take(&mut self, now: u64, n: u64, max_members: usize) {
         self.held = self.held.saturating_add(n);
         let full = self.slots.len() >= max_members.max(1);
+        // Slots stay in time order (a caller that read the clock before
+        // another may decide after it): a take stamped before the newest
+        // slot takes the newest's time, held a little longer.
+        let at = self.slots.back().map_or(now, |&(ts, _)| ts.max(now));
         if let Some(last) = self.slots.back_mut()
-            && (last.0 == now || full)
+            && (last.0 == at || full)
         {
-            last.0 = last.0.max(now);
+            last.0 = at;
             last.1 = last.1.saturating_add(n);
             return;
         }
@@ -193,7 +197,7 @@ impl Memory {
             let target = (len * 2).clamp(4, max_members.max(1));
             self.slots.reserve_exact(target.saturating_sub(len).max(1));
         }
-        self.slots.push_back((now, n));
+        self.slots.push_back((at, n));
     }
 
     /// Pays what is owed, then frees the oldest slots.
@@ -320,6 +324,25 @@ mod tests {
         assert_eq!((m.held, m.owed), (1, 0));
         assert!(run(&mut m, 5, 2, 1, false).admitted);
         assert!(!run(&mut m, 6, 2, 1, false).admitted);
+    }
+
+    #[test]
+    fn slots_stay_in_time_order_and_each_undo_finds_its_own() {
+        let mut m = Memory::default();
+        let mut exp = 0;
+        let late = m.decide(10, &hit(3, 1, false), 100, &mut exp);
+        // A caller that read the clock earlier, deciding after.
+        let early = m.decide(5, &hit(3, 1, false), 100, &mut exp);
+        assert!(
+            m.slots
+                .iter()
+                .zip(m.slots.iter().skip(1))
+                .all(|(a, b)| a.0 <= b.0)
+        );
+        for d in [early, late] {
+            m.undo(11, &hit(3, 1, false), &d.receipt.unwrap(), None);
+        }
+        assert_eq!(m.held, 0, "both taken back");
     }
 
     #[test]
