@@ -1229,3 +1229,32 @@ async fn a_calendar_limit_is_skipped_with_its_reason() {
     assert!(skipped.ends_with(" 1"), "{skipped}");
     t.stop().await;
 }
+
+/// A report that names one bucket twice is answered once for it: the
+/// first usage counts, the repeat is left out (Envoy never repeats one;
+/// a client may).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_named_twice_in_a_report_is_answered_once() {
+    let domain = unique_domain("rlqs-twice");
+    let text = rules(&domain);
+    let t = Tollgate::start(&[("rules.yaml", &text)], &[]).await;
+    t.wait_serving(WAIT).await;
+    let mut q = Quota::open(&t, &domain).await;
+    for bucket in [
+        [("case", "banned")],
+        [("name", "banned")],
+        [("name", "free")],
+        [("name", "shared")],
+    ] {
+        let response = q
+            .report(vec![usage(&bucket, 1, 0, 5), usage(&bucket, 2, 0, 5)])
+            .await;
+        let n = response
+            .bucket_action
+            .iter()
+            .filter(|a| a.bucket_id.as_ref() == Some(&id(&bucket)))
+            .count();
+        assert_eq!(n, 1, "{bucket:?}: {response:?}");
+    }
+    t.stop().await;
+}

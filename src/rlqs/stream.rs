@@ -1,8 +1,8 @@
 //! One stream: its reports in order, one response per report that has a
 //! bucket to answer, until the client closes it or the server stops.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc;
@@ -133,7 +133,21 @@ async fn answer(
     let now = Instant::now();
     let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
     let mut items = Vec::with_capacity(reports.bucket_quota_usages.len());
+    // A bucket is answered once a report: a repeat of one (Envoy sends
+    // none; any client may) is left out, its usage with it.
+    let mut named: HashSet<Vec<(&str, &str)>> = HashSet::new();
     for usage in &reports.bucket_quota_usages {
+        if let Some(id) = &usage.bucket_id {
+            let mut pairs: Vec<(&str, &str)> = id
+                .bucket
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            pairs.sort_unstable();
+            if !named.insert(pairs) {
+                continue;
+            }
+        }
         match read(inner, state, &rules, &domain, usage, now) {
             Read::Skipped => {}
             Read::Abandoned(action) => actions.push(action),
