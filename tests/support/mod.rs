@@ -34,42 +34,35 @@ pub fn free_port() -> u16 {
 
 /// `GET path` over HTTP/1.1 on a fresh connection: the status and body.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        s.read_to_string(&mut out),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, body.to_string())
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    http_exchange(addr, &request, std::time::Duration::from_secs(10)).await
 }
 
 /// `POST path` with a JSON body over HTTP/1.1 on a fresh connection: the
 /// status and body.
 pub async fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
+    http_exchange(addr, &request, std::time::Duration::from_secs(30)).await
+}
+
+/// Sends `request` on a fresh connection and reads the whole answer
+/// (within `wait`): its status and body.
+async fn http_exchange(
+    addr: std::net::SocketAddr,
+    request: &str,
+    wait: std::time::Duration,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(request.as_bytes()).await.unwrap();
     let mut out = String::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        s.read_to_string(&mut out),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    tokio::time::timeout(wait, s.read_to_string(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
     let status = out[9..12].parse().unwrap();
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
     (status, body.to_string())
