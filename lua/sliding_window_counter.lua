@@ -15,7 +15,10 @@
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
 --          take back what a receipt says a call recorded (undo): ARGV[3]
---          hits from the bucket ARGV[7], while it is in the trailing window
+--          hits from the bucket ARGV[7], while it is in the trailing window,
+--          and not where the hits may have been recorded before the
+--          limiter's last reset (`x`): in the bucket the reset fell in or
+--          an earlier one
 -- ARGV[5]  N, the number of buckets (2..60; absent means 2)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
@@ -27,7 +30,11 @@
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order; with receipts, each followed by {hits recorded, bucket
--- index, 0}. Undo returns {1}.
+-- index, microseconds until that bucket ends} (a lease is spent only while
+-- its bucket is current). Undo returns {1}.
+-- After a reset (src/storage/redis/reset.rs) the hash holds `x`: when it
+-- was reset (microseconds), kept while a bucket it fell in still counts,
+-- so that a give-back recorded before it takes nothing off the fresh count.
 -- Only admitted hits are recorded, unless ARGV[6] is 1: then every positive
 -- cost is, and the answer is refused while the estimate is over the limit.
 -- The clock is the server's (TIME).
@@ -70,8 +77,10 @@ local function field(age)
 end
 local names = {'w'}
 for age = 0, n - 1 do names[#names + 1] = field(age) end
+names[#names + 1] = 'x'
 local st = redis.call('HMGET', KEYS[1], unpack(names))
 local window = tonumber(st[1])
+local reset_at = tonumber(st[n + 2])
 -- counts[age + 1], as Lua counts from 1.
 local counts = {}
 local shift = n
@@ -117,7 +126,7 @@ local function save()
     args[#args + 1] = field(age)
     args[#args + 1] = string.format('%d', counts[age + 1])
   end
-  if not any then
+  if not any and reset_at == nil then
     redis.call('DEL', KEYS[1])
     return
   end
@@ -191,8 +200,15 @@ end
 local out = {}
 local i = 3
 if ARGV[4] == '2' then
-  local age = idx - tonumber(ARGV[7])
-  if age >= 0 and age < n then
+  local at = tonumber(ARGV[7])
+  local age = idx - at
+  local before_reset = false
+  if reset_at ~= nil then
+    local rq = div(reset_at, w)
+    local rj = div((reset_at - rq * w) * spans, w)
+    before_reset = rq * spans + rj >= at
+  end
+  if age >= 0 and age < n and not before_reset then
     counts[age + 1] = math.max(counts[age + 1] - tonumber(ARGV[3]), 0)
     dirty = true
   end
@@ -207,7 +223,7 @@ while i and ARGV[i] do
   if receipts then
     out[#out + 1] = d[4] or 0
     out[#out + 1] = idx
-    out[#out + 1] = 0
+    out[#out + 1] = real(w - elapsed)
   end
   if i == 3 then i = 7 else i = i + 2 end
 end

@@ -1405,13 +1405,13 @@ fn lease_where_it_cannot_hold() {
         name,
         5,
         "descriptors[0].rate_limit.lease: ",
-        "lease: true applies to fixed_window and token_bucket only, not sliding_window_log",
+        "lease: true applies to fixed_window, sliding_window_counter, token_bucket only, not sliding_window_log",
     );
     assert_error(
         name,
         7,
         "descriptors[1].rate_limit.lease: ",
-        "not sliding_window_counter (the default_algorithm, as the rule names none)",
+        "lease: true cannot go with count_refused: false",
     );
     assert_error(
         name,

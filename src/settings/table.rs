@@ -140,7 +140,7 @@ pub const SETTINGS: &[Setting] = &[
         "lease",
         Some("false"),
         Kind::Bool,
-        "`lease` of rules that do not say: `true` decides the fixed-window and token-bucket limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed",
+        "`lease` of rules that do not say: `true` decides the fixed-window, sliding-counter and token-bucket limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed",
     ),
     s(
         "lease.max_limiters",

@@ -146,10 +146,18 @@ pub struct Rules {
 
 pub const KEYS: [&str; 3] = ["api_key", "files", "tenant"];
 
+/// The algorithms `lease: true` applies to (on the others, load refuses
+/// it, and the grammar draws that now and then).
+const LEASABLE: [Algorithm; 3] = [
+    Algorithm::FixedWindow,
+    Algorithm::TokenBucket,
+    Algorithm::SlidingWindowCounter,
+];
+
 fn draw_limit(rng: &mut ChaCha8Rng, index: usize, taken: &[Limit], leases: bool) -> Limit {
     loop {
         let algorithm = if leases && chance(rng, 80) {
-            [Algorithm::FixedWindow, Algorithm::TokenBucket][pick(rng, 2)]
+            LEASABLE[pick(rng, LEASABLE.len())]
         } else {
             ALGORITHMS[pick(rng, 4)]
         };
@@ -262,9 +270,7 @@ pub fn draw(rng: &mut ChaCha8Rng, domain: &str, in_flight_percent: u64) -> Rules
             names += 1;
             limits.push(l);
         }
-        let leasable = limits
-            .iter()
-            .all(|l| matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::TokenBucket));
+        let leasable = limits.iter().all(|l| LEASABLE.contains(&l.algorithm));
         let usage_reports = chance(rng, 15);
         let count_refused = if chance(rng, 30) {
             Some(usage_reports || chance(rng, 40))

@@ -111,6 +111,12 @@ pub enum Leasing {
     /// lives (one lease period); the store is told it is a lease, and a
     /// lease is ended even when spent.
     Tokens,
+    /// A lease is hits recorded in the current bucket, spent only while
+    /// that bucket is current (the receipt's mark says how long, from when
+    /// the call was sent); what is left at its end goes back while the
+    /// bucket still counts. No reservations ahead, and no bucket starts
+    /// with the whole limit (the older buckets still weigh).
+    Bucket,
 }
 
 /// What the over-limit cache may answer from a refusal it keeps.
@@ -149,8 +155,8 @@ pub enum Rlqs {
 pub enum Reset {
     /// Nothing.
     Delete,
-    /// Marks the window reset, so that a give-back of hits recorded
-    /// before it does not land on the fresh count.
+    /// Marks the window (or bucket) reset, so that a give-back of hits
+    /// recorded before it does not land on the fresh count.
     MarkWindow,
     /// Starts a new bucket after now, so that a lease taken before the
     /// reset gives nothing back into it.

@@ -14,10 +14,10 @@ pub const SPEC: Spec = Spec {
     lua: include_str!("../../../lua/sliding_window_counter.lua"),
     batch_id: 2,
     param: Param::Buckets,
-    leasing: Leasing::Never("a sliding window is decided in the store on every hit"),
+    leasing: Leasing::Bucket,
     refusals: Refusals::SameCost,
     rlqs: Rlqs::Ledger,
-    reset: Reset::Delete,
+    reset: Reset::MarkWindow,
     bound: Bound::Buckets,
     calendar: false,
     own_keys: &["buckets"],
@@ -50,12 +50,12 @@ impl Embedded for Memory {
         d
     }
 
-    fn undo(&mut self, now: u64, hit: &Hit<'_>, r: &Receipt, _: Option<u64>) {
+    fn undo(&mut self, now: u64, hit: &Hit<'_>, r: &Receipt, reset_at: Option<u64>) {
         undo(
             now,
             hit.window.micros(),
             hit,
-            r,
+            (r, reset_at),
             self.window,
             &mut self.counts,
         );
@@ -238,7 +238,10 @@ impl Buckets {
             counts[0] += hit.hits;
             let est = self.estimate(counts);
             let d = decision(true, self.remaining(est), self.ok_reset(counts));
-            return with_receipt(d, hit, hit.hits, self.idx, 0);
+            // The receipt's mark: how long the bucket it recorded in
+            // stays current (a lease is spent only until then).
+            let left = self.real(self.w - self.elapsed);
+            return with_receipt(d, hit, hit.hits, self.idx, left);
         }
         if hit.usage_reports {
             // Recorded all the same; refused until a check would pass.
@@ -251,15 +254,31 @@ impl Buckets {
 }
 
 /// Counter: the receipt's bucket, while it is still one of the `n`
-/// buckets in the trailing window. `window` is the index of the state's
-/// newest bucket, `counts[age]` the bucket `age` buckets older.
-fn undo(now: u64, w: u64, hit: &Hit<'_>, r: &Receipt, window: u64, counts: &mut [u64]) {
+/// buckets in the trailing window, and only where what it recorded may
+/// not predate the limiter's last reset (`reset_at`): a reset deleted that
+/// count, and the count after it holds other hits. The receipt names its
+/// bucket, not when it was recorded, so the bucket the reset fell in gives
+/// nothing back after it: an error towards refusing. `window` is the index
+/// of the state's newest bucket, `counts[age]` the bucket `age` buckets
+/// older.
+fn undo(
+    now: u64,
+    w: u64,
+    hit: &Hit<'_>,
+    (r, reset_at): (&Receipt, Option<u64>),
+    window: u64,
+    counts: &mut [u64],
+) {
     let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
     if counts.len() != n || r.at > window {
         return;
     }
     let spans = n as u64 - 1;
-    let idx = (u128::from(now) * u128::from(spans) / u128::from(w)) as u64;
+    let bucket = |t: u64| (u128::from(t) * u128::from(spans) / u128::from(w)) as u64;
+    if reset_at.is_some_and(|at| bucket(at) >= r.at) {
+        return;
+    }
+    let idx = bucket(now);
     // Buckets the state has not been moved past yet: the receipt's age
     // counts from the state's newest bucket, and one older than the
     // trailing window at `now` has stopped counting anyway.
@@ -269,5 +288,70 @@ fn undo(now: u64, w: u64, hit: &Hit<'_>, r: &Receipt, window: u64, counts: &mut 
     }
     if let Some(c) = counts.get_mut(age as usize) {
         *c = c.saturating_sub(r.hits);
+    }
+}
+
+/// How long the bucket that is current at `now` (the caller's clock) stays
+/// current: how far a lease taken now may be spent at least, for sizing.
+pub(crate) fn bucket_left(now: u64, hit: &Hit<'_>) -> u64 {
+    let b = Buckets::at(now, hit.window.micros(), hit);
+    b.real(b.w - b.elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Unit, Window};
+    use crate::storage::{Ahead, Shard};
+
+    fn hit(buckets: u8, hits: u64) -> Hit<'static> {
+        Hit {
+            domain: "d",
+            entries: &[],
+            algorithm: Algorithm::SlidingWindowCounter,
+            limit: 10,
+            window: Window::of(Unit::Second),
+            hits,
+            negative: false,
+            usage_reports: false,
+            buckets,
+            burst: 0,
+            shard: Shard::NONE,
+            receipt: true,
+            also: &[],
+            lease: false,
+            ahead: Ahead::NONE,
+        }
+    }
+
+    #[test]
+    fn a_receipt_says_how_long_its_bucket_stays_current() {
+        // Three buckets of half a second: 0.2 s into the second one.
+        let mut m = Memory::default();
+        let mut exp = 0;
+        let now = 7_000_000 + 700_000;
+        let d = m.decide(now, &hit(3, 4), 0, &mut exp);
+        let r = d.receipt.unwrap();
+        assert_eq!((r.hits, r.at, r.mark), (4, 15, 300_000));
+        assert_eq!(bucket_left(now, &hit(3, 4)), 300_000);
+        // Two buckets: the bucket is the window.
+        let d = Memory::default().decide(now, &hit(2, 1), 0, &mut exp);
+        assert_eq!(d.receipt.unwrap().mark, 300_000);
+    }
+
+    #[test]
+    fn a_give_back_recorded_before_a_reset_takes_nothing_off_the_fresh_count() {
+        let mut m = Memory::default();
+        let mut exp = 0;
+        let h = hit(2, 6);
+        let r = m.decide(1_100_000, &h, 0, &mut exp).receipt.unwrap();
+        // Reset in the same bucket: the fresh count holds other hits.
+        let mut fresh = Memory::default();
+        fresh.decide(1_300_000, &h, 0, &mut exp);
+        fresh.undo(1_400_000, &h, &r, Some(1_200_000));
+        assert_eq!(fresh.counts[0], 6);
+        // A reset in an earlier bucket does not stop it.
+        m.undo(1_400_000, &h, &r, Some(900_000));
+        assert_eq!(m.counts[0], 0);
     }
 }

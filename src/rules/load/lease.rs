@@ -1,7 +1,7 @@
 //! The `lease` key: a limiter a replica may decide from quota it leased
 //! from the store (see `storage::lease`). Only where the bound holds as
-//! built: a fixed window in plain (not calendar) windows or a token
-//! bucket, not sharded, counting refused requests, not taking usage
+//! built: a fixed window in plain (not calendar) windows, a sliding
+//! counter or a token bucket, not sharded, counting refused requests, not taking usage
 //! reports. Anything else
 //! saying `lease: true` is an error naming why.
 
@@ -50,7 +50,7 @@ impl Leasable {
             let leasable: Vec<&str> = Algorithm::leasable().map(Algorithm::as_str).collect();
             Some(format!(
                 "lease: true applies to {} only, not {effective}{inherited}: {why}",
-                leasable.join(" and ")
+                leasable.join(", ")
             ))
         } else if self.in_list {
             Some(

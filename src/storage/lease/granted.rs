@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use super::Leasing;
 use super::held::reservations;
 use super::hits::store_hit;
+use crate::limit::algorithms::Leasing as Leases;
 use crate::storage::{Ahead, Decision, Hit, Receipt, StoreError};
 
 /// A lease call the store answered: what refusing or keeping the lease
@@ -78,7 +79,7 @@ impl Leasing {
             generation,
             ..
         } = asked;
-        let until = now.saturating_add(d.reset_micros);
+        let until = lease_until(hit, &d, now);
         let reserved = reservations(hit, &d, ahead, now, answered);
         let reserved_hits: u64 = reserved.iter().map(|r| r.tokens).sum();
         self.counters.taken.fetch_add(1, Ordering::Relaxed);
@@ -105,7 +106,7 @@ impl Leasing {
             h.until = until;
             h.last_used = now;
             h.store_left = d.remaining;
-            h.store_left_until = until;
+            h.store_left_until = now.saturating_add(d.reset_micros);
             h.leased_at = now;
             h.ahead.extend(reserved);
             Some((older, h.local_reset(now)))
@@ -126,5 +127,17 @@ impl Leasing {
         drop(asking);
         self.give_back(hit, older).await;
         Ok(Decision::new(true, d.remaining.saturating_add(left), reset))
+    }
+}
+
+/// Until when (this replica's monotonic clock) a lease asked `now` and
+/// granted by `d` may be spent: the window's end, or a token bucket's
+/// lease life, as the store's reset says; a sliding counter's lease only
+/// while the bucket it was recorded in is current, as its receipt's mark
+/// says. Each counted from when the call was sent, so never late.
+fn lease_until(hit: &Hit<'_>, d: &Decision, now: u64) -> u64 {
+    match hit.algorithm.spec().leasing {
+        Leases::Bucket => now.saturating_add(d.receipt.map_or(0, |r| r.mark)),
+        _ => now.saturating_add(d.reset_micros),
     }
 }

@@ -141,10 +141,12 @@ impl Held {
     }
 
     /// Forgets what is left of a lease whose window (or life) is over and
-    /// the reservations whose window is over: they counted in it.
+    /// the reservations whose window is over: they counted in it. A
+    /// sliding counter's lease that goes back at its bucket's end
+    /// ([`Held::back_at_end`]) is kept for that, no longer spendable.
     pub(super) fn lapse(&mut self, now: u64, counters: &Counters) {
         let mut lapsed = 0;
-        if now >= self.until && self.tokens > 0 {
+        if now >= self.until && self.tokens > 0 && !self.back_at_end() {
             lapsed += std::mem::take(&mut self.tokens);
             self.receipt = None;
         }
@@ -308,14 +310,18 @@ impl Held {
     }
 
     /// The reset of a hit admitted from the lease `now`: a fixed window's
-    /// end; for a token bucket, as the store answers, the time until the
+    /// end; a sliding counter's as the store answered the lease; for a token bucket, as the store answers, the time until the
     /// bucket is full again, estimated from what the store had left when
     /// the lease was taken, what it refilled since at the rate, and the
     /// lease's unused tokens (which count as in the bucket).
     pub(super) fn local_reset(&self, now: u64) -> u64 {
         let life = self.until.saturating_sub(now);
-        if self.id.algorithm.spec().leasing != Leasing::Tokens {
-            return life;
+        match self.id.algorithm.spec().leasing {
+            Leasing::Tokens => {}
+            // As the store answered: until the oldest hit counted then
+            // stops counting.
+            Leasing::Bucket => return self.store_left_until.saturating_sub(now),
+            _ => return life,
         }
         let burst = effective_burst(self.id.burst, self.id.limit, self.id.window) as f64;
         let window = self.id.window.micros() as f64;
@@ -337,13 +343,24 @@ impl Held {
             .cloned()
     }
 
+    /// Whether what is left of the lease goes back to the store once its
+    /// bucket is over: a sliding counter's, unless it is kept idle (small,
+    /// taken while the store had plenty left). Its bucket still weighs in
+    /// the next ones, so its unused hits would count against them.
+    pub(super) fn back_at_end(&self) -> bool {
+        self.id.algorithm.spec().leasing == Leasing::Bucket && !self.kept_idle()
+    }
+
     /// Whether an idle lease is kept until its window ends
     /// rather than given back: a fixed window's, while the store had
     /// plenty left (half the limit) at this replica's last call, holding at most [`KEEP_DIVISOR`]-th of the limit (a
     /// give-back is a store call; what such a lease strands is small).
     pub(super) fn kept_idle(&self) -> bool {
         self.store_left >= self.id.limit / 2
-            && self.id.algorithm.spec().leasing == Leasing::Window
+            && matches!(
+                self.id.algorithm.spec().leasing,
+                Leasing::Window | Leasing::Bucket
+            )
             && self.tokens <= self.id.limit / KEEP_DIVISOR
     }
 
@@ -359,7 +376,9 @@ impl Held {
     }
 
     /// The unused part of a lease still in force, taken out to be given
-    /// back; a lease past its window is forgotten.
+    /// back; a lease past its window is forgotten (a sliding counter's
+    /// goes back while its bucket counts: the store takes it back only
+    /// from a bucket still in the trailing window).
     ///
     /// A token bucket's lease is ended even when spent (the receipt then
     /// gives back nothing): until it ends or its life does, the bucket
@@ -370,7 +389,7 @@ impl Held {
         if tokens == 0 && self.id.algorithm.spec().leasing != Leasing::Tokens {
             return None;
         }
-        if now >= self.until {
+        if now >= self.until && !self.back_at_end() {
             counters.expired_hits.fetch_add(tokens, Ordering::Relaxed);
             return None;
         }

@@ -2,7 +2,7 @@
 //! shapes its hits take towards the store, and what a lease is measured
 //! against.
 
-use crate::limit::algorithms::{Leasing, Param};
+use crate::limit::algorithms::{Leasing, Param, sliding_counter};
 use crate::limit::{effective_burst, lease_period};
 use crate::storage::Hit;
 
@@ -39,12 +39,13 @@ pub(super) fn capacity(hit: &Hit<'_>) -> u64 {
 }
 
 /// How far ahead a lease taken `now` (this replica's monotonic clock)
-/// may be spent at least, on that clock: to the fixed window's end as
-/// the wall clock reads `wall` now (only sizing reads it), for a token
-/// bucket one lease period.
+/// may be spent at least, on that clock: to the fixed window's end (a
+/// sliding counter's: its current bucket's) as the wall clock reads
+/// `wall` now (only sizing reads it), for a token bucket one lease period.
 pub(super) fn horizon(hit: &Hit<'_>, now: u64, wall: u64) -> u64 {
     match hit.algorithm.spec().leasing {
         Leasing::Tokens => now + lease_period(hit.window.micros()),
+        Leasing::Bucket => now.saturating_add(sliding_counter::bucket_left(wall, hit)),
         _ => now.saturating_add(hit.window.span(wall).end.saturating_sub(wall)),
     }
 }

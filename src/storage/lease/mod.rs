@@ -8,6 +8,15 @@
 //!   it was asked (the store's reset, counted from the moment the call was
 //!   sent, as the over-limit cache counts): every hit admitted here was
 //!   recorded in its window before it was admitted.
+//! - **Sliding window counter.** A lease is hits recorded in the current
+//!   bucket, spent only while that bucket is current (the receipt's mark
+//!   says how long, counted from when the call was sent). Every other
+//!   replica's estimate already counts them as if admitted when the lease
+//!   was taken, so every `buckets - 1` buckets hold at most the limit, as
+//!   without leases. What is left when the bucket ends goes back (the
+//!   bucket still weighs in the next ones), except a small lease kept
+//!   idle; a give-back after a reset in that bucket takes nothing (the
+//!   store keeps when the limiter was reset, as a fixed window's).
 //! - **Token bucket.** A lease takes tokens from the bucket and lives
 //!   until the end of the lease period after the one it was taken in (the
 //!   window, within 1 to 10 s; the store's answer says how long, counted
@@ -113,8 +122,9 @@
 //!   left in a fixed window.
 //!
 //! Everything else goes to the store as before: give-backs, checks,
-//! usage reports, limiters that take receipts, lists, sharded limiters and
-//! the sliding windows (load refuses `lease: true` on them).
+//! usage reports, limiters that take receipts, lists, sharded limiters,
+//! the sliding log and limits in flight (load refuses `lease: true` on
+//! them).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

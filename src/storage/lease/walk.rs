@@ -134,7 +134,8 @@ impl Leasing {
                     walked += 1;
                     h.queued = u64::MAX;
                     h.lapse(now, &self.counters);
-                    if h.back_when_idle(now).is_some_and(|back| now >= back)
+                    let ended = h.back_at_end() && h.tokens > 0 && now >= h.until;
+                    if (ended || h.back_when_idle(now).is_some_and(|back| now >= back))
                         && let Some(r) = h.take_unused(now, &self.counters)
                     {
                         back.push((h.id.clone(), r));

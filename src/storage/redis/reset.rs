@@ -17,10 +17,11 @@ use crate::limit::algorithms::Reset;
 /// replica reaches the others' caches within about this long.
 pub(super) const RESET_POLL: Duration = Duration::from_millis(200);
 
-/// A fixed window's reset: its keys deleted, and its state hash left
-/// holding `x`, when it was reset (the server's clock), until the seventh
-/// window after the reset's ends, so that a give-back recorded before the
-/// reset takes nothing off the fresh count (see `lua/fixed_window.lua`).
+/// A fixed window's or a sliding counter's reset: its keys deleted, and
+/// its state hash left holding `x`, when it was reset (the server's
+/// clock), until the seventh window after the reset's ends, so that a
+/// give-back recorded before the reset takes nothing off the fresh count
+/// (see `lua/fixed_window.lua` and `lua/sliding_window_counter.lua`).
 ///
 /// KEYS     the limiter's keys, its state hash first
 /// ARGV[1]  the window's length in microseconds; 0 for a calendar window
