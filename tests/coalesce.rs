@@ -75,12 +75,14 @@ async fn concurrent_hits_share_script_calls_and_stay_exact() {
         ("coalesce.yaml", text.as_str()),
         ("single.yaml", single_text.as_str()),
     ];
-    // The over-limit cache would answer refusals without Redis: off, so
-    // every decision reaches the coalescing layer.
+    // The over-limit cache would answer refusals without Redis, and
+    // leases admit hits without it: both off, so every decision reaches
+    // the coalescing layer.
     let common = [
         ("store", url.as_str()),
         ("redis.command_timeout_ms", "2000"),
         ("over_limit_cache.enabled", "false"),
+        ("lease", "false"),
     ];
     let on = Tollgate::start(&files, &common).await;
     let off_settings: Vec<(&str, &str)> = common

@@ -296,7 +296,13 @@ async fn costs_reported_after_the_response_close_a_budget() {
 async fn failure_mode_deny_both_ways() {
     let mut redis = support::redis::RedisServer::start();
     let rules = std::fs::read_to_string("examples/envoy/rules/edge.yaml").unwrap();
-    let tollgate = Tollgate::start(&[("edge.yaml", &rules)], &[("store", &redis.url())]).await;
+    // Without leases: a lease taken before the store went down would
+    // still decide (rightly), and this is about tollgate unable to.
+    let tollgate = Tollgate::start(
+        &[("edge.yaml", &rules)],
+        &[("store", &redis.url()), ("lease", "false")],
+    )
+    .await;
     tollgate.wait_serving(Duration::from_secs(30)).await;
     let upstream = upstream().await;
     let example = std::fs::read_to_string("examples/envoy/envoy.yaml").unwrap();

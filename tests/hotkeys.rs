@@ -77,12 +77,18 @@ async fn a_flood_on_an_exhausted_limiter_is_answered_locally_with_the_stores_ans
     let (cached_redis, bare_redis) = (RedisServer::start(), RedisServer::start());
     let domain = unique_domain("flood");
     let rules = rules(&domain, LIMIT);
-    let cached = Tollgate::start(&[("r.yaml", &rules)], &[("store", &cached_redis.url())]).await;
+    // Script calls are counted one per request: leases off.
+    let cached = Tollgate::start(
+        &[("r.yaml", &rules)],
+        &[("store", &cached_redis.url()), ("lease", "false")],
+    )
+    .await;
     let bare = Tollgate::start(
         &[("r.yaml", &rules)],
         &[
             ("store", &bare_redis.url()),
             ("over_limit_cache.enabled", "false"),
+            ("lease", "false"),
         ],
     )
     .await;
@@ -189,8 +195,13 @@ async fn the_cache_holds_at_most_max_entries_limiters() {
 async fn hot_keys_lists_the_heaviest_limiter_first_with_its_share() {
     let domain = unique_domain("hot");
     let rules = rules(&domain, 500);
-    // Values in the clear: the operator opted in.
-    let t = Tollgate::start(&[("r.yaml", &rules)], &[("debug_show_values", "true")]).await;
+    // Values in the clear: the operator opted in. Every call reaches the
+    // store (leases off), so the shares are the requests'.
+    let t = Tollgate::start(
+        &[("r.yaml", &rules)],
+        &[("debug_show_values", "true"), ("lease", "false")],
+    )
+    .await;
     let mut client = t.client().await;
     // Before any traffic the report is empty, not an error.
     let (status, body) = http_get(t.debug, "/debug/hotkeys").await;

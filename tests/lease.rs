@@ -1560,3 +1560,73 @@ async fn a_client_s_values_keep_the_lease_map_bounded() {
         "leased: +{leased} bytes, plain +{plain}, margin {margin}"
     );
 }
+
+/// Leases are on by default: a rule naming no algorithm and no `lease`
+/// (the sliding window counter) is decided from leases on Redis, most
+/// hits without a script call, and `/rlconfig` says so; a rule that cannot
+/// lease is decided in Redis on every hit, and `/rlconfig` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_that_do_not_say_lease_by_default() {
+    let redis = RedisServer::start();
+    let domain = unique_domain("default");
+    let rules = format!(
+        "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 100000}}\n  - key: log\n    rate_limit: {{unit: minute, requests_per_unit: 1000, algorithm: sliding_window_log}}\n"
+    );
+    let t = Tollgate::start(&[("r.yaml", &rules)], &[("store", &redis.url())]).await;
+    t.wait_serving(Duration::from_secs(30)).await;
+    let (status, text) = support::http_get(t.debug, "/rlconfig").await;
+    assert_eq!(status, 200);
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{domain}.{key}:")))
+            .unwrap_or_else(|| panic!("no {key} in {text}"))
+            .to_string()
+    };
+    assert!(
+        line("user").contains("sliding_window_counter lease=true"),
+        "{text}"
+    );
+    assert!(
+        line("log").contains("lease=false (decided in the store: lease: true applies to"),
+        "{text}"
+    );
+    let (_, json) = support::http_get(t.debug, "/rlconfig?format=json").await;
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let entry = |key: &str| {
+        json["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["rule"] == key)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(entry("user")["leased"], true, "{json}");
+    assert_eq!(entry("log")["leased"], false, "{json}");
+    assert!(entry("log")["leaseOffBecause"].is_string(), "{json}");
+    let mut c = t.client().await;
+    for key in ["user", "log"] {
+        let before = support::redis::command_calls(redis.port(), "evalsha");
+        for _ in 0..200 {
+            let req = RateLimitRequest {
+                domain: domain.clone(),
+                descriptors: vec![descriptor(&[(key, "one")])],
+                hits_addend: 0,
+            };
+            let r = c.should_rate_limit(req).await.unwrap().into_inner();
+            assert_eq!(r.overall_code, Code::Ok as i32);
+        }
+        let calls = support::redis::command_calls(redis.port(), "evalsha") - before;
+        eprintln!("{key}: {calls} script calls for 200 decisions");
+        if key == "user" {
+            assert!(calls <= 20, "{key}: {calls} script calls for 200 decisions");
+        } else {
+            // (The first key's idle lease may go back meanwhile.)
+            assert!(
+                calls >= 200,
+                "{key}: {calls} script calls for 200 decisions"
+            );
+        }
+    }
+    t.stop().await;
+}

@@ -201,6 +201,10 @@ async fn drive_the_binary() {
             ("TOLLGATE_RULES_DIR", &dir),
             ("TOLLGATE_MEMORY__MAX_BYTES", &budget.to_string()),
             ("TOLLGATE_SHUTDOWN_DRAIN_MS", "0"),
+            // The store's budget alone: the lease layer holds its own
+            // limiters, bounded by `lease.max_limiters` (tests/lease.rs
+            // measures it).
+            ("TOLLGATE_LEASE", "false"),
         ],
     );
     let pid = p.child.id().to_string();

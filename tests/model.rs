@@ -707,6 +707,7 @@ fn a_limit_in_flight_refuses_at_load_with_file_and_line() {
         quota: false,
         shards: 1,
         lease: false,
+        no_lease: false,
         count_refused: None,
         usage_reports: false,
         replaces: Vec::new(),

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use tollgate::limit::{Algorithm, FailurePolicy, Unit, Window};
 use tollgate::rules::{
-    LimitSpec, LoadOptions, MAX_DEPTH, MAX_DIR_DEPTH, MAX_ENTRIES, Rule, RuleErrors, RuleSet,
-    WalkOptions, load_dir, load_texts, parse_file, walk,
+    Defaults, LimitSpec, LoadOptions, MAX_DEPTH, MAX_DIR_DEPTH, MAX_ENTRIES, Rule, RuleErrors,
+    RuleSet, WalkOptions, load_dir, load_texts, parse_file, walk,
 };
 
 fn fixtures() -> PathBuf {
@@ -814,7 +814,10 @@ descriptors:
             window: Unit::Hour.into()
         }
     );
-    let dump = set.describe(Algorithm::FixedWindow);
+    let dump = set.describe(Defaults {
+        algorithm: Algorithm::FixedWindow,
+        lease: true,
+    });
     assert!(dump.contains("20/5 minutes fixed_window"), "{dump}");
     assert!(dump.contains("25/minute fixed_window"), "{dump}");
 }
@@ -904,7 +907,10 @@ fn count_refused_resolves_with_the_setting() {
             [false, true, c, true],
             "setting {setting}"
         );
-        let described = set.describe(Algorithm::SlidingWindowCounter);
+        let described = set.describe(Defaults {
+            algorithm: Algorithm::SlidingWindowCounter,
+            lease: true,
+        });
         assert!(
             described.contains("d.a: 1/minute sliding_window_counter count_refused=false"),
             "{described}"
@@ -1113,8 +1119,11 @@ fn deepest_allowed_rule_loads() {
     );
     assert_eq!(rule.path, keys.join("."));
     assert!(
-        set.describe(tollgate::limit::Algorithm::SlidingWindowCounter)
-            .contains(&format!("deep.{}: 3/second", keys.join(".")))
+        set.describe(Defaults {
+            algorithm: tollgate::limit::Algorithm::SlidingWindowCounter,
+            lease: true,
+        })
+        .contains(&format!("deep.{}: 3/second", keys.join(".")))
     );
 
     // One more level (a list under the deepest rule) is refused.

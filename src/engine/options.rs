@@ -54,7 +54,7 @@ impl Default for EngineOptions {
             max_value_bytes: crate::storage::keys::DEFAULT_MAX_VALUE_BYTES,
             usage_reports: None,
             count_refused: true,
-            lease: false,
+            lease: true,
         }
     }
 }

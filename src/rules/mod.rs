@@ -267,16 +267,11 @@ impl RuleSet {
     }
 
     /// Every rule, one line each, sorted: `domain.key_value.key2: limit
-    /// algorithm [flags] (file:line)`, with `default` the algorithm of
-    /// rules that name none; whitelists too.
-    pub fn describe(&self, default: Algorithm) -> String {
-        fn walk(
-            prefix: &str,
-            file: &str,
-            default: Algorithm,
-            level: &Level,
-            out: &mut Vec<String>,
-        ) {
+    /// algorithm [flags] lease=... (file:line)`, with `defaults` what rules
+    /// that do not say take (the algorithm, and the `lease` setting);
+    /// whitelists too.
+    pub fn describe(&self, defaults: Defaults) -> String {
+        fn walk(prefix: &str, file: &str, default: Defaults, level: &Level, out: &mut Vec<String>) {
             let nodes = level
                 .exact
                 .values()
@@ -290,13 +285,16 @@ impl RuleSet {
                 };
                 match &node.rule {
                     Some(rule) if rule.more.is_empty() => {
-                        out.push(format!("{path}: {}", describe_rule(rule, default)));
+                        out.push(format!("{path}: {}", describe_rule(rule, default, false)));
                     }
                     // A `rate_limits:` list: every limit, by its place.
                     Some(rule) => {
                         let list = std::iter::once(&**rule).chain(&rule.more);
                         for (i, rule) in list.enumerate() {
-                            out.push(format!("{path}[{i}]: {}", describe_rule(rule, default)));
+                            out.push(format!(
+                                "{path}[{i}]: {}",
+                                describe_rule(rule, default, true)
+                            ));
                         }
                     }
                     None if node.is_leaf() => out.push(format!(
@@ -313,7 +311,7 @@ impl RuleSet {
             walk(
                 name,
                 &domain.short_file(),
-                default,
+                defaults,
                 &domain.root,
                 &mut lines,
             );
@@ -426,6 +424,29 @@ impl Rule {
     pub fn may_lease(&self, default: Algorithm) -> bool {
         load::lease::Leasable::of(self).obstacle(default).is_none()
     }
+
+    /// Whether the rule's limiter is decided from leases, with `setting`
+    /// the `lease` of rules that do not say (`in_list`: one limit of a
+    /// `rate_limits:` list): `Ok(true)`, `Ok(false)` when leases are off
+    /// for it, or why it cannot lease though the setting asks.
+    pub fn lease_state(
+        &self,
+        default: Algorithm,
+        setting: bool,
+        in_list: bool,
+    ) -> Result<bool, String> {
+        if matches!(self.limit, LimitSpec::Unlimited) || !self.lease.unwrap_or(setting) {
+            return Ok(false);
+        }
+        let leasable = load::lease::Leasable {
+            in_list: in_list || !self.more.is_empty(),
+            ..load::lease::Leasable::of(self)
+        };
+        match leasable.obstacle(default) {
+            None => Ok(true),
+            Some(why) => Err(why),
+        }
+    }
 }
 
 impl Node {
@@ -494,7 +515,16 @@ fn name_rules(prefix: &str, level: &mut Level, shared: bool, by_value: bool) {
     }
 }
 
-fn describe_rule(rule: &Rule, default: Algorithm) -> String {
+/// What rules that do not say take: the algorithm (`default_algorithm`)
+/// and whether they lease (the `lease` setting).
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    pub algorithm: Algorithm,
+    pub lease: bool,
+}
+
+fn describe_rule(rule: &Rule, defaults: Defaults, in_list: bool) -> String {
+    let default = defaults.algorithm;
     let mut text = match &rule.limit {
         LimitSpec::Unlimited => "unlimited".to_string(),
         LimitSpec::PerUnit {
@@ -533,9 +563,6 @@ fn describe_rule(rule: &Rule, default: Algorithm) -> String {
     if !rule.count_refused {
         text.push_str(" count_refused=false");
     }
-    if let Some(lease) = rule.lease {
-        text.push_str(&format!(" lease={lease}"));
-    }
     for (on, flag) in [
         (rule.shadow_mode, "shadow_mode"),
         (rule.quota_mode, "quota_mode"),
@@ -547,6 +574,12 @@ fn describe_rule(rule: &Rule, default: Algorithm) -> String {
         if on {
             text.push(' ');
             text.push_str(flag);
+        }
+    }
+    if !matches!(rule.limit, LimitSpec::Unlimited) {
+        match rule.lease_state(default, defaults.lease, in_list) {
+            Ok(leased) => text.push_str(&format!(" lease={leased}")),
+            Err(why) => text.push_str(&format!(" lease=false (decided in the store: {why})")),
         }
     }
     text.push_str(&format!(" ({})", rule.source));

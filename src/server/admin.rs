@@ -99,6 +99,10 @@ pub fn debug(
     // the headers count reloads, so a refused edit is visible too.
     let rules = engine.rules().clone();
     let default = engine.options().default_algorithm;
+    let defaults = crate::rules::Defaults {
+        algorithm: default,
+        lease: engine.options().lease,
+    };
     let router = axum::Router::new().route(
         "/rlconfig",
         axum::routing::get(move |uri: Uri, headers: HeaderMap| {
@@ -110,10 +114,10 @@ pub fn debug(
                     ("x-rules-refused", reloads.refused().to_string()),
                 ];
                 if wants_json(&uri, &headers) {
-                    let body = rules_json(&rules.current(), &reloads, default);
+                    let body = rules_json(&rules.current(), &reloads, defaults);
                     (counts, json_response(StatusCode::OK, &body)).into_response()
                 } else {
-                    (counts, rules.current().describe(default)).into_response()
+                    (counts, rules.current().describe(defaults)).into_response()
                 }
             }
         }),
@@ -284,15 +288,22 @@ fn hot_keys_json(report: &hotkeys::Report, show_values: bool) -> serde_json::Val
 fn rules_json(
     rules: &RuleSet,
     reloads: &reload::ReloadCounts,
-    default: crate::limit::Algorithm,
+    defaults: crate::rules::Defaults,
 ) -> serde_json::Value {
-    use crate::rules::LimitSpec;
+    let default = defaults.algorithm;
     let whitelists = rules.whitelists();
     let mut list = rules.rules();
     list.sort_by(|a, b| (a.0, &a.1.path).cmp(&(b.0, &b.1.path)));
+    // The limits after the first of a `rate_limits:` list.
+    let listed: std::collections::HashSet<*const crate::rules::Rule> = list
+        .iter()
+        .flat_map(|(_, r)| r.more.iter().map(|m| m as *const _))
+        .collect();
     let mut rules: Vec<(String, String, serde_json::Value)> = list
         .into_iter()
         .map(|(domain, r)| {
+            let in_list = listed.contains(&(r as *const _));
+            let lease = r.lease_state(default, defaults.lease, in_list);
             let mut v = serde_json::json!({
                 "domain": domain,
                 "rule": r.path,
@@ -304,6 +315,8 @@ fn rules_json(
                 "onStoreError": r.on_store_error.map(|p| p.to_string()),
                 "countRefused": r.count_refused,
                 "lease": r.lease,
+                "leased": lease.clone().unwrap_or(false),
+                "leaseOffBecause": lease.err(),
                 "replaces": r.replaces,
                 "shadowMode": r.shadow_mode,
                 "quotaMode": r.quota_mode,
@@ -313,28 +326,7 @@ fn rules_json(
                 "metadata": r.metadata.as_deref(),
                 "source": r.source.to_string(),
             });
-            match &r.limit {
-                LimitSpec::Unlimited => v["unlimited"] = true.into(),
-                LimitSpec::PerUnit {
-                    requests_per_unit,
-                    window,
-                } => {
-                    v["requestsPerUnit"] = (*requests_per_unit).into();
-                    v["unit"] = window.unit().as_str().into();
-                    v["unitMultiplier"] = window.multiplier().into();
-                    v["windowSeconds"] = window.seconds().into();
-                    if let Some(zone) = window.zone() {
-                        v["timezone"] = zone.name().into();
-                    }
-                    v["algorithm"] = r.algorithm.unwrap_or(default).as_str().into();
-                    v["algorithmSetBy"] = if r.algorithm.is_some() {
-                        "rule"
-                    } else {
-                        "default_algorithm"
-                    }
-                    .into();
-                }
-            }
+            limit_json(&mut v, r, default);
             (domain.to_string(), r.path.clone(), v)
         })
         .collect();
@@ -354,6 +346,33 @@ fn rules_json(
         // Named as the headers name them.
         "reloads": { "reloaded": reloads.loaded(), "refused": reloads.refused() },
     })
+}
+
+/// A rule's limit, in its JSON entry of `/rlconfig`.
+fn limit_json(v: &mut serde_json::Value, r: &crate::rules::Rule, default: crate::limit::Algorithm) {
+    use crate::rules::LimitSpec;
+    match &r.limit {
+        LimitSpec::Unlimited => v["unlimited"] = true.into(),
+        LimitSpec::PerUnit {
+            requests_per_unit,
+            window,
+        } => {
+            v["requestsPerUnit"] = (*requests_per_unit).into();
+            v["unit"] = window.unit().as_str().into();
+            v["unitMultiplier"] = window.multiplier().into();
+            v["windowSeconds"] = window.seconds().into();
+            if let Some(zone) = window.zone() {
+                v["timezone"] = zone.name().into();
+            }
+            v["algorithm"] = r.algorithm.unwrap_or(default).as_str().into();
+            v["algorithmSetBy"] = if r.algorithm.is_some() {
+                "rule"
+            } else {
+                "default_algorithm"
+            }
+            .into();
+        }
+    }
 }
 
 /// `POST /json`: 200 with the response when OK, 429 when OVER_LIMIT, 400

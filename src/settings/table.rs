@@ -138,9 +138,9 @@ pub const SETTINGS: &[Setting] = &[
     ),
     s(
         "lease",
-        Some("false"),
+        Some("true"),
         Kind::Bool,
-        "`lease` of rules that do not say: `true` decides the fixed-window, sliding-counter and token-bucket limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed",
+        "`lease` of rules that do not say: `true` decides the fixed-window, sliding-counter and token-bucket limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed. Other rules are decided in the store, and `/rlconfig` says why. `false`: every rule that does not say `lease: true` is decided in the store on every hit",
     ),
     s(
         "lease.max_limiters",
@@ -459,7 +459,7 @@ pub const SETTINGS: &[Setting] = &[
         "memory.max_bytes",
         Some("134217728"),
         count(1 << 20, u64::MAX),
-        "estimated bytes the embedded store's limiters take (identities, state, log members, map overhead); least recently used evicted past it. 128 MiB, half the Helm chart's 256 MiB memory limit: the rest is for the runtime, connections, the over-limit cache and the allocator's slack",
+        "estimated bytes the embedded store's limiters take (identities, state, log members, map overhead); least recently used evicted past it. 128 MiB, half the Helm chart's 256 MiB memory limit: the rest is for the runtime, connections, the over-limit cache, the lease layer (`lease.max_limiters`, some 30 MB at most by default) and the allocator's slack",
     ),
     s(
         "over_limit_cache.enabled",

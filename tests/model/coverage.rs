@@ -45,7 +45,9 @@ pub fn note_features(case: &Case, coverage: &mut Coverage) {
             *coverage.features.entry(algorithm.to_string()).or_default() += 1;
             for (on, what) in [
                 (rule.list, "in a list"),
-                (rule.lease, "lease"),
+                (rule.lease, "lease: true"),
+                (rule.leases() && !rule.lease, "leased by default"),
+                (rule.no_lease, "lease: false"),
                 (rule.shards > 1, "shards"),
                 (rule.shadow, "shadow_mode"),
                 (rule.quota, "quota_mode"),

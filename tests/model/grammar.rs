@@ -117,7 +117,11 @@ pub struct Rule {
     pub shadow: bool,
     pub quota: bool,
     pub shards: u16,
+    /// `lease: true` written.
     pub lease: bool,
+    /// `lease: false` written; a rule that says neither leases where it
+    /// may ([`Rule::leases`]), as the `lease` setting's default says.
+    pub no_lease: bool,
     pub count_refused: Option<bool>,
     pub usage_reports: bool,
     pub replaces: Vec<String>,
@@ -126,11 +130,28 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// Whether its limiters are decided from leases: it says `lease:
+    /// true` (and loads), or it says nothing and may lease: every limit
+    /// leasable, not a list, not sharded, no usage reports, no calendar
+    /// window, counting refused requests.
+    pub fn leases(&self) -> bool {
+        self.lease
+            || (!self.no_lease
+                && !self.list
+                && self.shards <= 1
+                && !self.usage_reports
+                && self.count_refused != Some(false)
+                && self
+                    .limits
+                    .iter()
+                    .all(|l| LEASABLE.contains(&l.algorithm) && l.zone.is_none()))
+    }
+
     pub fn features(&self, limit: &Limit, rlqs: bool) -> Features {
         Features {
             algorithm: limit.algorithm,
             shadow: self.shadow,
-            lease: self.lease,
+            lease: self.leases(),
             rlqs,
             shards: self.shards,
             calendar: limit.zone.is_some(),
@@ -299,6 +320,8 @@ pub fn draw(rng: &mut ChaCha8Rng, domain: &str, in_flight_percent: u64) -> Rules
                 && shards == 1
                 && chance(rng, if leases { 90 } else { 40 })
                 && ((!usage_reports && !calendar) || chance(rng, 10)),
+            // Drawn from the side stream, so earlier seeds replay.
+            no_lease: chance(&mut side, 30),
             count_refused,
             usage_reports,
             replaces: Vec::new(),
@@ -369,6 +392,7 @@ fn become_in_flight(side: &mut ChaCha8Rng, rule: &mut Rule, k: usize) {
     l.max_duration = Some(MAX_DURATIONS[pick(side, 4)]);
     // What load refuses on it, the rule's as its limit's.
     rule.lease = false;
+    rule.no_lease = false;
     rule.shards = 1;
     rule.usage_reports = false;
     if chance(side, 8) {
@@ -387,7 +411,10 @@ pub fn refuse_in_flight(rule: &mut Rule, k: usize, which: usize) {
         1 => l.multiplier = 2,
         2 => rule.shards = 2,
         3 => rule.usage_reports = true,
-        4 => rule.lease = true,
+        4 => {
+            rule.lease = true;
+            rule.no_lease = false;
+        }
         5 => l.zone = Some(("UTC", 0)),
         6 => l.burst = Some(l.limit * 2),
         7 => l.buckets = Some(3),
@@ -451,6 +478,8 @@ impl Rules {
                 }
                 if r.lease {
                     let _ = writeln!(y, "{pad}lease: true");
+                } else if r.no_lease {
+                    let _ = writeln!(y, "{pad}lease: false");
                 }
                 if let Some(c) = r.count_refused {
                     let _ = writeln!(y, "{pad}count_refused: {c}");

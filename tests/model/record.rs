@@ -75,7 +75,7 @@ pub fn record(
                 if limit.algorithm.releases() {
                     coverage.in_flight_admitted += cost;
                 }
-                if rule.lease {
+                if rule.leases() {
                     coverage.admitted_on_leased += cost;
                 }
             }

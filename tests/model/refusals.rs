@@ -171,7 +171,7 @@ impl Refusals {
                 || !alone
                 || twice
                 || d.negative
-                || rule.lease
+                || rule.leases()
                 || rule.shards > 1
                 || rule.shadow
                 || rule.usage_reports

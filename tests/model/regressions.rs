@@ -41,6 +41,9 @@ fn rule(key: &str, limits: Vec<Limit>) -> Rule {
         quota: false,
         shards: 1,
         lease: false,
+        // As written when each defect was found: the store's path unless
+        // a case leases.
+        no_lease: true,
         count_refused: None,
         usage_reports: false,
         replaces: Vec::new(),
@@ -74,6 +77,7 @@ fn leased(algorithm: Algorithm, n: u64, unit: &'static str) -> Rules {
         domain: "regression".into(),
         rules: vec![Rule {
             lease: true,
+            no_lease: false,
             ..rule("api_key", vec![limit(algorithm, n, unit)])
         }],
     }

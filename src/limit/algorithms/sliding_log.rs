@@ -15,7 +15,7 @@ pub const SPEC: Spec = Spec {
     lua: include_str!("../../../lua/sliding_window_log.lua"),
     batch_id: 3,
     param: Param::Buckets,
-    leasing: Leasing::Never("a sliding window is decided in the store on every hit"),
+    leasing: Leasing::Never("a sliding window log is decided in the store on every hit"),
     refusals: Refusals::Single,
     rlqs: Rlqs::Ledger,
     reset: Reset::Delete,

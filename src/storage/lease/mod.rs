@@ -355,7 +355,10 @@ impl Leasing {
             h.tokens -= hit.hits;
             h.last_used = now;
             self.counters.local.fetch_add(1, Ordering::Relaxed);
-            return Some(Decision::new(true, h.tokens, h.local_reset(now)));
+            // What the store had left, and the lease's unused hits: on
+            // one replica, what the store alone would answer.
+            let remaining = h.store_left.saturating_add(h.tokens);
+            return Some(Decision::new(true, remaining, h.local_reset(now)));
         }
         None
     }
