@@ -59,6 +59,12 @@
 #                (decided from quota leased from Redis; its rb columns
 #                stay 0); LEASED=only measures just the LEASE_UNIT rows
 #                and the leased ones (no plain-second or no_rule rows)
+#   DEFAULT=1    a row "default" after the algorithms' rows: a rule that
+#                names no algorithm and no `lease`, LEASE_UNIT long (what a
+#                rule gets by default: a sliding window counter, leased),
+#                from every server, the null service and limitador's
+#                engine too (its own fixed window); DEFAULT=only measures
+#                just that row (and redis-benchmark on the algorithms)
 #   LEASE_UNIT=minute  the leased row's window (default second); another
 #                unit adds a row "fixed_window/<unit>" without leases
 #                right before it, so the two compare on one window
@@ -148,6 +154,14 @@ for a in fixed_window token_bucket; do
         rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT, algorithm: $a}
 EOF
 done
+# What a rule gets by default (DEFAULT=1): `algo=default`.
+cat >>"$WORK/rules/bench.yaml" <<EOF
+  - key: algo
+    value: default
+    descriptors:
+      - key: user
+        rate_limit: {unit: $LEASE_UNIT, requests_per_unit: $LIMIT}
+EOF
 ZIPF_ARGS=()
 [[ -n ${ZIPF:-} ]] && ZIPF_ARGS=(--zipf "$ZIPF")
 # Two limits on one descriptor per algorithm (LISTS=1): `algo=<a>_x2`.
@@ -404,7 +418,7 @@ for a in "${MEASURED[@]}"; do
     # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95...","p99_latency_ms","max..."
     IFS=, read -r _ rb_rate _ _ rb_p50 _ rb_p99 _ <<<"${rb//\"/}"
 
-    if [[ ${LEASED:-0} != only ]]; then
+    if [[ ${LEASED:-0} != only && ${DEFAULT:-0} != only ]]; then
         for i in "${!LABELS[@]}"; do
             measure_tollgate "$i" "$a" "algo=$a,user=u"
         done
@@ -433,9 +447,17 @@ for a in "${MEASURED[@]}"; do
     fi
 done
 
+# What a rule gets by default, from every server side by side.
+if [[ ${DEFAULT:-0} =~ ^(1|only)$ ]]; then
+    for i in "${!LABELS[@]}"; do
+        rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
+        measure_tollgate "$i" default "algo=default,user=u"
+    done
+fi
+
 # The gRPC floor: a descriptor that matches no rule is decided without a
 # store call, so this row is what tollgate costs before any store.
-if [[ ${LEASED:-0} != only ]]; then
+if [[ ${LEASED:-0} != only && ${DEFAULT:-0} != only ]]; then
     for i in "${!LABELS[@]}"; do
         rb_rate=0 rb_p50=0 rb_p99=0 rb_cpu=0
         measure_tollgate "$i" no_rule "norule=u"

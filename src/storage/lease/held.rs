@@ -297,6 +297,12 @@ impl Held {
                 0
             };
             wanted = wanted.max(until_end.min((store_left / STORE_SHARE) as f64));
+            if self.id.algorithm.spec().leasing == Leasing::Bucket {
+                // A counter's lease is spent only within its bucket, and
+                // what is left weighs on: no more than the demand until
+                // the bucket ends, with a margin.
+                wanted = wanted.min(margin(rate * secs_left));
+            }
             if self.plenty(now, limit) {
                 let demand = rate * secs_left;
                 wanted = wanted.max(PLENTY_HITS.min(demand));
@@ -352,15 +358,21 @@ impl Held {
     }
 
     /// Whether an idle lease is kept until its window ends
-    /// rather than given back: a fixed window's, while the store had
-    /// plenty left (half the limit) at this replica's last call, holding at most [`KEEP_DIVISOR`]-th of the limit (a
-    /// give-back is a store call; what such a lease strands is small).
+    /// rather than given back: a fixed window's (a sliding counter's whose
+    /// bucket is its window), while the store had plenty left (half the
+    /// limit) at this replica's last call, holding at most
+    /// [`KEEP_DIVISOR`]-th of the limit (a give-back is a store call; what
+    /// such a lease strands is small).
     pub(super) fn kept_idle(&self) -> bool {
         self.store_left >= self.id.limit / 2
-            && matches!(
-                self.id.algorithm.spec().leasing,
-                Leasing::Window | Leasing::Bucket
-            )
+            && match self.id.algorithm.spec().leasing {
+                Leasing::Window => true,
+                // What a counter's kept lease strands weighs in the next
+                // buckets too: kept only where a bucket is the window,
+                // so it strands once a window, as a fixed window's does.
+                Leasing::Bucket => self.id.buckets <= 2,
+                _ => false,
+            }
             && self.tokens <= self.id.limit / KEEP_DIVISOR
     }
 
