@@ -16,11 +16,13 @@
 #              bare gRPC server answering OK): the cost of the filter and
 #              the call alone
 #   memory     tollgate on the embedded store
-#   redis      tollgate on a private redis-server
+#   redis      tollgate on a private redis-server, as it runs by
+#              default: the rule names no algorithm and no lease (a
+#              sliding window counter, leased)
+#   unleased   the same with TOLLGATE_LEASE=false: every hit in Redis
 #   leased     tollgate on the same redis-server, the rule a fixed window
 #              decided from leased quota (TOLLGATE_DEFAULT_ALGORITHM=
-#              fixed_window TOLLGATE_LEASE=true; the others count in the
-#              default sliding window counter)
+#              fixed_window TOLLGATE_LEASE=true)
 #   rlqs       the quota filter (RLQS) instead, one bucket, tollgate on the
 #              embedded store assigning it: the request never waits for
 #              tollgate (its "svc us" is per request too, mostly idle)
@@ -200,6 +202,7 @@ serve_tollgate() { # NAME STORE [VAR=value...]
 }
 serve_tollgate memory memory
 serve_tollgate redis "redis://127.0.0.1:$REDIS_PORT"
+serve_tollgate unleased "redis://127.0.0.1:$REDIS_PORT" TOLLGATE_LEASE=false
 serve_tollgate leased "redis://127.0.0.1:$REDIS_PORT" TOLLGATE_DEFAULT_ALGORITHM=fixed_window TOLLGATE_LEASE=true
 # shellcheck disable=SC2206
 SETUPS=(${SETUPS:-null floor memory redis leased rlqs})
