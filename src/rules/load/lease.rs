@@ -38,44 +38,84 @@ impl Leasable {
     }
 
     /// Why such a limit may not be leased (`default` being the algorithm
-    /// of rules that name none); `None` when it may.
-    pub(crate) fn obstacle(&self, default: Algorithm) -> Option<String> {
+    /// of rules that name none); `None` when it may. Nothing is formatted
+    /// here: the request path asks this of every rule it decides.
+    pub(crate) fn obstacle(&self, default: Algorithm) -> Option<Obstacle> {
         let effective = self.algorithm.unwrap_or(default);
         if let Leasing::Never(why) = effective.spec().leasing {
-            let inherited = if self.algorithm.is_none() {
-                " (the default_algorithm, as the rule names none)"
-            } else {
-                ""
-            };
-            let leasable: Vec<&str> = Algorithm::leasable().map(Algorithm::as_str).collect();
-            Some(format!(
-                "lease: true applies to {} only, not {effective}{inherited}: {why}",
-                leasable.join(", ")
-            ))
+            Some(Obstacle::Algorithm {
+                effective,
+                inherited: self.algorithm.is_none(),
+                why,
+            })
         } else if self.in_list {
-            Some(
-                "lease: true has no place in a rate_limits list: a list is decided in one \
-                 store call"
-                    .to_string(),
-            )
+            Some(Obstacle::List)
         } else if self.window.is_some_and(|w| w.zone().is_some()) {
-            Some("lease: true does not apply to a calendar window (timezone)".to_string())
+            Some(Obstacle::Calendar)
         } else if self.shards.is_some_and(|s| s > 1) {
-            Some(
-                "lease: true with shards: a leased limiter needs none (its hits are decided \
-                 from leased quota, not in its slot); drop shards"
-                    .to_string(),
-            )
+            Some(Obstacle::Shards)
         } else if self.usage_reports == Some(true) {
-            Some(
-                "lease: true cannot go with usage_reports: true (a reported cost is recorded \
-                 whatever it answers, past any lease)"
-                    .to_string(),
-            )
+            Some(Obstacle::UsageReports)
         } else if self.count_refused == Some(false) {
-            Some("lease: true cannot go with count_refused: false".to_string())
+            Some(Obstacle::Uncounted)
         } else {
             None
+        }
+    }
+}
+
+/// Why a limit may not be leased; its text is validation's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Obstacle {
+    /// Its algorithm cannot lease (`inherited`: from `default_algorithm`).
+    Algorithm {
+        effective: Algorithm,
+        inherited: bool,
+        why: &'static str,
+    },
+    List,
+    Calendar,
+    Shards,
+    UsageReports,
+    Uncounted,
+}
+
+impl std::fmt::Display for Obstacle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Obstacle::Algorithm {
+                effective,
+                inherited,
+                why,
+            } => {
+                let leasable: Vec<&str> = Algorithm::leasable().map(Algorithm::as_str).collect();
+                let inherited = if inherited {
+                    " (the default_algorithm, as the rule names none)"
+                } else {
+                    ""
+                };
+                write!(
+                    f,
+                    "lease: true applies to {} only, not {effective}{inherited}: {why}",
+                    leasable.join(", ")
+                )
+            }
+            Obstacle::List => f.write_str(
+                "lease: true has no place in a rate_limits list: a list is decided in one \
+                 store call",
+            ),
+            Obstacle::Calendar => {
+                f.write_str("lease: true does not apply to a calendar window (timezone)")
+            }
+            Obstacle::Shards => f.write_str(
+                "lease: true with shards: a leased limiter needs none (its hits are decided \
+                 from leased quota, not in its slot); drop shards",
+            ),
+            Obstacle::UsageReports => f.write_str(
+                "lease: true cannot go with usage_reports: true (a reported cost is recorded \
+                 whatever it answers, past any lease)",
+            ),
+            Obstacle::Uncounted => f.write_str("lease: true cannot go with count_refused: false"),
         }
     }
 }
@@ -91,7 +131,7 @@ impl Walker<'_> {
         let line = fields.get("lease").and_then(|(k, _)| key_line(k));
         match l.obstacle(self.options.default_algorithm) {
             Some(reason) => {
-                self.error(line, &join(path, "lease"), reason);
+                self.error(line, &join(path, "lease"), reason.to_string());
                 None
             }
             None => Some(true),
