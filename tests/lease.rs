@@ -1433,6 +1433,12 @@ async fn a_wall_clock_step_back_does_not_extend_a_lease() {
 
 /// Distinct values a client sends on a leased rule in the memory test.
 const VALUES: u64 = 150_000;
+/// The lease map's cap in the memory test: below [`VALUES`], so that
+/// values past it are seen too.
+const MEMORY_CAP: u64 = 50_000;
+/// What one held limiter may take of resident memory at most (measured:
+/// about 370 bytes with keys of 12 bytes): the entry's size is held to it.
+const BYTES_PER_LIMITER: u64 = 420;
 /// The variable that makes the test binary's child run one side of
 /// `a_client_s_values_keep_the_lease_map_bounded`: `lease` or `plain`.
 const MEMORY_SIDE: &str = "TOLLGATE_TEST_LEASE_MEMORY_SIDE";
@@ -1455,7 +1461,8 @@ async fn lease_memory_side() {
     };
     let clock = Arc::new(ManualClock::at_secs(7_000_020));
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
-    let layer = Leasing::new(store, clock.clone() as Arc<dyn Clock>);
+    let layer =
+        Leasing::with_max_limiters(store, clock.clone() as Arc<dyn Clock>, MEMORY_CAP as usize);
     let shape = Shape {
         algorithm: Algorithm::FixedWindow,
         limit: 10,
@@ -1490,20 +1497,23 @@ async fn lease_memory_side() {
     assert_eq!(admitted, 10, "{:?}", layer.counts());
     let c = layer.counts();
     println!(
-        "grew={} limiters={} past_cap={}",
+        "grew={} limiters={} past_cap={} bytes={}",
         resident_bytes().saturating_sub(before),
         c.limiters,
-        c.past_cap
+        c.past_cap,
+        c.bytes
     );
 }
 
 /// A client sending [`VALUES`] distinct values on a leased rule (random
 /// API keys) grows tollgate's memory by what the same rule costs without
-/// leases and at most a fixed margin: the lease map holds at most
-/// `lease.max_limiters` limiters, and past it hits go to the store as
-/// without leases (each admitted, and a limiter past the cap is still
-/// limited exactly), counted. Resident memory of a child process per
-/// side, measured from /proc.
+/// leases and at most [`BYTES_PER_LIMITER`] per limiter held: the lease
+/// map holds at most `lease.max_limiters` limiters, and past it hits go
+/// to the store as without leases (each admitted, and a limiter past the
+/// cap is still limited exactly), counted. So the default cap's worst
+/// case is bounded too, and `tollgate_lease_bytes` (what the layer counts
+/// of itself) reads what it takes. Resident memory of a child process
+/// per side, measured from /proc.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_s_values_keep_the_lease_map_bounded() {
     let run = |side: &str| {
@@ -1535,29 +1545,45 @@ async fn a_client_s_values_keep_the_lease_map_bounded() {
                 .parse()
                 .unwrap()
         };
-        (field("grew="), field("limiters="), field("past_cap="))
+        (
+            field("grew="),
+            field("limiters="),
+            field("past_cap="),
+            field("bytes="),
+        )
     };
-    let (leased, limiters, past_cap) = tokio::task::spawn_blocking(move || run("lease"))
+    let (leased, limiters, past_cap, counted) = tokio::task::spawn_blocking(move || run("lease"))
         .await
         .unwrap();
-    let (plain, _, _) = tokio::task::spawn_blocking(move || run("plain"))
+    let (plain, _, _, _) = tokio::task::spawn_blocking(move || run("plain"))
         .await
         .unwrap();
-    let cap = tollgate::storage::lease::DEFAULT_MAX_LIMITERS as u64;
-    // A kibibyte per limiter the map may hold.
-    let margin = cap * 1024;
+    let extra = leased.saturating_sub(plain);
+    let per = extra / limiters.max(1);
+    let default = tollgate::storage::lease::DEFAULT_MAX_LIMITERS as u64;
     eprintln!(
         "{VALUES} values: leased +{:.1} MiB ({limiters} limiters held, {past_cap} hits past \
-         the cap), plain +{:.1} MiB, margin {:.1} MiB",
+         the cap, {:.1} MiB counted), plain +{:.1} MiB: {per} bytes a limiter, so {:.0} MiB \
+         at the default cap of {default}",
         leased as f64 / 1048576.0,
+        counted as f64 / 1048576.0,
         plain as f64 / 1048576.0,
-        margin as f64 / 1048576.0
+        (per * default) as f64 / 1048576.0
     );
-    assert!(limiters <= cap, "{limiters} limiters held, cap {cap}");
-    assert!(past_cap >= VALUES - cap, "{past_cap} hits past the cap");
+    assert_eq!(limiters, MEMORY_CAP, "the map fills to its cap");
     assert!(
-        leased <= plain + margin,
-        "leased: +{leased} bytes, plain +{plain}, margin {margin}"
+        past_cap >= VALUES - MEMORY_CAP,
+        "{past_cap} hits past the cap"
+    );
+    assert!(
+        per <= BYTES_PER_LIMITER,
+        "a held limiter takes {per} bytes: leased +{leased} bytes, plain +{plain}"
+    );
+    // What the layer counts of itself is most of what it takes (the rest
+    // is the allocator's own), never more.
+    assert!(
+        counted <= extra && counted * 10 >= extra * 7,
+        "counted {counted} bytes of {extra}"
     );
 }
 

@@ -359,6 +359,13 @@ const ROWS: &[Row] = &[
         "Leased limiters held (at most lease.max_limiters)",
     ),
     (
+        "tollgate.lease.bytes",
+        Gauge,
+        None,
+        &[],
+        "Bytes the leased limiters take: their maps' slots, walk queues and keys (about lease.max_limiters x 400 at most)",
+    ),
+    (
         "tollgate.rlqs.streams",
         Gauge,
         None,

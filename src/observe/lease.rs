@@ -67,12 +67,22 @@ pub(super) fn register(meter: &Meter, store: Arc<dyn Store>) {
             })
             .build();
     }
+    let held = store.clone();
     meter
         .u64_observable_gauge("tollgate.lease.limiters")
         .with_description("Leased limiters held (at most lease.max_limiters)")
         .with_callback(move |o| {
-            if let Some(c) = store.gauges().lease {
+            if let Some(c) = held.gauges().lease {
                 o.observe(c.limiters, &[]);
+            }
+        })
+        .build();
+    meter
+        .u64_observable_gauge("tollgate.lease.bytes")
+        .with_description("Bytes the leased limiters take: their maps' slots, walk queues and keys (about lease.max_limiters x 400 at most)")
+        .with_callback(move |o| {
+            if let Some(c) = store.gauges().lease {
+                o.observe(c.bytes, &[]);
             }
         })
         .build();

@@ -28,6 +28,9 @@ pub struct LeaseCounts {
     pub past_cap: u64,
     /// Limiters held now.
     pub limiters: u64,
+    /// The memory they take: the maps' slots and walk queues, and the
+    /// limiters' keys.
+    pub bytes: u64,
 }
 
 #[derive(Default)]
@@ -57,6 +60,7 @@ impl Counters {
             walked: c.walked.load(Ordering::Relaxed),
             past_cap: c.past_cap.load(Ordering::Relaxed),
             limiters: 0,
+            bytes: 0,
         }
     }
 }

@@ -108,7 +108,7 @@ impl Leasing {
             h.store_left = d.remaining;
             h.store_left_until = now.saturating_add(d.reset_micros);
             h.leased_at = now;
-            h.ahead.extend(reserved);
+            h.reserved.extend(reserved);
             Some((older, h.local_reset(now)))
         });
         let Some((older, reset)) = kept.flatten() else {

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::watch;
 
+use super::key::LeaseKey;
 use super::{
     AHEAD_WINDOW_MICROS, Counters, FORGET_MICROS, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE,
     LONG_MICROS, MAX_HORIZON_MICROS, MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS,
@@ -12,12 +13,13 @@ use super::{
 };
 use crate::limit::algorithms::Leasing;
 use crate::limit::effective_burst;
-use crate::storage::limiter::LimiterId;
 use crate::storage::{Ahead, Decision, Hit, Receipt};
 
 /// One limiter's lease on this replica.
 pub(super) struct Held {
-    pub(super) id: LimiterId,
+    /// Its key's [`super::key::fingerprint`]: the map's hash.
+    pub(super) fingerprint: u64,
+    pub(super) id: LeaseKey,
     /// Unused hits of the current lease.
     pub(super) tokens: u64,
     /// What the store recorded for the lease, to give unused hits back.
@@ -28,12 +30,13 @@ pub(super) struct Held {
     /// A lease was refused: hits go to the store alone until then.
     pub(super) tight_until: u64,
     /// Demand: the current slot's index and hits, and the previous slot's.
+    /// (Counts saturate: they only estimate a rate.)
     pub(super) slot: u64,
-    pub(super) hits: u64,
-    pub(super) previous: u64,
+    pub(super) hits: u32,
+    pub(super) previous: u32,
     /// Long-run demand: hits after the first, since `since` (halved as it
     /// ages), and the last hit.
-    pub(super) seen: u64,
+    pub(super) seen: u32,
     pub(super) since: u64,
     pub(super) last_seen: u64,
     /// What the store had left after this replica's last call on the
@@ -48,7 +51,7 @@ pub(super) struct Held {
     /// When the lease was asked (this replica's monotonic clock).
     pub(super) leased_at: u64,
     /// Hits reserved in the windows after the lease's, in order.
-    pub(super) ahead: Vec<Reserved>,
+    pub(super) reserved: Reservations,
     /// When the housekeeping walk looks at this limiter next: the time of
     /// its one live entry in its map's queue (`u64::MAX`: none).
     pub(super) queued: u64,
@@ -67,9 +70,68 @@ pub(super) struct Reserved {
     pub(super) receipt: Receipt,
 }
 
+/// A limiter's reservations, in window order: none for most limiters, so
+/// kept off the entry, in a thin pointer's room, until there are some.
+#[derive(Default)]
+#[expect(
+    clippy::box_collection,
+    reason = "a thin pointer: 8 bytes in every held limiter's slot, not a Vec's 24 or a boxed slice's 16"
+)]
+pub(super) struct Reservations(Option<Box<Vec<Reserved>>>);
+
+impl Reservations {
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Reserved> {
+        self.0.iter().flat_map(|v| v.iter())
+    }
+
+    /// Drops the list once it is empty: `None` is the only empty form.
+    fn settle(&mut self) {
+        if self.0.as_ref().is_some_and(|v| v.is_empty()) {
+            self.0 = None;
+        }
+    }
+
+    /// The first reservation, taken out if its window has begun at `now`.
+    fn take_first(&mut self, now: u64) -> Option<Reserved> {
+        let list = self.0.as_mut()?;
+        if list.first()?.from > now {
+            return None;
+        }
+        let first = list.remove(0);
+        self.settle();
+        Some(first)
+    }
+
+    pub(super) fn retain(&mut self, keep: impl FnMut(&Reserved) -> bool) {
+        if let Some(list) = self.0.as_mut() {
+            list.retain(keep);
+            self.settle();
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.0 = None;
+    }
+
+    pub(super) fn extend(&mut self, more: Vec<Reserved>) {
+        if more.is_empty() {
+            return;
+        }
+        match self.0.as_mut() {
+            Some(list) => list.extend(more),
+            None => self.0 = Some(Box::new(more)),
+        }
+    }
+}
+
 impl Held {
-    pub(super) fn new(id: LimiterId) -> Held {
+    pub(super) fn new(fingerprint: u64, id: LeaseKey) -> Held {
         Held {
+            fingerprint,
             id,
             tokens: 0,
             receipt: None,
@@ -86,7 +148,7 @@ impl Held {
             last_used: 0,
             asking: None,
             leased_at: 0,
-            ahead: Vec::new(),
+            reserved: Reservations::default(),
             queued: u64::MAX,
         }
     }
@@ -96,14 +158,11 @@ impl Held {
     /// reservations whose window is over, are forgotten: see
     /// [`Held::lapse`]).
     pub(super) fn roll(&mut self, now: u64, counters: &Counters) {
-        if now < self.until || self.ahead.is_empty() {
+        if now < self.until || self.reserved.is_empty() {
             return;
         }
         self.lapse(now, counters);
-        if let Some(next) = self.ahead.first()
-            && next.from <= now
-        {
-            let next = self.ahead.remove(0);
+        if let Some(next) = self.reserved.take_first(now) {
             self.tokens = next.tokens;
             self.receipt = Some(next.receipt);
             self.until = next.until;
@@ -127,7 +186,7 @@ impl Held {
         if let Some(back) = self.back_when_idle(now) {
             due = due.min(back);
         }
-        self.ahead.iter().fold(due, |d, r| d.min(r.until))
+        self.reserved.iter().fold(due, |d, r| d.min(r.until))
     }
 
     /// When the lease goes back if unused until then, as its demand
@@ -150,7 +209,7 @@ impl Held {
             lapsed += std::mem::take(&mut self.tokens);
             self.receipt = None;
         }
-        self.ahead.retain(|r| {
+        self.reserved.retain(|r| {
             let live = now < r.until;
             if !live {
                 lapsed += r.tokens;
@@ -171,7 +230,7 @@ impl Held {
         let w = self.id.window.micros();
         if self.id.algorithm.spec().leasing != Leasing::Window
             || w > AHEAD_WINDOW_MICROS
-            || !self.ahead.is_empty()
+            || !self.reserved.is_empty()
             || !self.plenty(now, limit)
         {
             return Ahead::NONE;
@@ -209,6 +268,7 @@ impl Held {
             self.slot = slot;
             self.hits = 0;
         }
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
         self.hits = self.hits.saturating_add(cost);
         if self.last_seen == 0 {
             self.since = now;
@@ -236,12 +296,12 @@ impl Held {
     fn rates(&self, now: u64) -> (Option<f64>, f64) {
         let slot = now / SLOT_MICROS;
         let counted = match slot.saturating_sub(self.slot) {
-            0 => self.hits + self.previous,
-            1 => self.hits,
+            0 => u64::from(self.hits) + u64::from(self.previous),
+            1 => u64::from(self.hits),
             _ => 0,
         };
         let age = now.saturating_sub(self.since).max(SLOT_MICROS);
-        let long = self.seen as f64 / (age as f64 / 1e6);
+        let long = f64::from(self.seen) / (age as f64 / 1e6);
         if counted < RECENT_HITS {
             // Too few for the slots to tell a rate.
             return (None, long);

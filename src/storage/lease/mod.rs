@@ -135,6 +135,7 @@ mod counts;
 mod granted;
 mod held;
 mod hits;
+mod key;
 mod walk;
 
 use counts::Counters;
@@ -145,7 +146,6 @@ use hits::{capacity, horizon, lease_hit, leased, store_hit};
 use walk::{HeldMap, SHARDS, lock};
 
 use crate::clock::Clock;
-use crate::storage::limiter::Limiter;
 use crate::storage::{Ahead, BoxFuture, Decision, Hit, Receipt, Store, StoreError, StoreGauges};
 
 /// Near the limit, a lease holds about this share of a second of the
@@ -188,10 +188,11 @@ const LONG_MICROS: u64 = 60_000_000;
 /// A limiter not hit for this long is forgotten (with its estimates).
 const FORGET_MICROS: u64 = 2 * LONG_MICROS;
 /// Limiters the layer holds at most, by default (`lease.max_limiters`):
-/// about 600 bytes each, so some 30 MB (measured in `tests/lease.rs`: a
-/// client's 150,000 values grew resident memory 27 MiB beyond the same
-/// rule without leases, 102 MiB without the cap).
-pub const DEFAULT_MAX_LIMITERS: usize = 50_000;
+/// about 370 bytes each (a slot of its maps, its key's text, its place in
+/// the walk queue), so some 75 MB at most (measured in `tests/lease.rs`:
+/// a client's 150,000 values held 50,000 limiters in 17.5 MiB of
+/// resident memory beyond the same rule without leases).
+pub const DEFAULT_MAX_LIMITERS: usize = 200_000;
 
 /// The leasing layer over any store. Cheap to share.
 pub struct Leasing {
@@ -286,8 +287,15 @@ impl Leasing {
     }
 
     pub fn counts(&self) -> LeaseCounts {
+        let (mut limiters, mut bytes) = (0, 0);
+        for map in self.held.iter() {
+            let map = lock(map);
+            limiters += map.len() as u64;
+            bytes += map.heap_bytes() as u64;
+        }
         LeaseCounts {
-            limiters: self.held.iter().map(|m| lock(m).len() as u64).sum(),
+            limiters,
+            bytes,
             ..self.counters.read()
         }
     }
@@ -300,7 +308,7 @@ impl Leasing {
     /// without leases (neither refused nor admitted unchecked) until the
     /// walk has forgotten limiters idle for [`FORGET_MICROS`].
     fn with_held<T>(&self, hit: &Hit<'_>, now: u64, f: impl FnOnce(&mut Held) -> T) -> Option<T> {
-        let fingerprint = hit.fingerprint();
+        let fingerprint = key::fingerprint(hit);
         let shard = (fingerprint % SHARDS as u64) as usize;
         let (out, due) = lock(&self.held[shard]).with(fingerprint, hit, now, self.per_map, f)?;
         if due != u64::MAX {
@@ -402,17 +410,15 @@ impl Leasing {
         )
     }
 
-    /// Forgets this replica's lease of `hit`'s limiter.
+    /// Forgets this replica's lease of `hit`'s limiter, if it holds one.
     fn forget(&self, hit: &Hit<'_>) {
-        let leased = Hit {
-            lease: true,
-            ..*hit
-        };
-        self.with_held(&leased, self.clock.monotonic_micros(), |h| {
+        let fingerprint = key::fingerprint(hit);
+        let shard = (fingerprint % SHARDS as u64) as usize;
+        lock(&self.held[shard]).existing(fingerprint, hit, |h| {
             h.tokens = 0;
             h.receipt = None;
             h.tight_until = 0;
-            h.ahead.clear();
+            h.reserved.clear();
         });
     }
 

@@ -11,35 +11,31 @@
 //! window, not at every tick.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use smallvec::SmallVec;
+use hashbrown::HashTable;
 
 use super::held::Held;
+use super::key::LeaseKey;
 use super::{FORGET_MICROS, Leasing};
-use crate::storage::limiter::Limiter;
 use crate::storage::{Cost, Hit};
 
 /// How many maps hold the limiters ([`Leasing::held`]).
 pub(super) const SHARDS: usize = 16;
 
-/// Limiters by fingerprint, each confirmed by its id; a fingerprint's
-/// limiter is kept in the map's own slot (a second one, on a collision,
-/// beside it), one memory read fewer on every decision.
-type Bucket = SmallVec<[Held; 1]>;
-type Limiters = HashMap<u64, Bucket, foldhash::fast::FixedState>;
-
 /// One map of limiters and its walk queue.
 #[derive(Default)]
 pub(super) struct Shard {
-    limiters: Limiters,
-    /// Limiters held (a fingerprint's bucket may hold more than one).
-    count: usize,
+    /// Limiters by [`Held::fingerprint`], each confirmed by its key;
+    /// stored in the table's own slots, found in one probe.
+    limiters: HashTable<Held>,
     /// (when, fingerprint): a limiter's live entry is the one whose time
     /// is its [`Held::queued`]; others are stale.
     queue: BinaryHeap<Reverse<(u64, u64)>>,
+    /// The bytes of the keys' text ([`LeaseKey::heap_bytes`]).
+    text_bytes: usize,
 }
 
 pub(super) type HeldMap = Mutex<Shard>;
@@ -62,23 +58,17 @@ impl Shard {
         cap: usize,
         f: impl FnOnce(&mut Held) -> T,
     ) -> Option<(T, u64)> {
-        let held = self
-            .limiters
-            .get(&fingerprint)
-            .and_then(|b| b.iter().position(|h| hit.is(&h.id)));
-        if held.is_none() && self.count >= cap {
-            return None;
-        }
-        let bucket = self.limiters.entry(fingerprint).or_default();
-        let i = match held {
-            Some(i) => i,
-            None => {
-                bucket.push(Held::new(hit.to_id()));
-                self.count += 1;
-                bucket.len() - 1
+        let found = |h: &Held| h.fingerprint == fingerprint && h.id.is(hit);
+        if self.limiters.find(fingerprint, found).is_none() {
+            if self.limiters.len() >= cap {
+                return None;
             }
-        };
-        let h = &mut bucket[i];
+            let key = LeaseKey::of(hit);
+            self.text_bytes += key.heap_bytes();
+            self.limiters
+                .insert_unique(fingerprint, Held::new(fingerprint, key), |h| h.fingerprint);
+        }
+        let h = self.limiters.find_mut(fingerprint, found)?;
         let out = f(h);
         let due = h.due(now);
         if due < h.queued {
@@ -89,16 +79,34 @@ impl Shard {
         Some((out, u64::MAX))
     }
 
+    /// `f` on the limiter of `hit` if the map holds it (its time is left
+    /// as it is: `f` only takes away).
+    pub(super) fn existing(&mut self, fingerprint: u64, hit: &Hit<'_>, f: impl FnOnce(&mut Held)) {
+        if let Some(h) = self.limiters.find_mut(fingerprint, |h| {
+            h.fingerprint == fingerprint && h.id.is(hit)
+        }) {
+            f(h);
+        }
+    }
+
     /// Forgets every limiter.
     pub(super) fn clear(&mut self) {
         self.limiters.clear();
         self.queue.clear();
-        self.count = 0;
+        self.text_bytes = 0;
     }
 
     /// Limiters held.
     pub(super) fn len(&self) -> usize {
-        self.count
+        self.limiters.len()
+    }
+
+    /// The heap bytes the map holds: its table's slots, its queue's and
+    /// the keys' text.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.limiters.capacity() * (std::mem::size_of::<Held>() + 1)
+            + self.queue.capacity() * std::mem::size_of::<Reverse<(u64, u64)>>()
+            + self.text_bytes
     }
 
     /// The earliest queued time (`u64::MAX`: nothing queued).
@@ -127,10 +135,10 @@ impl Leasing {
                     break;
                 }
                 map.queue.pop();
-                let Some(bucket) = map.limiters.get_mut(&fingerprint) else {
-                    continue;
-                };
-                for h in bucket.iter_mut().filter(|h| h.queued == at) {
+                for h in map.limiters.iter_hash_mut(fingerprint) {
+                    if h.fingerprint != fingerprint || h.queued != at {
+                        continue;
+                    }
                     walked += 1;
                     h.queued = u64::MAX;
                     h.lapse(now, &self.counters);
@@ -138,26 +146,28 @@ impl Leasing {
                     if (ended || h.back_when_idle(now).is_some_and(|back| now >= back))
                         && let Some(r) = h.take_unused(now, &self.counters)
                     {
-                        back.push((h.id.clone(), r));
+                        back.push((h.id.to_id(), r));
                     }
                 }
-                let before = bucket.len();
-                bucket.retain(|h| {
-                    h.queued != u64::MAX
-                        || h.tokens > 0
-                        || !h.ahead.is_empty()
-                        || now < h.tight_until
-                        || now.saturating_sub(h.last_seen) < FORGET_MICROS
-                });
-                map.count -= before - bucket.len();
-                for h in bucket.iter_mut().filter(|h| h.queued == u64::MAX) {
-                    // Never now again: at the next tick at the soonest.
-                    let next = h.due(now).max(now + 1);
-                    h.queued = next;
-                    map.queue.push(Reverse((next, fingerprint)));
+                let idle = |h: &Held| {
+                    h.fingerprint == fingerprint
+                        && h.queued == u64::MAX
+                        && h.tokens == 0
+                        && h.reserved.is_empty()
+                        && now >= h.tight_until
+                        && now.saturating_sub(h.last_seen) >= FORGET_MICROS
+                };
+                while let Ok(entry) = map.limiters.find_entry(fingerprint, idle) {
+                    let (h, _) = entry.remove();
+                    map.text_bytes -= h.id.heap_bytes();
                 }
-                if bucket.is_empty() {
-                    map.limiters.remove(&fingerprint);
+                for h in map.limiters.iter_hash_mut(fingerprint) {
+                    if h.fingerprint == fingerprint && h.queued == u64::MAX {
+                        // Never now again: at the next tick at the soonest.
+                        let next = h.due(now).max(now + 1);
+                        h.queued = next;
+                        map.queue.push(Reverse((next, fingerprint)));
+                    }
                 }
             }
             // Under the lock: a change after this lowers it again.
@@ -176,5 +186,23 @@ impl Leasing {
     /// Per map, the earliest time the walk has anything to do in it.
     pub(super) fn new_due() -> Box<[AtomicU64]> {
         (0..SHARDS).map(|_| AtomicU64::new(u64::MAX)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A held limiter's slot: what `lease.max_limiters` multiplies (with
+    /// the table's spare slots, the walk queue and the key's text; the
+    /// resident memory is measured in `tests/lease.rs`). A field more
+    /// fails here first.
+    #[test]
+    fn a_held_limiter_stays_small() {
+        assert!(
+            std::mem::size_of::<Held>() <= 232,
+            "Held is {} bytes",
+            std::mem::size_of::<Held>()
+        );
     }
 }
