@@ -11,9 +11,12 @@
 -- ARGV[2]  window length in microseconds
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
---          take back what a receipt says a call recorded (undo): the
---          member of sequence ARGV[7] and cost ARGV[3], if it is still in
---          the log at the score ARGV[8]
+--          take back what a receipt says a call recorded (undo): ARGV[3]
+--          hits (at most all) of the member of sequence ARGV[7], if it is
+--          still in the log at the score ARGV[8]; 3 to take them as a
+--          lease: recorded at the end of its life (a tenth of the window,
+--          within 1 ms and 10 s: lease_life in sliding_log.rs), the latest
+--          time one of them can be admitted
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
@@ -41,6 +44,10 @@ local w = ARGV[2] + 0
 local reports = ARGV[6] == '1'
 local receipts = ARGV[6] == '2'
 local log, meta = KEYS[1], KEYS[2]
+-- A lease's hits are stamped at its end: ahead of now, so they count
+-- until that end plus a window.
+local stamp = now
+if ARGV[4] == '3' then stamp = now + math.min(math.max(math.floor(w / 10), 1000), 10000000) end
 
 -- Scores and counts go out as integer strings: the default number to string
 -- conversion would write a timestamp as 1.7e+15.
@@ -112,12 +119,11 @@ local function remaining()
   return 0
 end
 local function save()
+  -- Read, not assumed: a lease's hits may be stamped after a later hit's.
+  newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
   if newest == nil then
-    newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
-    if newest == nil then
-      redis.call('DEL', log, meta)
-      return
-    end
+    redis.call('DEL', log, meta)
+    return
   end
   local ttl = int(math.ceil((tonumber(newest) + w - now) / 1000))
   redis.call('HSET', meta, 's', int(sum), 'q', int(seq))
@@ -146,10 +152,11 @@ end
 
 local function decide(hits, negative)
   if negative then
-    -- Give back from the newest hits.
+    -- Give back from the newest hits, not a lease's (stamped ahead of
+    -- now): a lease's hits go back only through its own receipt.
     local back = hits
     while back > 0 do
-      local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+      local last = redis.call('ZREVRANGEBYSCORE', log, int(now), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
       if #last == 0 then break end
       local cost = cost_of(last[1])
       local take = math.min(back, cost)
@@ -175,22 +182,23 @@ local function decide(hits, negative)
   if sum + hits <= limit then
     if hits > 0 then
       seq = seq + 1
-      redis.call('ZADD', log, int(now), member(seq, hits))
+      redis.call('ZADD', log, int(stamp), member(seq, hits))
       sum = sum + hits
       dirty = true
-      oldest = oldest or now
-      newest = now
+      -- A hit at now may come before a lease's hits stamped ahead.
+      if oldest == nil or tonumber(oldest) > stamp then oldest = stamp end
     end
-    return {1, limit - sum, oldest_reset(), hits, seq, now}
+    return {1, limit - sum, oldest_reset(), hits, seq, stamp}
   end
 
   if reports and hits > 0 then
     -- The sum saturates at 2^53, where doubles stay exact.
     local add = math.min(hits, 9007199254740992 - sum)
-    local last = redis.call('ZRANGE', log, -1, -1)
+    local last = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
     if sum >= limit and #last > 0 then
+      -- Never earlier than it was (a lease's member is stamped ahead).
       redis.call('ZREM', log, last[1])
-      redis.call('ZADD', log, int(now), member(seq_of(last[1]), cost_of(last[1]) + add))
+      redis.call('ZADD', log, int(math.max(now, tonumber(last[2]))), member(seq_of(last[1]), cost_of(last[1]) + add))
       -- That hit may have been the oldest.
       oldest = redis.call('ZRANGE', log, 0, 0, 'WITHSCORES')[2]
     elseif add > 0 then
@@ -211,13 +219,19 @@ local i = 3
 if ARGV[4] == '2' then
   -- A member is named by its sequence and cost, and the score tells a
   -- name handed out again (after the metadata was lost) from this one.
-  local cost = tonumber(ARGV[3])
-  local name = member(tonumber(ARGV[7]), cost)
-  local score = redis.call('ZSCORE', log, name)
-  if score and tonumber(score) == tonumber(ARGV[8]) then
-    redis.call('ZREM', log, name)
-    sum = sum - cost
-    dirty = true
+  -- A lease gives back part of its member: the rest stays at its score.
+  local want, at = tonumber(ARGV[7]), ARGV[8]
+  local named = redis.call('ZRANGEBYSCORE', log, at, at)
+  for k = 1, #named do
+    if seq_of(named[k]) == want then
+      local cost = cost_of(named[k])
+      local back = math.min(tonumber(ARGV[3]), cost)
+      redis.call('ZREM', log, named[k])
+      if back < cost then redis.call('ZADD', log, at, member(want, cost - back)) end
+      sum = sum - back
+      dirty = true
+      break
+    end
   end
   out[1] = 1
   i = nil

@@ -140,7 +140,7 @@ pub const SETTINGS: &[Setting] = &[
         "lease",
         Some("true"),
         Kind::Bool,
-        "`lease` of rules that do not say: `true` decides the fixed-window, sliding-counter and token-bucket limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed. Other rules are decided in the store, and `/rlconfig` says why. `false`: every rule that does not say `lease: true` is decided in the store on every hit",
+        "`lease` of rules that do not say: `true` decides the fixed-window, sliding-counter, sliding-log and token-bucket limiters that may be leased (plain windows, not sharded, not a list, no usage reports, counting refused requests) from quota each replica leases from the store, so most hits cost no store call; the limit is never passed. Other rules are decided in the store, and `/rlconfig` says why. `false`: every rule that does not say `lease: true` is decided in the store on every hit",
     ),
     s(
         "lease.max_limiters",

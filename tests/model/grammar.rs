@@ -169,10 +169,11 @@ pub const KEYS: [&str; 3] = ["api_key", "files", "tenant"];
 
 /// The algorithms `lease: true` applies to (on the others, load refuses
 /// it, and the grammar draws that now and then).
-const LEASABLE: [Algorithm; 3] = [
+const LEASABLE: [Algorithm; 4] = [
     Algorithm::FixedWindow,
     Algorithm::TokenBucket,
     Algorithm::SlidingWindowCounter,
+    Algorithm::SlidingWindowLog,
 ];
 
 fn draw_limit(rng: &mut ChaCha8Rng, index: usize, taken: &[Limit], leases: bool) -> Limit {

@@ -117,6 +117,12 @@ pub enum Leasing {
     /// bucket still counts. No reservations ahead, and no bucket starts
     /// with the whole limit (the older buckets still weigh).
     Bucket,
+    /// A lease is hits recorded at the end of its life (a tenth of the
+    /// window, `sliding_log::lease_life`), the latest time one of them can
+    /// be admitted, so they count in every trailing window a real hit of
+    /// theirs would count in; the store is told it is a lease, and what is
+    /// left at its end goes back (it would count a window more).
+    Log,
 }
 
 /// What the over-limit cache may answer from a refusal it keeps.

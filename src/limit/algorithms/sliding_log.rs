@@ -15,7 +15,7 @@ pub const SPEC: Spec = Spec {
     lua: include_str!("../../../lua/sliding_window_log.lua"),
     batch_id: 3,
     param: Param::Buckets,
-    leasing: Leasing::Never("a sliding window log is decided in the store on every hit"),
+    leasing: Leasing::Log,
     refusals: Refusals::Single,
     rlqs: Rlqs::Ledger,
     reset: Reset::Delete,
@@ -29,6 +29,16 @@ pub const SPEC: Spec = Spec {
     takes_reports: true,
     memory: || State::Log(Memory::default()),
 };
+
+/// How long a lease of a log of window `w` (microseconds) may be spent:
+/// a tenth of the window, within a millisecond and ten seconds. Its hits
+/// are recorded at its end, so each counts at most this much longer than
+/// if it had been recorded when admitted. The store stamps a lease with
+/// it and the leasing layer spends the lease for it, counted from when
+/// the call was sent: never after the stamp.
+pub fn lease_life(w: u64) -> u64 {
+    (w / 10).clamp(1_000, 10_000_000)
+}
 
 // The embedded store.
 
@@ -165,31 +175,40 @@ impl Log<'_> {
             .unwrap_or(self.now)
     }
 
-    /// The script's negative branch: gives back from the newest hits.
+    /// The script's negative branch: gives back from the newest hits, not
+    /// a lease's (stamped ahead of now: they go back only through the
+    /// lease's receipt).
     fn give_back(&mut self, hits: u64) -> Decision {
         let mut back = hits;
         while back > 0 {
-            let Some(last) = self.entries.back_mut() else {
+            let Some(i) = self.entries.iter().rposition(|&(ts, _)| ts <= self.now) else {
                 break;
             };
+            let last = &mut self.entries[i];
             let take = back.min(last.1);
             last.1 -= take;
             *self.sum -= take;
             back -= take;
             if last.1 == 0 {
-                self.entries.pop_back();
+                self.entries.remove(i);
             }
         }
         decision(true, self.remaining(), self.oldest_reset())
     }
 
-    /// The script's admitting branch: a positive cost is recorded at now.
+    /// The script's admitting branch: a positive cost is recorded at now;
+    /// a lease's at the end of its life ([`lease_life`]).
     fn admit(&mut self, hit: &Hit<'_>) -> Decision {
         let mut at = 0;
         if hit.hits > 0 {
+            let when = if hit.lease {
+                self.now + lease_life(self.w)
+            } else {
+                self.now
+            };
             at = record(
                 self.entries,
-                self.now,
+                when,
                 self.w,
                 hit.hits,
                 self.limit,
@@ -265,6 +284,22 @@ fn record(
         at = now.div_ceil(granule).saturating_mul(granule);
     }
     let full = entries.len() >= max_members;
+    if let Some(&(newest, _)) = entries.back()
+        && at < newest
+        && newest > now
+    {
+        // A lease's member is stamped ahead of now: the hit goes in time
+        // order (into the first member at or after it when the log is
+        // full: it counts longer, never shorter).
+        let i = entries.partition_point(|&(ts, _)| ts < at);
+        if entries[i].0 == at || full {
+            entries[i].1 += cost;
+            return entries[i].0;
+        }
+        grow(entries, max_members);
+        entries.insert(i, (at, cost));
+        return at;
+    }
     if let Some(last) = entries.back_mut() {
         // A rounded time may be ahead of now: members stay in time order.
         at = at.max(last.0);
@@ -274,15 +309,19 @@ fn record(
             return at;
         }
     }
+    grow(entries, max_members);
+    entries.push_back((at, cost));
+    at
+}
+
+/// Room for one more member, grown by hand, doubling up to the room and
+/// no further: the default growth could allocate past it.
+fn grow(entries: &mut VecDeque<(u64, u64)>, max_members: usize) {
     if entries.len() == entries.capacity() {
-        // Grown by hand, doubling up to the room and no further: the
-        // default growth could allocate past it.
         let len = entries.len();
         let target = (len * 2).clamp(4, max_members.max(1));
         entries.reserve_exact(target.saturating_sub(len).max(1));
     }
-    entries.push_back((at, cost));
-    at
 }
 
 /// Log: the member at the receipt's time, less at most the receipt's
@@ -302,5 +341,85 @@ fn undo(r: &Receipt, entries: &mut VecDeque<(u64, u64)>, sum: &mut u64) {
     *sum -= take;
     if entries[i].1 == 0 {
         entries.remove(i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{Unit, Window};
+    use crate::storage::{Ahead, Shard};
+
+    const SEC: u64 = 1_000_000;
+
+    fn hit(hits: u64, lease: bool, negative: bool) -> Hit<'static> {
+        Hit {
+            domain: "d",
+            entries: &[],
+            algorithm: Algorithm::SlidingWindowLog,
+            limit: 10,
+            window: Window::new(Unit::Second, 10).unwrap(),
+            hits,
+            negative,
+            usage_reports: false,
+            buckets: 2,
+            burst: 0,
+            shard: Shard::NONE,
+            receipt: true,
+            also: &[],
+            lease,
+            ahead: Ahead::NONE,
+        }
+    }
+
+    fn at(log: &mut Memory, now: u64, h: Hit<'_>) -> Decision {
+        log.decide(now, &h, 10, &mut 0)
+    }
+
+    /// A lease's hits are stamped at its end (a tenth of the window on),
+    /// so they count until that end plus a window: in every trailing
+    /// window any hit admitted from it would count in.
+    #[test]
+    fn a_lease_counts_from_its_end() {
+        let t0 = 1_000 * SEC;
+        let life = lease_life(10 * SEC);
+        assert_eq!(life, SEC);
+        let mut log = Memory::default();
+        let lease = at(&mut log, t0, hit(4, true, false));
+        assert!(lease.admitted);
+        let r = lease.receipt.unwrap();
+        assert_eq!((r.hits, r.at), (4, t0 + life));
+        // A plain hit after it goes in time order, before it.
+        assert!(at(&mut log, t0 + 1, hit(1, false, false)).admitted);
+        assert_eq!(log.entries, [(t0 + 1, 1), (t0 + life, 4)]);
+        // The plain hit has stopped counting, the lease's have not.
+        let d = at(&mut log, t0 + 10 * SEC + 1, hit(0, false, false));
+        assert_eq!(d.remaining, 6);
+        assert_eq!(d.reset_micros, life - 1);
+        let d = at(&mut log, t0 + 10 * SEC + life, hit(0, false, false));
+        assert_eq!(d.remaining, 10);
+    }
+
+    /// A lease gives back what it did not use through its receipt, part
+    /// of its member; a client's give-back takes from the newest hits
+    /// admitted, never from a lease's (its replica may still spend them).
+    #[test]
+    fn a_lease_goes_back_only_through_its_receipt() {
+        let t0 = 1_000 * SEC;
+        let mut log = Memory::default();
+        assert!(at(&mut log, t0, hit(2, false, false)).admitted);
+        let lease = at(&mut log, t0 + 5, hit(5, true, false));
+        let d = at(&mut log, t0 + 10, hit(3, false, true));
+        assert_eq!(d.remaining, 5, "only the 2 plain hits went back");
+        assert_eq!(log.entries, [(t0 + 5 + SEC, 5)]);
+        let r = lease.receipt.unwrap();
+        log.undo(
+            t0 + 20,
+            &hit(3, true, false),
+            &Receipt { hits: 3, ..r },
+            None,
+        );
+        assert_eq!(log.entries, [(t0 + 5 + SEC, 2)]);
+        assert_eq!(at(&mut log, t0 + 30, hit(0, false, false)).remaining, 8);
     }
 }

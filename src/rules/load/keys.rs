@@ -394,10 +394,6 @@ pub const REFUSED: &[Refused] = &[
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      {unit: second, requests_per_unit: 1, usage_reports: true, count_refused: false}\n",
     ),
     r(
-        "`lease: true` on a sliding window log",
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_window_log, lease: true}\n",
-    ),
-    r(
         "`lease: true` on a calendar window",
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, timezone: UTC, lease: true}\n",
     ),

@@ -1,8 +1,8 @@
 //! The `lease` key: a limiter a replica may decide from quota it leased
 //! from the store (see `storage::lease`). Only where the bound holds as
 //! built: a fixed window in plain (not calendar) windows, a sliding
-//! counter or a token bucket, not sharded, counting refused requests, not taking usage
-//! reports. Anything else
+//! counter, a sliding log or a token bucket, not sharded, counting
+//! refused requests, not taking usage reports. Anything else
 //! saying `lease: true` is an error naming why.
 
 use super::yaml::{Fields, Walker, join, key_line};

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use super::Leasing;
 use super::held::reservations;
 use super::hits::store_hit;
-use crate::limit::algorithms::Leasing as Leases;
+use crate::limit::algorithms::{Leasing as Leases, sliding_log};
 use crate::storage::{Ahead, Decision, Hit, Receipt, StoreError};
 
 /// A lease call the store answered: what refusing or keeping the lease
@@ -134,10 +134,14 @@ impl Leasing {
 /// granted by `d` may be spent: the window's end, or a token bucket's
 /// lease life, as the store's reset says; a sliding counter's lease only
 /// while the bucket it was recorded in is current, as its receipt's mark
-/// says. Each counted from when the call was sent, so never late.
+/// says; a log's for its life, at whose end the store stamped its hits.
+/// Each counted from when the call was sent, so never late.
 fn lease_until(hit: &Hit<'_>, d: &Decision, now: u64) -> u64 {
     match hit.algorithm.spec().leasing {
         Leases::Bucket => now.saturating_add(d.receipt.map_or(0, |r| r.mark)),
+        // Its hits were stamped at the store's now plus this, after the
+        // call was sent.
+        Leases::Log => now.saturating_add(sliding_log::lease_life(hit.window.micros())),
         _ => now.saturating_add(d.reset_micros),
     }
 }

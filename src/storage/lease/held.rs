@@ -357,10 +357,14 @@ impl Held {
                 0
             };
             wanted = wanted.max(until_end.min((store_left / STORE_SHARE) as f64));
-            if self.id.algorithm.spec().leasing == Leasing::Bucket {
-                // A counter's lease is spent only within its bucket, and
-                // what is left weighs on: no more than the demand until
-                // the bucket ends, with a margin.
+            if matches!(
+                self.id.algorithm.spec().leasing,
+                Leasing::Bucket | Leasing::Log
+            ) {
+                // A counter's lease is spent only within its bucket, a
+                // log's within its life, and what is left counts on
+                // until it is given back: no more than the demand until
+                // then, with a margin.
                 wanted = wanted.min(margin(rate * secs_left));
             }
             if self.plenty(now, limit) {
@@ -386,7 +390,7 @@ impl Held {
             Leasing::Tokens => {}
             // As the store answered: until the oldest hit counted then
             // stops counting.
-            Leasing::Bucket => return self.store_left_until.saturating_sub(now),
+            Leasing::Bucket | Leasing::Log => return self.store_left_until.saturating_sub(now),
             _ => return life,
         }
         let burst = effective_burst(self.id.burst, self.id.limit, self.id.window) as f64;
@@ -410,11 +414,19 @@ impl Held {
     }
 
     /// Whether what is left of the lease goes back to the store once its
-    /// bucket is over: a sliding counter's, unless it is kept idle (small,
-    /// taken while the store had plenty left). Its bucket still weighs in
-    /// the next ones, so its unused hits would count against them.
+    /// bucket (life) is over: a sliding counter's, unless it is kept idle
+    /// (small, taken while the store had plenty left), and a log's. The
+    /// bucket still weighs in the next ones, and a log's hits count a
+    /// window past the lease's end, so unused hits would count against
+    /// what comes next.
     pub(super) fn back_at_end(&self) -> bool {
-        self.id.algorithm.spec().leasing == Leasing::Bucket && !self.kept_idle()
+        match self.id.algorithm.spec().leasing {
+            Leasing::Bucket => !self.kept_idle(),
+            // A log's unused hits would count a window past the lease's
+            // end.
+            Leasing::Log => true,
+            _ => false,
+        }
     }
 
     /// Whether an idle lease is kept until its window ends

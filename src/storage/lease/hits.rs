@@ -2,7 +2,7 @@
 //! shapes its hits take towards the store, and what a lease is measured
 //! against.
 
-use crate::limit::algorithms::{Leasing, Param, sliding_counter};
+use crate::limit::algorithms::{Leasing, Param, sliding_counter, sliding_log};
 use crate::limit::{effective_burst, lease_period};
 use crate::storage::Hit;
 
@@ -19,11 +19,12 @@ pub(super) fn store_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
 /// A lease of `cost` on `hit`'s limiter as the store sees it (and its
 /// end, given to [`crate::storage::Store::undo`]): a fixed window's is a weighted hit
 /// with a receipt; a token bucket's tells the store it is a lease, whose
-/// tokens keep their room in the bucket while it lives.
+/// tokens keep their room in the bucket while it lives; a log's, so that
+/// its hits are stamped at its end.
 pub(super) fn lease_hit<'a>(hit: &Hit<'a>, cost: u64) -> Hit<'a> {
     Hit {
         hits: cost,
-        lease: hit.algorithm.spec().leasing == Leasing::Tokens,
+        lease: matches!(hit.algorithm.spec().leasing, Leasing::Tokens | Leasing::Log),
         receipt: true,
         ..*hit
     }
@@ -41,11 +42,13 @@ pub(super) fn capacity(hit: &Hit<'_>) -> u64 {
 /// How far ahead a lease taken `now` (this replica's monotonic clock)
 /// may be spent at least, on that clock: to the fixed window's end (a
 /// sliding counter's: its current bucket's) as the wall clock reads
-/// `wall` now (only sizing reads it), for a token bucket one lease period.
+/// `wall` now (only sizing reads it), for a token bucket one lease period,
+/// for a log a lease's life.
 pub(super) fn horizon(hit: &Hit<'_>, now: u64, wall: u64) -> u64 {
     match hit.algorithm.spec().leasing {
         Leasing::Tokens => now + lease_period(hit.window.micros()),
         Leasing::Bucket => now.saturating_add(sliding_counter::bucket_left(wall, hit)),
+        Leasing::Log => now.saturating_add(sliding_log::lease_life(hit.window.micros())),
         _ => now.saturating_add(hit.window.span(wall).end.saturating_sub(wall)),
     }
 }

@@ -17,6 +17,15 @@
 //!   bucket still weighs in the next ones), except a small lease kept
 //!   idle; a give-back after a reset in that bucket takes nothing (the
 //!   store keeps when the limiter was reset, as a fixed window's).
+//! - **Sliding window log.** A lease's hits are stamped in the log at
+//!   the end of its life (a tenth of the window, within 1 ms and 10 s:
+//!   [`crate::limit::algorithms::sliding_log::lease_life`]), the latest
+//!   time one of them can be admitted, and the lease is spent only
+//!   until then, counted from when the call was sent. A trailing window
+//!   holding any hit admitted from it is one the log counted the whole
+//!   lease in when the last of its entries was admitted, so every
+//!   trailing window holds at most the limit. What is left at its end
+//!   goes back through its receipt (it would count a window more).
 //! - **Token bucket.** A lease takes tokens from the bucket and lives
 //!   until the end of the lease period after the one it was taken in (the
 //!   window, within 1 to 10 s; the store's answer says how long, counted
@@ -122,9 +131,8 @@
 //!   left in a fixed window.
 //!
 //! Everything else goes to the store as before: give-backs, checks,
-//! usage reports, limiters that take receipts, lists, sharded limiters,
-//! the sliding log and limits in flight (load refuses `lease: true` on
-//! them).
+//! usage reports, limiters that take receipts, lists, sharded limiters
+//! and limits in flight (load refuses `lease: true` on them).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -215,9 +215,9 @@ impl RedisStore {
                 None => hit.window.micros().min(MAX_EXACT) as i64,
             },
             hit.hits.min(MAX_EXACT) as i64,
-            // 3: a token bucket's lease ([`Hit::lease`] reaches a store
-            // only on a token bucket's lease).
-            if hit.lease && spec.leasing == Leasing::Tokens {
+            // 3: a token bucket's or a log's lease ([`Hit::lease`]
+            // reaches a store only on such a lease).
+            if hit.lease && matches!(spec.leasing, Leasing::Tokens | Leasing::Log) {
                 3
             } else {
                 i64::from(hit.negative)
