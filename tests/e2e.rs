@@ -455,7 +455,7 @@ async fn health_reflection_and_http_healthcheck() {
     let body = http_get(t.debug, "/rlconfig").await;
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     for line in [
-        "shop.log: 3/minute sliding_window_log name=log_limit lease=false (decided in the store: lease: true applies to fixed_window, sliding_window_counter, token_bucket only, not sliding_window_log: a sliding window log is decided in the store on every hit) (shop.yaml:",
+        "shop.log: 3/minute sliding_window_log name=log_limit lease=true (shop.yaml:",
         "shop.open: unlimited (shop.yaml:",
         "shop.trusted: no limit (whitelist) (shop.yaml:",
         "shop.shadow: 1/minute sliding_window_counter shadow_mode lease=true (shop.yaml:",

@@ -649,6 +649,105 @@ async fn sliding_log_leases_never_pass_the_limit() {
     property(COOL_LOGS, 6, 0.1).await;
 }
 
+/// A give-back through a replica that leases restores the budget as it
+/// would without leases: first into the lease in force, up to what was
+/// spent of it (the store still counts the whole lease), the rest in the
+/// store; a check and a give-back answer what the store has left plus
+/// the lease's unused hits. Then the window admits exactly what is left.
+/// On every algorithm that leases (a log's store gives back only hits
+/// stamped by now, never those of a lease still in its life).
+#[tokio::test(flavor = "current_thread")]
+async fn a_give_back_through_a_lease_restores_the_budget() {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+    ] {
+        let (clock, layer) = one_replica();
+        let shape = Shape {
+            algorithm,
+            limit: 1000,
+            unit: Unit::Minute,
+            keys: 1,
+            step: 0,
+            quiet: false,
+        };
+        let entries = vec![("user".to_string(), "back".to_string())];
+        let leased = || hit_of(shape, &entries, true);
+        for i in 0..300 {
+            let d = layer.hit(leased()).await.unwrap();
+            assert!(d.admitted, "{algorithm:?} hit {i}");
+            clock.advance_micros(1_000);
+        }
+        let c = layer.counts();
+        assert!(c.local > 200 && c.taken > 0, "{algorithm:?}: {c:?}");
+        let mut given = 0;
+        if algorithm == Algorithm::SlidingWindowLog {
+            // The lease in force takes back what it spent (its record
+            // still counts it): the store alone could not, but for the
+            // one hit it admitted first.
+            let before = layer
+                .hit(Hit {
+                    hits: 0,
+                    ..leased()
+                })
+                .await
+                .unwrap();
+            let back = Hit {
+                hits: 2,
+                negative: true,
+                ..leased()
+            };
+            let after = layer.hit(back).await.unwrap();
+            assert_eq!(after.remaining, before.remaining + 2, "{algorithm:?}");
+            given = 2;
+            // A log's store gives back only hits stamped by now: those of
+            // earlier leases still in their life are not (it admits
+            // less). Past the life, and the last lease's rest back:
+            let life = tollgate::limit::algorithms::sliding_log::lease_life(60_000_000);
+            clock.advance_micros(life);
+            layer.give_back_idle().await;
+        }
+        let check = layer
+            .hit(Hit {
+                hits: 0,
+                ..leased()
+            })
+            .await
+            .unwrap();
+        assert_eq!(check.remaining, 700 + given, "{algorithm:?}: a check");
+        let back = Hit {
+            hits: 200 - given,
+            negative: true,
+            ..leased()
+        };
+        assert_eq!(
+            layer.hit(back).await.unwrap().remaining,
+            900,
+            "{algorithm:?}: 200 given back"
+        );
+        // More than the lease in force spent goes back too, in the store
+        // (here as a descriptor carrying its own cost, never leased).
+        let more = Hit {
+            hits: 100,
+            negative: true,
+            lease: false,
+            ..leased()
+        };
+        assert_eq!(
+            layer.hit(more).await.unwrap().remaining,
+            1000,
+            "{algorithm:?}: all given back"
+        );
+        let mut admitted = 0;
+        for _ in 0..1_100 {
+            admitted += u64::from(layer.hit(leased()).await.unwrap().admitted);
+            clock.advance_micros(1_000);
+        }
+        assert_eq!(admitted, 1000, "{algorithm:?}: {:?}", layer.counts());
+    }
+}
+
 /// Limiters each replica hits less than once a second still get leases
 /// (the store has plenty left, so a lease holds a few of the next hits):
 /// the bound and the admitted share hold, and most decisions need no

@@ -418,16 +418,75 @@ impl Leasing {
         )
     }
 
-    /// Forgets this replica's lease of `hit`'s limiter, if it holds one.
-    fn forget(&self, hit: &Hit<'_>) {
+    /// `f` on this replica's entry of `hit`'s limiter, if it holds one.
+    fn existing<T>(&self, hit: &Hit<'_>, f: impl FnOnce(&mut Held) -> T) -> Option<T> {
         let fingerprint = key::fingerprint(hit);
         let shard = (fingerprint % SHARDS as u64) as usize;
-        lock(&self.held[shard]).existing(fingerprint, hit, |h| {
+        lock(&self.held[shard]).existing(fingerprint, hit, f)
+    }
+
+    /// Forgets this replica's lease of `hit`'s limiter, if it holds one.
+    fn forget(&self, hit: &Hit<'_>) {
+        self.existing(hit, |h| {
             h.tokens = 0;
             h.receipt = None;
             h.tight_until = 0;
             h.reserved.clear();
         });
+    }
+
+    /// Hits given back (a negative cost) on a limiter this replica leases:
+    /// first into its lease in force, up to what was spent of it (the
+    /// lease's record in the store still counts them, so spending them
+    /// again admits nothing the store has not counted), the rest to the
+    /// store. So a give-back restores the budget as it would without
+    /// leases, also on a log, whose store gives back only hits admitted
+    /// there (never a lease's, stamped ahead).
+    async fn give_back_hits(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
+        let now = self.clock.monotonic_micros();
+        let taken = self
+            .existing(&hit, |h| {
+                let size = h.receipt.map_or(0, |r| r.hits);
+                if now >= h.until || h.tokens >= size {
+                    return (0, None);
+                }
+                let back = hit.hits.min(size - h.tokens);
+                h.tokens += back;
+                let d = Decision::new(
+                    true,
+                    h.store_left.saturating_add(h.tokens),
+                    h.local_reset(now),
+                );
+                (back, Some(d))
+            })
+            .unwrap_or((0, None));
+        match taken {
+            (back, Some(d)) if back == hit.hits => Ok(d),
+            (back, _) => {
+                let d = self
+                    .inner
+                    .hit(Hit {
+                        hits: hit.hits - back,
+                        ..hit
+                    })
+                    .await?;
+                Ok(self.with_unused(&hit, d))
+            }
+        }
+    }
+
+    /// A store's answer on a limiter this replica leases, its remaining
+    /// counting the unused hits of the lease in force (as a hit admitted
+    /// from the lease answers).
+    fn with_unused(&self, hit: &Hit<'_>, d: Decision) -> Decision {
+        let now = self.clock.monotonic_micros();
+        let unused = self
+            .existing(hit, |h| if now < h.until { h.tokens } else { 0 })
+            .unwrap_or(0);
+        Decision {
+            remaining: d.remaining.saturating_add(unused),
+            ..d
+        }
     }
 
     async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
@@ -498,10 +557,33 @@ impl Leasing {
 impl Store for Leasing {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         if leased(&hit) {
-            Box::pin(self.leased(hit))
-        } else {
-            self.inner.hit(hit)
+            return Box::pin(self.leased(hit));
         }
+        // Below, `lease` tells a store that a hit is a lease: only leases
+        // made here carry it.
+        let hit = Hit {
+            lease: false,
+            ..hit
+        };
+        // A give-back, a check or a descriptor carrying its own cost (never
+        // leased) on a limiter this replica may hold a lease of: its
+        // answer counts the lease's unused hits, as a leased one does.
+        let as_hit = Hit {
+            hits: 1,
+            negative: false,
+            lease: true,
+            ..hit
+        };
+        if !leased(&as_hit) {
+            return self.inner.hit(hit);
+        }
+        if hit.negative && hit.hits > 0 {
+            return Box::pin(self.give_back_hits(hit));
+        }
+        Box::pin(async move {
+            let d = self.inner.hit(hit).await?;
+            Ok(self.with_unused(&hit, d))
+        })
     }
 
     /// A hit its lease covers, decided as [`Store::hit`] would decide it

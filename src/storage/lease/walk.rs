@@ -80,13 +80,18 @@ impl Shard {
     }
 
     /// `f` on the limiter of `hit` if the map holds it (its time is left
-    /// as it is: `f` only takes away).
-    pub(super) fn existing(&mut self, fingerprint: u64, hit: &Hit<'_>, f: impl FnOnce(&mut Held)) {
-        if let Some(h) = self.limiters.find_mut(fingerprint, |h| {
-            h.fingerprint == fingerprint && h.id.is(hit)
-        }) {
-            f(h);
-        }
+    /// as it is: `f` must not bring it forward).
+    pub(super) fn existing<T>(
+        &mut self,
+        fingerprint: u64,
+        hit: &Hit<'_>,
+        f: impl FnOnce(&mut Held) -> T,
+    ) -> Option<T> {
+        self.limiters
+            .find_mut(fingerprint, |h| {
+                h.fingerprint == fingerprint && h.id.is(hit)
+            })
+            .map(f)
     }
 
     /// Forgets every limiter.
