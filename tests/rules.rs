@@ -1414,7 +1414,7 @@ fn lease_where_it_cannot_hold() {
         name,
         5,
         "descriptors[0].rate_limit.lease: ",
-        "lease: true applies to fixed_window, sliding_window_counter, token_bucket only, not sliding_window_log",
+        "lease: true applies to fixed_window, sliding_window_counter, sliding_window_log, token_bucket only, not concurrency",
     );
     assert_error(
         name,
