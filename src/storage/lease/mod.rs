@@ -140,6 +140,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::watch;
 
 mod counts;
+mod given;
 mod granted;
 mod held;
 mod hits;
@@ -433,60 +434,6 @@ impl Leasing {
             h.tight_until = 0;
             h.reserved.clear();
         });
-    }
-
-    /// Hits given back (a negative cost) on a limiter this replica leases:
-    /// first into its lease in force, up to what was spent of it (the
-    /// lease's record in the store still counts them, so spending them
-    /// again admits nothing the store has not counted), the rest to the
-    /// store. So a give-back restores the budget as it would without
-    /// leases, also on a log, whose store gives back only hits admitted
-    /// there (never a lease's, stamped ahead).
-    async fn give_back_hits(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
-        let now = self.clock.monotonic_micros();
-        let taken = self
-            .existing(&hit, |h| {
-                let size = h.receipt.map_or(0, |r| r.hits);
-                if now >= h.until || h.tokens >= size {
-                    return (0, None);
-                }
-                let back = hit.hits.min(size - h.tokens);
-                h.tokens += back;
-                let d = Decision::new(
-                    true,
-                    h.store_left.saturating_add(h.tokens),
-                    h.local_reset(now),
-                );
-                (back, Some(d))
-            })
-            .unwrap_or((0, None));
-        match taken {
-            (back, Some(d)) if back == hit.hits => Ok(d),
-            (back, _) => {
-                let d = self
-                    .inner
-                    .hit(Hit {
-                        hits: hit.hits - back,
-                        ..hit
-                    })
-                    .await?;
-                Ok(self.with_unused(&hit, d))
-            }
-        }
-    }
-
-    /// A store's answer on a limiter this replica leases, its remaining
-    /// counting the unused hits of the lease in force (as a hit admitted
-    /// from the lease answers).
-    fn with_unused(&self, hit: &Hit<'_>, d: Decision) -> Decision {
-        let now = self.clock.monotonic_micros();
-        let unused = self
-            .existing(hit, |h| if now < h.until { h.tokens } else { 0 })
-            .unwrap_or(0);
-        Decision {
-            remaining: d.remaining.saturating_add(unused),
-            ..d
-        }
     }
 
     async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
