@@ -1,4 +1,5 @@
--- Sliding window counter: N epoch-aligned buckets of window / (N - 1) each;
+-- Sliding window counter: N buckets of window / (N - 1) each, epoch-aligned
+-- or starting ARGV[7] after that;
 -- the current one and N - 2 full ones count whole, the oldest weighs what is
 -- left of it in the trailing window. N = 2 is the classic previous-and-current
 -- pair. Same semantics, and the same floating-point steps, as
@@ -15,7 +16,7 @@
 -- ARGV[3]  hits (cost of this call; 0 checks without counting)
 -- ARGV[4]  1 to give hits back (never below zero), 0 to take them; 2 to
 --          take back what a receipt says a call recorded (undo): ARGV[3]
---          hits from the bucket ARGV[7], while it is in the trailing window,
+--          hits from the bucket ARGV[8], while it is in the trailing window,
 --          and not where the hits may have been recorded before the
 --          limiter's last reset (`x`): in the bucket the reset fell in or
 --          an earlier one
@@ -24,9 +25,13 @@
 --          limiter over or is above the limit (usage reported after the
 --          response); 2 to answer each hit with a receipt; 0 or absent:
 --          see below
--- ARGV[7], ARGV[8], ...  optional further (hits, negative) pairs: hits
+-- ARGV[7]  where the buckets start, in scaled units (below w): 0 for
+--          epoch-aligned ones, else the descriptor's phase
+--          (sliding_counter::phase), so that limiters do not all turn
+--          their buckets at once
+-- ARGV[8], ARGV[9], ...  optional further (hits, negative) pairs: hits
 --          queued behind this one, decided after it in order, in this
---          same atomic step (undo: ARGV[7] is the receipt's bucket)
+--          same atomic step (undo: ARGV[8] is the receipt's bucket)
 --
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order; with receipts, each followed by {hits recorded, bucket
@@ -50,6 +55,7 @@ local n = tonumber(ARGV[5]) or 2
 if n < 2 then n = 2 end
 if n > 60 then n = 60 end
 local spans = n - 1
+local phase = tonumber(ARGV[7]) or 0
 
 -- Integer division on doubles (exact below 2^53), corrected for rounding.
 local function div(a, b)
@@ -59,9 +65,9 @@ local function div(a, b)
   return q
 end
 -- now x spans can pass 2^53, so split it: now = q x w + r, and only
--- r x spans (below 60 x w) is scaled.
+-- r x spans (below 60 x w) is scaled; the phase (below w) is added there.
 local q = div(now, w)
-local rs = (now - q * w) * spans
+local rs = (now - q * w) * spans + phase
 local j = div(rs, w)
 local idx = q * spans + j
 local elapsed = rs - j * w
@@ -200,12 +206,12 @@ end
 local out = {}
 local i = 3
 if ARGV[4] == '2' then
-  local at = tonumber(ARGV[7])
+  local at = tonumber(ARGV[8])
   local age = idx - at
   local before_reset = false
   if reset_at ~= nil then
     local rq = div(reset_at, w)
-    local rj = div((reset_at - rq * w) * spans, w)
+    local rj = div((reset_at - rq * w) * spans + phase, w)
     before_reset = rq * spans + rj >= at
   end
   if age >= 0 and age < n and not before_reset then
@@ -225,7 +231,7 @@ while i and ARGV[i] do
     out[#out + 1] = idx
     out[#out + 1] = real(w - elapsed)
   end
-  if i == 3 then i = 7 else i = i + 2 end
+  if i == 3 then i = 8 else i = i + 2 end
 end
 if dirty then save() end
 return out

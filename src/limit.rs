@@ -95,12 +95,15 @@ pub const MAX_WINDOW_SECS: u64 = MAX_EXACT / 1_000_000;
 /// reads (10 per 5 minutes is `unit: minute, unit_multiplier: 5`). Fixed
 /// windows are aligned on multiples of its length since the epoch, unless
 /// the window is a calendar one ([`Window::calendar`]): one day, week,
-/// month or year of a time zone, aligned on its local boundaries.
+/// month or year of a time zone, aligned on its local boundaries. A
+/// staggered window ([`Window::staggered`]) starts its buckets at an
+/// offset of the limiter's descriptor instead of on the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Window {
     unit: Unit,
     multiplier: u32,
     zone: Option<Zone>,
+    staggered: bool,
 }
 
 /// Where a fixed window stands at one instant: its index (for an
@@ -120,6 +123,7 @@ impl Window {
             unit,
             multiplier: 1,
             zone: None,
+            staggered: false,
         }
     }
 
@@ -134,6 +138,7 @@ impl Window {
             unit,
             multiplier: 1,
             zone: Some(zone),
+            staggered: false,
         })
     }
 
@@ -186,7 +191,27 @@ impl Window {
             unit,
             multiplier,
             zone: None,
+            staggered: false,
         })
+    }
+
+    /// The same length, its buckets starting at an offset of each
+    /// limiter's descriptor rather than on the epoch, so that the
+    /// limiters of one rule do not all turn their buckets at once (a
+    /// `sliding_window_counter`'s: see
+    /// [`crate::limit::algorithms::sliding_counter::phase`]). The engine
+    /// places every window of an algorithm whose spec says
+    /// [`Spec::staggered`](crate::limit::algorithms::Spec::staggered).
+    pub fn staggered(self) -> Window {
+        Window {
+            staggered: true,
+            ..self
+        }
+    }
+
+    /// Whether its buckets start at an offset of the descriptor.
+    pub fn is_staggered(self) -> bool {
+        self.staggered
     }
 
     pub fn unit(self) -> Unit {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, join_all};
 use tollgate::clock::SystemClock;
+use tollgate::limit::algorithms::sliding_counter;
 use tollgate::limit::{Algorithm, Unit, Window as Span};
 use tollgate::storage::keys::{KeyBuilder, Role};
 use tollgate::storage::{
@@ -835,13 +836,23 @@ const SCRIPT4: &[(u64, bool, (bool, u64, Reset))] = &[
 
 /// The N-bucket counter answers its table on every store, and its state is
 /// its own: the same descriptor with the default 2 buckets starts afresh.
-async fn bucketed_counter_answers_the_expected_table(store: &dyn Store) {
-    let c = format!("{} counter/4", store.kind());
-    let left = BUCKET4 - wall_micros() % BUCKET4;
+/// Staggered (as the engine places every counter), its buckets start its
+/// descriptor's phase after the epoch-aligned ones: the same answers, and
+/// resets that count to the shifted bucket ends.
+async fn bucketed_counter_answers_the_expected_table(store: &dyn Store, staggered: bool) {
+    let c = format!("{} counter/4 staggered {staggered}", store.kind());
+    let mut l = Limiter::counter("table4", 10, Unit::Day, 4);
+    if staggered {
+        l.window = l.window.staggered();
+    }
+    // In scaled units (a third of a microsecond): buckets of DAY each.
+    let phase = sliding_counter::phase(&l.domain, &l.entries, l.window);
+    assert_eq!(phase == 0, !staggered, "{c}: phase {phase}");
+    let bucket_left = |t: u64| (DAY - (3 * t + phase) % DAY).div_ceil(3);
+    let left = bucket_left(wall_micros());
     if left < 60_000_000 {
         tokio::time::sleep(Duration::from_micros(left + 1_000_000)).await;
     }
-    let l = Limiter::counter("table4", 10, Unit::Day, 4);
     let slack = 1_000_000;
     for (step, &(hits, negative, (admitted, remaining, reset))) in SCRIPT4.iter().enumerate() {
         let before = wall_micros();
@@ -861,8 +872,8 @@ async fn bucketed_counter_answers_the_expected_table(store: &dyn Store) {
             Zero => r == 0,
             Window => r == DAY,
             BucketEndPlus(extra) => {
-                let lo = BUCKET4 - after % BUCKET4 + extra;
-                let hi = BUCKET4 - before % BUCKET4 + extra;
+                let lo = bucket_left(after) + extra;
+                let hi = bucket_left(before) + extra;
                 r + slack >= lo && r <= hi + slack
             }
             other => panic!("{what}: {other:?} is not used here"),
@@ -1229,7 +1240,8 @@ async fn run_suite(store: DynStore) {
         concurrent_undos_never_over_admit(store.clone(), algorithm).await;
         a_reset_gives_the_whole_limit_back(s, algorithm).await;
     }
-    bucketed_counter_answers_the_expected_table(&*store).await;
+    bucketed_counter_answers_the_expected_table(&*store, false).await;
+    bucketed_counter_answers_the_expected_table(&*store, true).await;
     bucket_burst_is_not_the_rate(&*store).await;
     log_reset_is_when_the_oldest_hit_leaves(&*store).await;
     // The cases that wait for time to pass run side by side.

@@ -1016,7 +1016,15 @@ async fn replicas_share_one_limit(
     // Each second's hits: those sent and answered inside it (decided in
     // it, whatever the machine's speed), and those whose call spanned one
     // of its ends (decided in it or a neighbour).
-    let origin = epoch_second * 1_000_000;
+    // A counter's buckets (here a second each) start its descriptor's
+    // phase after the seconds, as the engine staggers them.
+    let mut window = tollgate::limit::Window::of(tollgate::limit::Unit::Second);
+    if algorithm.spec().staggered {
+        window = window.staggered();
+    }
+    let entries = [("user".to_string(), "shared".to_string())];
+    let phase = tollgate::limit::algorithms::sliding_counter::phase(&domain, &entries, window);
+    let origin = epoch_second * 1_000_000 - phase;
     let windows: Vec<Window1> = (0..=seconds)
         .map(|s| Window1::of(&calls, origin + s * 1_000_000, 1_000_000))
         .collect();

@@ -103,7 +103,7 @@ impl Engine {
             steps: Vec::new(),
             limit: AppliedLimit {
                 requests_per_unit: o.requests_per_unit,
-                window: Window::of(o.unit),
+                window: placed(self.options.default_algorithm, Window::of(o.unit)),
                 name: None,
                 algorithm: self.options.default_algorithm,
                 buckets: DEFAULT_BUCKETS,
@@ -177,7 +177,7 @@ impl Engine {
         let algorithm = rule.algorithm.unwrap_or(self.options.default_algorithm);
         Some(AppliedLimit {
             requests_per_unit,
-            window,
+            window: placed(algorithm, window),
             name: rule.name.clone(),
             algorithm,
             buckets: rule.buckets.unwrap_or(DEFAULT_BUCKETS),
@@ -244,4 +244,15 @@ impl Engine {
 /// over its limit still gets its limit.
 fn is_report(d: &Descriptor) -> bool {
     d.hits.is_some()
+}
+
+/// `window` as `algorithm` counts it: staggered where its spec says so
+/// ([`Window::staggered`]). A rule's limit and an override on the same
+/// entries share a count, so both are placed here alike.
+fn placed(algorithm: crate::limit::Algorithm, window: Window) -> Window {
+    if algorithm.spec().staggered {
+        window.staggered()
+    } else {
+        window
+    }
 }

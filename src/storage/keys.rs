@@ -432,12 +432,35 @@ fn push_identity(out: &mut String, hit: &Hit<'_>) {
 /// 64-bit FNV-1a, as specified (offset basis and prime of the 64-bit
 /// variant).
 fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    fnv1a_on(0xcbf2_9ce4_8422_2325, bytes)
+}
+
+fn fnv1a_on(mut hash: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         hash ^= u64::from(b);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     hash
+}
+
+/// A hash of a limiter's descriptor (its domain and entries) that every
+/// replica and every version computes alike: FNV-1a over each string
+/// after its length, then a 64-bit finalizer (splitmix64's), so that its
+/// remainder by any window is spread evenly. Where a counter's buckets
+/// start ([`crate::limit::algorithms::sliding_counter::phase`]).
+pub fn descriptor_hash(domain: &str, entries: &[(String, String)]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325;
+    let strings =
+        std::iter::once(domain).chain(entries.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]));
+    for s in strings {
+        hash = fnv1a_on(hash, &(s.len() as u64).to_le_bytes());
+        hash = fnv1a_on(hash, s.as_bytes());
+    }
+    hash ^= hash >> 30;
+    hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash ^= hash >> 27;
+    hash = hash.wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^ (hash >> 31)
 }
 
 /// Appends `s` with every byte that is special in a key escaped as `%XX`.
@@ -523,6 +546,19 @@ mod tests {
         let b = keys("d", &[("k", &long_b)]).key(Role::State);
         assert!(a.len() < 120, "{a}");
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_descriptor_hash_stays_what_it_was() {
+        // Replicas of every version place a counter's buckets by it: a
+        // change moves every counter's buckets.
+        let e = vec![("user".to_string(), "alice".to_string())];
+        assert_eq!(
+            descriptor_hash("api", &e),
+            descriptor_hash("api", &e.clone())
+        );
+        assert_ne!(descriptor_hash("api", &e), descriptor_hash("apiuser", &[]));
+        assert_eq!(descriptor_hash("api", &e), 5_803_481_564_278_766_997);
     }
 
     #[test]

@@ -9,7 +9,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::RngCore;
 use rand_chacha::rand_core::SeedableRng;
 use tollgate::guarantees::Features;
-use tollgate::limit::Algorithm;
+use tollgate::limit::algorithms::sliding_counter;
+use tollgate::limit::{Algorithm, Window};
+use tollgate::storage::keys;
 
 /// The algorithms the case's generator draws from (`concurrency` is
 /// drawn from a generator of its own, [`Concurrency`], so that the cases
@@ -424,6 +426,23 @@ pub fn refuse_in_flight(rule: &mut Rule, k: usize, which: usize) {
 }
 
 impl Rules {
+    /// Where the engine starts `limit`'s buckets for `value` under rule
+    /// `rule` ([`sliding_counter::phase`], scaled by `buckets - 1`): of
+    /// the identity the engine counts on, a shared wildcard's pattern or
+    /// the value (a long one as its digest). 0 on a window that is not
+    /// staggered.
+    pub fn phase(&self, rule: usize, value: &str, limit: &Limit) -> u64 {
+        let r = &self.rules[rule];
+        let ident = match &r.value {
+            Value::Wildcard {
+                prefix,
+                shared: true,
+            } => keys::shared_value(&format!("{prefix}/*")),
+            _ => keys::identity_value(value, keys::DEFAULT_MAX_VALUE_BYTES).into_owned(),
+        };
+        phase_on(&self.domain, &[(r.key.clone(), ident)], limit)
+    }
+
     /// The rule file, as a user writes it.
     pub fn yaml(&self) -> String {
         let mut y = format!("domain: {}\ndescriptors:\n", self.domain);
@@ -567,4 +586,16 @@ impl Rules {
         }
         choices[pick(rng, choices.len())].clone()
     }
+}
+
+/// [`sliding_counter::phase`] of `entries` under `limit` as the engine
+/// places its window.
+pub fn phase_on(domain: &str, entries: &[(String, String)], limit: &Limit) -> u64 {
+    let unit = super::world::unit_of(limit.unit);
+    let mut window =
+        Window::new(unit, limit.multiplier as u32).expect("a window the grammar draws");
+    if limit.algorithm.spec().staggered {
+        window = window.staggered();
+    }
+    sliding_counter::phase(domain, entries, window)
 }

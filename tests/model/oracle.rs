@@ -29,6 +29,9 @@ pub struct Moment {
 pub struct Limiter {
     pub limit: Limit,
     pub promise: Promise,
+    /// Where a staggered counter's buckets start, in units of
+    /// `1 / (buckets - 1)` µs ([`grammar::phase_on`]); 0 otherwise.
+    pub phase: u64,
     pub admitted: Vec<(Moment, u64)>,
     pub given_back: Vec<(Moment, u64)>,
     pub resets: Vec<Moment>,
@@ -120,11 +123,13 @@ impl Oracle {
         entries: &str,
         limit: &Limit,
         promise: Promise,
+        phase: u64,
     ) -> &mut Limiter {
         let back = self.entries_back.get(entries).cloned().unwrap_or_default();
         self.limiters.entry(key).or_insert_with(|| Limiter {
             limit: limit.clone(),
             promise,
+            phase,
             admitted: Vec::new(),
             given_back: back,
             resets: Vec::new(),
@@ -135,10 +140,17 @@ impl Oracle {
         })
     }
 
-    pub fn limiter(&mut self, key: LimiterKey, limit: &Limit, promise: Promise) -> &mut Limiter {
+    pub fn limiter(
+        &mut self,
+        key: LimiterKey,
+        limit: &Limit,
+        promise: Promise,
+        phase: u64,
+    ) -> &mut Limiter {
         self.limiters.entry(key).or_insert_with(|| Limiter {
             limit: limit.clone(),
             promise,
+            phase,
             admitted: Vec::new(),
             given_back: Vec::new(),
             resets: Vec::new(),
@@ -399,9 +411,11 @@ impl Limiter {
                 Ok(())
             }
             Bound::Buckets => {
-                // Buckets of w / n: time scaled by n keeps them exact.
+                // Buckets of w / n: time scaled by n keeps them exact. A
+                // staggered counter's start `phase` scaled units late.
                 let n = l.buckets() - 1;
-                let bucket = |t: u64| t * n / w;
+                let phase = self.phase;
+                let bucket = |t: u64| (t * n + phase) / w;
                 for (start, _) in hits {
                     let first = bucket(start.lo);
                     let sum: u64 = hits
@@ -409,8 +423,8 @@ impl Limiter {
                         .filter(|(m, _)| bucket(m.lo) >= first && bucket(m.hi) < first + n)
                         .map(|(_, c)| c)
                         .sum();
-                    let from = first * w / n;
-                    let to = (first + n) * w / n + 1;
+                    let from = (first * w).saturating_sub(phase) / n;
+                    let to = ((first + n) * w).saturating_sub(phase).div_ceil(n) + 1;
                     let allowed = l.limit
                         + self.back_within(from.saturating_sub(w), to)
                         + lease_slack

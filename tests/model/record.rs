@@ -4,6 +4,7 @@
 
 use tollgate::engine::{Code, EngineOptions, Response};
 use tollgate::guarantees;
+use tollgate::storage::keys;
 
 use super::Coverage;
 use super::envoy::Observer;
@@ -50,7 +51,8 @@ pub fn record(
                 continue;
             }
             let promise = guarantees::promise(&rule.features(limit, false));
-            let l = oracle.limiter((r, k, identity.clone()), limit, promise);
+            let phase = rules.phase(r, &d.value, limit);
+            let l = oracle.limiter((r, k, identity.clone()), limit, promise, phase);
             if let Some((id, take)) = pair
                 && limit.algorithm.releases()
             {
@@ -137,7 +139,15 @@ fn record_override(
     let promise = guarantees::promise(&features);
     let cost = req.cost(d);
     let entries = format!("{}={} ", d.key, d.value);
-    oracle.override_limiter(override_key(d, own), &entries, &limit, promise);
+    let phase = grammar::phase_on(
+        &rules.domain,
+        &[(
+            d.key.clone(),
+            keys::identity_value(&d.value, keys::DEFAULT_MAX_VALUE_BYTES).into_owned(),
+        )],
+        &limit,
+    );
+    oracle.override_limiter(override_key(d, own), &entries, &limit, promise, phase);
     if d.negative {
         // Given back on the one count the store keeps for these entries:
         // room for every override on them, and for a rule's limit
@@ -147,8 +157,9 @@ fn record_override(
             let identity = rules.identity(r, &d.value);
             for (k, l) in rules.rules[r].limits.iter().enumerate() {
                 let promise = guarantees::promise(&rules.rules[r].features(l, false));
+                let phase = rules.phase(r, &d.value, l);
                 oracle
-                    .limiter((r, k, identity.clone()), l, promise)
+                    .limiter((r, k, identity.clone()), l, promise, phase)
                     .given_back
                     .push((at, cost));
             }
@@ -159,7 +170,7 @@ fn record_override(
     // report (the `usage_reports` setting's default): it admits nothing.
     if passed && cost > 0 && d.hits.is_none() {
         oracle
-            .override_limiter(override_key(d, own), &entries, &limit, promise)
+            .override_limiter(override_key(d, own), &entries, &limit, promise, phase)
             .admitted
             .push((at, cost));
         coverage.admitted += cost;
@@ -213,7 +224,8 @@ pub fn reset(oracle: &mut Oracle, rules: &Rules, key: &str, value: &str, at: Mom
         let identity = rules.identity(rule, value);
         for (k, limit) in rules.rules[rule].limits.iter().enumerate() {
             let promise = guarantees::promise(&rules.rules[rule].features(limit, false));
-            let l = oracle.limiter((rule, k, identity.clone()), limit, promise);
+            let phase = rules.phase(rule, value, limit);
+            let l = oracle.limiter((rule, k, identity.clone()), limit, promise, phase);
             l.resets.push(at);
             // The Envoys' shares are forgotten too: until each one's next
             // answer, what it spends comes on top of the limit.
@@ -252,7 +264,12 @@ impl Observer for Observe<'_> {
             for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
                 let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
                 self.oracle
-                    .limiter((r, k, identity.clone()), limit, promise)
+                    .limiter(
+                        (r, k, identity.clone()),
+                        limit,
+                        promise,
+                        self.rules.phase(r, value, limit),
+                    )
                     .tracks
                     .push(id);
             }
@@ -301,7 +318,12 @@ impl Observer for Observe<'_> {
         for (k, limit) in self.rules.rules[r].limits.iter().enumerate() {
             let promise = guarantees::promise(&self.rules.rules[r].features(limit, true));
             self.oracle
-                .limiter((r, k, identity.clone()), limit, promise)
+                .limiter(
+                    (r, k, identity.clone()),
+                    limit,
+                    promise,
+                    self.rules.phase(r, value, limit),
+                )
                 .envoy_admitted
                 .push((
                     Moment {

@@ -28,6 +28,7 @@ pub const SPEC: Spec = Spec {
     name: "concurrency",
     key_code: 'n',
     keys_buckets: false,
+    staggered: false,
     roles: &[Role::LogSet, Role::LogMeta],
     lua: include_str!("../../../lua/concurrency.lua"),
     batch_id: 6,

@@ -12,6 +12,7 @@ pub const SPEC: Spec = Spec {
     name: "fixed_window",
     key_code: 'f',
     keys_buckets: false,
+    staggered: false,
     roles: &[Role::State],
     lua: include_str!("../../../lua/fixed_window.lua"),
     batch_id: 1,

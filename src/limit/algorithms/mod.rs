@@ -51,6 +51,13 @@ pub struct Spec {
     /// Whether the counter's bucket count is part of the key (when it is
     /// not the default).
     pub keys_buckets: bool,
+    /// Whether the engine staggers its windows ([`crate::limit::Window::staggered`]):
+    /// each limiter's buckets start at an offset of its descriptor, so
+    /// that the limiters of one rule do not all turn at once (a lease
+    /// lives within its bucket: aligned, every limiter would take a new
+    /// one at the same instant). Its script then takes where the buckets
+    /// start as `ARGV[7]`.
+    pub staggered: bool,
     /// Its keys in Redis, in its script's `KEYS` order: the limiter's
     /// key of each role.
     pub roles: &'static [Role],

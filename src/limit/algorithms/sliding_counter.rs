@@ -10,6 +10,7 @@ pub const SPEC: Spec = Spec {
     name: "sliding_window_counter",
     key_code: 'c',
     keys_buckets: true,
+    staggered: true,
     roles: &[Role::State],
     lua: include_str!("../../../lua/sliding_window_counter.lua"),
     batch_id: 2,
@@ -66,7 +67,30 @@ impl Embedded for Memory {
     }
 }
 
-/// `n` epoch-aligned buckets of `w / (n - 1)` each: the current one, `n - 2`
+/// Where `hit`'s buckets start, in scaled units (below: `1 / (n - 1)`
+/// microsecond) and within one bucket (`[0, w)`): 0 on an epoch-aligned
+/// window, else [`phase`] of its descriptor.
+fn phase_of(hit: &Hit<'_>) -> u64 {
+    phase(hit.domain, hit.entries, hit.window)
+}
+
+/// How far a staggered window's buckets start after the epoch-aligned
+/// ones, in units of `1 / (n - 1)` microsecond whatever `n` is, below the
+/// window's microseconds (one bucket): the descriptor's
+/// [`descriptor_hash`](crate::storage::keys::descriptor_hash), which
+/// every replica computes alike, by the window. Spread so, the limiters
+/// of one rule turn their buckets at different instants, and their
+/// leases (which live within a bucket) end apart. 0 on a window that is
+/// not staggered.
+pub fn phase(domain: &str, entries: &[(String, String)], window: crate::limit::Window) -> u64 {
+    if !window.is_staggered() {
+        return 0;
+    }
+    crate::storage::keys::descriptor_hash(domain, entries) % window.micros().max(1)
+}
+
+/// `n` buckets of `w / (n - 1)` each, epoch-aligned or starting
+/// [`phase`] after that: the current one, `n - 2`
 /// full ones, and the oldest, which weighs what is left of it in the
 /// trailing window. With `n = 2` that is the classic previous-and-current
 /// pair. Only admitted hits are recorded, unless the limiter takes usage
@@ -120,7 +144,7 @@ impl Buckets {
     fn at(now: u64, w: u64, hit: &Hit<'_>) -> Buckets {
         let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
         let spans = n as u64 - 1;
-        let scaled = u128::from(now) * u128::from(spans);
+        let scaled = u128::from(now) * u128::from(spans) + u128::from(phase_of(hit));
         let idx = (scaled / u128::from(w)) as u64;
         let elapsed = (scaled - u128::from(idx) * u128::from(w)) as u64;
         Buckets {
@@ -274,7 +298,8 @@ fn undo(
         return;
     }
     let spans = n as u64 - 1;
-    let bucket = |t: u64| (u128::from(t) * u128::from(spans) / u128::from(w)) as u64;
+    let phase = u128::from(phase_of(hit));
+    let bucket = |t: u64| ((u128::from(t) * u128::from(spans) + phase) / u128::from(w)) as u64;
     if reset_at.is_some_and(|at| bucket(at) >= r.at) {
         return;
     }

@@ -11,6 +11,7 @@ pub const SPEC: Spec = Spec {
     name: "sliding_window_log",
     key_code: 'l',
     keys_buckets: false,
+    staggered: false,
     roles: &[Role::LogSet, Role::LogMeta],
     lua: include_str!("../../../lua/sliding_window_log.lua"),
     batch_id: 3,

@@ -9,6 +9,7 @@ pub const SPEC: Spec = Spec {
     name: "token_bucket",
     key_code: 't',
     keys_buckets: false,
+    staggered: false,
     roles: &[Role::State],
     lua: include_str!("../../../lua/token_bucket.lua"),
     batch_id: 4,

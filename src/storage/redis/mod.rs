@@ -55,7 +55,7 @@ mod scripts;
 mod supervise;
 
 use crate::clock::{Clock, SystemClock};
-use crate::limit::algorithms::{Leasing, Param};
+use crate::limit::algorithms::{Leasing, Param, sliding_counter};
 use batch::{Batcher, Call};
 pub use config::RedisConfig;
 pub(crate) use config::redact;
@@ -240,6 +240,11 @@ impl RedisStore {
                 i64::from(hit.usage_reports)
             },
         ]);
+        if spec.staggered {
+            // ARGV[7]: where its buckets start (below the window, which
+            // fits MAX_EXACT); 0 when its window is not staggered.
+            args.push(sliding_counter::phase(hit.domain, hit.entries, hit.window) as i64);
+        }
         if let Some(bounds) = calendar {
             args.extend(bounds.map(|b| b.min(MAX_EXACT) as i64));
         } else if ahead(hit, false, more) {
