@@ -104,7 +104,7 @@ pub const TABLE: &[Row] = &[
     },
     Row {
         combination: "`sliding_window_counter` (also sharded, in a list, leased)",
-        bound_text: "at most the limit in every `buckets - 1` aligned buckets (so at most 2x in a trailing window)",
+        bound_text: "at most the limit in every `buckets - 1` consecutive buckets, which start at an offset of each descriptor (so at most 2x in a trailing window)",
         faults_text: FAULTS,
         checked_by: "`tests/model.rs`",
         applies: |f| of_algorithm(f) == Bound::Buckets && !f.rlqs,

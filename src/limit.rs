@@ -209,6 +209,15 @@ impl Window {
         }
     }
 
+    /// The same window with its buckets where an unstaggered one has
+    /// them: how RLQS names a limit's lease ledger, which its hits share.
+    pub fn unstaggered(self) -> Window {
+        Window {
+            staggered: false,
+            ..self
+        }
+    }
+
     /// Whether its buckets start at an offset of the descriptor.
     pub fn is_staggered(self) -> bool {
         self.staggered

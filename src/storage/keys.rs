@@ -29,7 +29,11 @@
 //!   unit's nominal length (`f2592000@Europe/Berlin` for a month), so it
 //!   never shares state with an epoch-aligned window of that length nor
 //!   with the same unit in another zone (zone names hold no `:`, `{` or
-//!   `}`).
+//!   `}`). A staggered window (a counter's buckets starting at an offset
+//!   of its descriptor, [`crate::limit::Window::staggered`]) adds `~`
+//!   after its length (`c60~`), so that replicas placing its buckets
+//!   otherwise (a version that placed them on the epoch) keep their own
+//!   count instead of misreading this one.
 //! * `role` names the key within a limiter (`h` hash state, `z` log set, `m`
 //!   log metadata, `q` the lease ledger of a quota-shared limit: the
 //!   limit's own algorithm and window, so each limit of a `rate_limits:`
@@ -320,6 +324,9 @@ fn push_algo(text: &mut String, hit: &Hit<'_>) {
     if let Some(zone) = hit.window.zone() {
         text.push('@');
         text.push_str(zone.name());
+    }
+    if hit.window.is_staggered() {
+        text.push('~');
     }
     if spec.keys_buckets && hit.buckets != DEFAULT_BUCKETS {
         let _ = write!(text, "b{}", hit.buckets);
@@ -626,6 +633,14 @@ mod tests {
         };
         assert_eq!(counter(DEFAULT_BUCKETS), "c1:d:k=v");
         assert_eq!(counter(10), "c1b10:d:k=v");
+        // Staggered buckets are another layout: their own count.
+        let staggered = Hit {
+            window: crate::limit::Window::of(Unit::Second).staggered(),
+            buckets: 10,
+            ..hit(Algorithm::SlidingWindowCounter, Unit::Second)
+        };
+        assert_eq!(b.local(&staggered), "c1~b10:d:k=v");
+        assert_eq!(b.local(&staggered.ledger()), "c1:d:k=v");
         assert_ne!(fixed, b.local(&hit(Algorithm::FixedWindow, Unit::Minute)));
         // A window of several units (`unit_multiplier`) is named by its
         // length, so the same length written either way is one limiter.

@@ -235,11 +235,13 @@ impl<'a> LeaseCall<'a> {
 impl<'a> Hit<'a> {
     /// The lease ledger of this limiter, as a hit (for its keys): the
     /// shape [`LeaseCall::limiter`] gives a lease of the same descriptor,
-    /// algorithm and window, whatever the shard or a counter's buckets.
+    /// algorithm and window, whatever the shard, a counter's buckets or
+    /// where they start (RLQS names the rule's window, unstaggered).
     /// Each limit of a `rate_limits:` list has its own (a list never
     /// counts one window twice with one algorithm).
     pub fn ledger(&self) -> Hit<'a> {
         Hit {
+            window: self.window.unstaggered(),
             hits: 0,
             negative: false,
             usage_reports: false,

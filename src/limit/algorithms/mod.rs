@@ -30,9 +30,10 @@ pub enum Bound {
     Window,
     /// In every trailing window of the limit's length: at most the limit.
     Trailing,
-    /// In every run of `buckets - 1` consecutive epoch-aligned buckets
-    /// (each the window over `buckets - 1`): at most the limit; so at
-    /// most twice the limit in any trailing window.
+    /// In every run of `buckets - 1` consecutive buckets (each the window
+    /// over `buckets - 1`, epoch-aligned or, staggered, starting at an
+    /// offset of the descriptor): at most the limit; so at most twice the
+    /// limit in any trailing window.
     Buckets,
     /// In any interval of length t: at most burst + rate x t.
     Bucket,

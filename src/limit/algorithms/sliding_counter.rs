@@ -365,6 +365,46 @@ mod tests {
     }
 
     #[test]
+    fn staggered_buckets_start_at_the_descriptor_s_phase() {
+        let staggered = Window::of(Unit::Second).staggered();
+        let entries = |v: &str| vec![("user".to_string(), v.to_string())];
+        // Within a bucket, and spread: 1,000 users land in most tenths.
+        let mut tenths = [0u32; 10];
+        for i in 0..1_000 {
+            let p = phase("d", &entries(&format!("u{i}")), staggered);
+            assert!(p < 1_000_000);
+            tenths[(p / 100_000) as usize] += 1;
+        }
+        assert!(
+            tenths.iter().all(|&n| (50..=150).contains(&n)),
+            "{tenths:?}"
+        );
+        assert_eq!(phase("d", &entries("u1"), Window::of(Unit::Second)), 0);
+        // The buckets turn `phase` after the epoch's seconds (3 buckets:
+        // scaled units of half a microsecond, buckets of 0.5 s).
+        let e = entries("alice");
+        let p = phase("d", &e, staggered);
+        let h = Hit {
+            domain: "d",
+            entries: &e,
+            window: staggered,
+            ..hit(3, 1)
+        };
+        let now = 7_000_000;
+        let left = bucket_left(now, &h);
+        assert_eq!(left, (1_000_000 - (2 * now + p) % 1_000_000).div_ceil(2));
+        // Decided across that turn: the count moves to the older bucket
+        // there, not at the aligned half second.
+        let mut m = Memory::default();
+        let mut exp = 0;
+        let r = m.decide(now, &h, 0, &mut exp).receipt.unwrap();
+        assert_eq!(r.mark, left);
+        let next = m.decide(now + left, &h, 0, &mut exp).receipt.unwrap();
+        assert_eq!(next.at, r.at + 1);
+        assert_eq!(m.counts[..2], [1, 1]);
+    }
+
+    #[test]
     fn a_give_back_recorded_before_a_reset_takes_nothing_off_the_fresh_count() {
         let mut m = Memory::default();
         let mut exp = 0;
