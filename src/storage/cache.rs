@@ -28,7 +28,11 @@
 //! * `sliding_window_log`: only refusals of cost 1 are kept. Such a refusal
 //!   means the log holds exactly the limit, and nothing leaves it before the
 //!   reset (the moment its oldest hit stops counting), so cost-1 hits are
-//!   refused with 0 remaining until then. A weighted refusal is not kept:
+//!   refused with 0 remaining until then; but while leases are out, the
+//!   log holds what other replicas leased, and a lease's unspent hits go
+//!   back at the end of its life (a tenth of the window within 1 ms and
+//!   10 s), so the refusal is answered here for that long at most, its
+//!   reset still the log's. A weighted refusal is not kept:
 //!   before its reset, older hits leave, the remaining count grows and a
 //!   smaller cost fits, which only the store can see. Checks (cost 0) are
 //!   always admitted by the log and go to the store; a give-back goes to the
@@ -100,7 +104,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashlink::LruCache;
 
 use crate::clock::Clock;
-use crate::limit::algorithms::Refusals;
+use crate::limit::algorithms::{Leasing, Refusals, sliding_log};
 pub use crate::storage::limiter::{Limiter, LimiterId};
 use crate::storage::{BoxFuture, Decision, Group, Hit, Store, StoreError, StoreGauges};
 
@@ -147,6 +151,9 @@ struct Refusal {
     /// the store's reset is a duration from its answer, and a step of the
     /// wall clock must not make the cache refuse longer.
     until: u64,
+    /// Until when it is answered here (at most `until`): a leased log's
+    /// refusal only for a lease's life.
+    kept_until: u64,
     /// A limiter with several limits: each limit's answer when the
     /// refusal was cached, and when that was.
     group: Option<(Box<Group>, u64)>,
@@ -326,7 +333,7 @@ impl OverLimitCache {
             // Another limiter with the same fingerprint: not ours.
             return Plan::Forward(hit.hits);
         }
-        entry.refusals.retain(|r| r.until > now);
+        entry.refusals.retain(|r| r.kept_until > now);
         let kept = if entry.refusals.is_empty() {
             Kept::Drop(hit.hits)
         } else {
@@ -373,10 +380,21 @@ impl OverLimitCache {
             Refusals::SameCost => hit.hits,
             _ => return,
         };
+        let until = sent_at.saturating_add(d.reset_micros);
+        let kept_until = match hit.algorithm.spec().leasing {
+            // A log's sum counts the hits other replicas leased, and
+            // what a lease leaves unspent goes back at the end of its
+            // life: its refusal says nothing of later.
+            Leasing::Log => {
+                until.min(sent_at.saturating_add(sliding_log::lease_life(hit.window.micros())))
+            }
+            _ => until,
+        };
         let refusal = Refusal {
             cost,
             remaining: d.remaining,
-            until: sent_at.saturating_add(d.reset_micros),
+            until,
+            kept_until,
             group,
         };
         let mut map = self.lock();
@@ -441,7 +459,7 @@ impl OverLimitCache {
     pub fn sweep(&self) {
         let now = self.clock.monotonic_micros();
         self.lock().retain(|_, e| {
-            e.refusals.retain(|r| r.until > now);
+            e.refusals.retain(|r| r.kept_until > now);
             !e.refusals.is_empty()
         });
     }
@@ -631,7 +649,9 @@ mod tests {
 
     #[tokio::test]
     async fn log_answers_match_the_store() {
-        let mut script = vec![(1, false, 100_000); 12];
+        // 20 ms apart: a refusal is kept a lease's life at most (100 ms
+        // on a second), so the ones after it are answered here.
+        let mut script = vec![(1, false, 20_000); 12];
         script.extend([
             (0, false, 10),
             (2, false, 10),
@@ -645,7 +665,7 @@ mod tests {
             (1, false, 10),
         ]);
         let counts = same_answers(Algorithm::SlidingWindowLog, &script).await;
-        assert_eq!(counts.hits, 5, "{counts:?}");
+        assert_eq!(counts.hits, 7, "{counts:?}");
     }
 
     #[tokio::test]
@@ -693,6 +713,46 @@ mod tests {
         clock.advance_secs(1);
         cached.sweep();
         assert_eq!(cached.counts().entries, 0);
+    }
+
+    /// A full log holds hits other replicas leased; what a lease leaves
+    /// unspent goes back at the end of its life, so a refusal is answered
+    /// here for a lease's life at most: then the store, which has room
+    /// again, is asked (kept until the oldest hit leaves, a day here, the
+    /// replica would refuse all day).
+    #[tokio::test]
+    async fn a_log_s_refusal_is_kept_no_longer_than_a_lease_lives() {
+        let clock = ManualClock::at_micros(1_000_000_000_000);
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+        let cached = OverLimitCache::new(store.clone(), Arc::new(clock.clone()), 16);
+        let e = entries();
+        let day = Hit {
+            window: Unit::Day.into(),
+            ..hit(&e, Algorithm::SlidingWindowLog, 1, false)
+        };
+        // Another replica leases 3 of the 5.
+        let lease = Hit {
+            hits: 3,
+            lease: true,
+            receipt: true,
+            ..day
+        };
+        let leased = store.hit(lease).await.unwrap();
+        assert!(leased.admitted);
+        for _ in 0..2 {
+            assert!(cached.hit(day).await.unwrap().admitted);
+        }
+        let refused = cached.hit(day).await.unwrap();
+        assert!(!refused.admitted);
+        assert!(refused.reset_micros > 23 * 3_600_000_000, "{refused:?}");
+        let kept = cached.hit(day).await.unwrap();
+        assert!(!kept.admitted);
+        assert_eq!(cached.counts().hits, 1);
+        // The lease ends unspent: its hits go back.
+        store.undo(lease, leased.receipt.unwrap()).await.unwrap();
+        clock.advance_micros(sliding_log::lease_life(Unit::Day.micros()));
+        let after = cached.hit(day).await.unwrap();
+        assert!(after.admitted, "still refused from the cache: {after:?}");
     }
 
     /// The wall clock stepping back (an NTP step, a VM resumed) does not
