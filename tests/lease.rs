@@ -811,6 +811,44 @@ async fn limiters_hit_a_few_times_a_window_ask_once_in_several() {
     assert!(c.reserved_hits > 0, "{c:?}");
 }
 
+/// A log hit less than once in its lease's life (a minute's log, life
+/// 6 s, hit every 10 s) takes no lease: each hit is one store call, not
+/// a lease and its give-back. A busier one (every 2 s: 3 hits a life)
+/// still leases, with fewer calls than hits.
+#[tokio::test(flavor = "current_thread")]
+async fn a_log_hit_less_than_once_a_lease_life_takes_no_lease() {
+    let shape = Shape {
+        algorithm: Algorithm::SlidingWindowLog,
+        limit: 1_000,
+        keys: 20,
+        ..QUIET
+    };
+    for (every, hits) in [(10, 60u64), (2, 300)] {
+        let (clock, layer) = one_replica();
+        let entries = users(shape, "u");
+        for second in 0..hits * every {
+            for (k, e) in entries.iter().enumerate() {
+                if (second + k as u64).is_multiple_of(every) {
+                    admit(&layer, shape, e).await;
+                }
+            }
+            clock.advance_micros(1_000_000);
+            layer.give_back_idle().await;
+        }
+        let c = layer.counts();
+        let sent = shape.keys as u64 * hits;
+        eprintln!(
+            "hit every {every} s: {} store calls for {sent} hits, {} local",
+            c.store_calls, c.local
+        );
+        if every == 10 {
+            assert!(c.store_calls <= sent + shape.keys as u64, "{c:?}");
+        } else {
+            assert!(c.store_calls < sent, "{c:?}");
+        }
+    }
+}
+
 /// The wall clock in micros: windows are aligned on it (Redis runs on this
 /// machine's clock).
 fn wall_micros() -> u64 {

@@ -357,6 +357,12 @@ impl Held {
                 0
             };
             wanted = wanted.max(until_end.min((store_left / STORE_SHARE) as f64));
+            if self.id.algorithm.spec().leasing == Leasing::Log && rate * secs_left < 1.0 {
+                // Less than a hit expected over a log's lease life: the
+                // lease would go back nearly whole, two store calls for
+                // one hit. Decided in the store instead.
+                return cost;
+            }
             if matches!(
                 self.id.algorithm.spec().leasing,
                 Leasing::Bucket | Leasing::Log
