@@ -15,7 +15,8 @@ use tollgate::engine::{Descriptor, Engine, EngineOptions, Request, RulesHandle};
 use tollgate::limit::{Algorithm, Unit};
 use tollgate::rules::{LoadOptions, RuleSet, parse_file};
 use tollgate::storage::keys::{KeyBuilder, Role};
-use tollgate::storage::{Hit, MemoryStore};
+use tollgate::storage::lease::Leasing;
+use tollgate::storage::{Hit, MemoryStore, Store};
 
 #[global_allocator]
 static ALLOC: divan::AllocProfiler = divan::AllocProfiler::system();
@@ -36,10 +37,15 @@ const ALGORITHMS: [Algorithm; 4] = [
 /// The rules `scripts/bench.sh` serves: one rule per algorithm under
 /// `algo=<name>`, keyed by `user`, with a limit never reached.
 fn rules() -> RuleSet {
+    rules_of("second")
+}
+
+/// The same rules over windows of `unit`.
+fn rules_of(unit: &str) -> RuleSet {
     let mut text = String::from("domain: bench\ndescriptors:\n");
     for a in ALGORITHMS {
         text.push_str(&format!(
-            "  - key: algo\n    value: {}\n    descriptors:\n      - key: user\n        rate_limit: {{unit: second, requests_per_unit: 1000000000, algorithm: {}}}\n",
+            "  - key: algo\n    value: {}\n    descriptors:\n      - key: user\n        rate_limit: {{unit: {unit}, requests_per_unit: 1000000000, algorithm: {}}}\n",
             a.as_str(),
             a.as_str()
         ));
@@ -97,6 +103,53 @@ fn engine_memory<const DEADLINE: bool>(bencher: divan::Bencher, algorithm: Algor
         let response = rt.block_on(engine.should_rate_limit(&req));
         divan::black_box(response.expect("a decision"));
     });
+}
+
+/// One decision answered from a lease (the default path of every rule on
+/// Redis, here over the embedded store so only tollgate's own work is
+/// timed): the engine over the lease layer, 100,000 users in turn (as
+/// `scripts/bench.sh` sends them: a table too big for the CPU's caches),
+/// each leased after its first hits. Minute windows, as `scripts/bench.sh`
+/// leases them (`LEASE_UNIT=minute`).
+#[divan::bench(args = ALGORITHMS, sample_count = 500, sample_size = 20)]
+fn engine_leased(bencher: divan::Bencher, algorithm: Algorithm) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    let clock = Arc::new(ManualClock::at_secs(1_000));
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone() as Arc<dyn Clock>));
+    let store = Arc::new(Leasing::new(memory, clock.clone() as Arc<dyn Clock>));
+    let engine = Engine::new(
+        RulesHandle::new(rules_of("minute")),
+        store.clone(),
+        clock.clone(),
+        EngineOptions::default(),
+    );
+    let requests: Vec<Request> = (0..100_000)
+        .map(|u| request(algorithm, &format!("u-{u}")))
+        .collect();
+    // Warm: each user's demand seen, and leased.
+    for _ in 0..3 {
+        for req in &requests {
+            clock.advance_micros(1);
+            rt.block_on(engine.should_rate_limit(req)).expect("a decision");
+        }
+    }
+    let before = store.counts();
+    let mut next = 0;
+    bencher.bench_local(|| {
+        clock.advance_micros(1);
+        next = (next + 1) % requests.len();
+        let response = rt.block_on(engine.should_rate_limit(&requests[next]));
+        divan::black_box(response.expect("a decision"));
+    });
+    let after = store.counts();
+    let (local, calls) = (
+        after.local - before.local,
+        after.store_calls - before.store_calls,
+    );
+    assert!(local > 10 * calls, "the timed decisions are leased: {local} local, {calls} store calls");
 }
 
 /// Building the Redis keys of one limiter (what every Redis call does

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/profile.sh: where does tollgate's CPU per decision go?
 #
-# Serves one fixed_window rule from a private redis-server with a release
+# Serves one rule (fixed_window a second unless ALGORITHM and UNIT say
+# otherwise) from a private redis-server with a release
 # build, drives it with `tollgate bench` (C callers, one hot key unless KEYS says more), and
 # reports, each over its own run:
 #   1. CPU per decision of the tollgate process, user and system, from
@@ -18,7 +19,8 @@
 # bench.sh), STORE=memory (the embedded store instead of Redis, to see
 # what the round trip costs), BENCH_BIN=path (skip the build),
 # SERVE_ENV="VAR=value ..." (environment of the server only, e.g.
-# TOKIO_WORKER_THREADS=1). Needs redis-server and redis-cli; strace and perf
+# TOKIO_WORKER_THREADS=1), ALGORITHM=fixed_window (or default: the rule
+# names none), UNIT=second. Needs redis-server and redis-cli; strace and perf
 # steps are skipped when the tool is missing or not permitted.
 
 set -euo pipefail
@@ -40,11 +42,14 @@ tollgate_bin
 start_redis
 
 mkdir "$WORK/rules"
-cat >"$WORK/rules/bench.yaml" <<'EOF'
+ALGORITHM=${ALGORITHM:-fixed_window}
+named=", algorithm: $ALGORITHM"
+[[ $ALGORITHM == default ]] && named=""
+cat >"$WORK/rules/bench.yaml" <<EOF
 domain: bench
 descriptors:
   - key: user
-    rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: fixed_window}
+    rate_limit: {unit: ${UNIT:-second}, requests_per_unit: 1000000000$named}
 EOF
 GRPC_PORT=$(free_port)
 HTTP_PORT=$(free_port)
