@@ -133,7 +133,8 @@ fn engine_leased(bencher: divan::Bencher, algorithm: Algorithm) {
     for _ in 0..3 {
         for req in &requests {
             clock.advance_micros(1);
-            rt.block_on(engine.should_rate_limit(req)).expect("a decision");
+            rt.block_on(engine.should_rate_limit(req))
+                .expect("a decision");
         }
     }
     let before = store.counts();
@@ -149,7 +150,10 @@ fn engine_leased(bencher: divan::Bencher, algorithm: Algorithm) {
         after.local - before.local,
         after.store_calls - before.store_calls,
     );
-    assert!(local > 10 * calls, "the timed decisions are leased: {local} local, {calls} store calls");
+    assert!(
+        local > 10 * calls,
+        "the timed decisions are leased: {local} local, {calls} store calls"
+    );
 }
 
 /// Building the Redis keys of one limiter (what every Redis call does
