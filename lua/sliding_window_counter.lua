@@ -87,6 +87,14 @@ names[#names + 1] = 'x'
 local st = redis.call('HMGET', KEYS[1], unpack(names))
 local window = tonumber(st[1])
 local reset_at = tonumber(st[n + 2])
+-- A bucket written after now: the server's clock stepped back (a failover
+-- to a replica whose clock is behind, an NTP correction). Count on in
+-- that bucket, from its start (the oldest bucket weighs whole), so the
+-- hits it holds still count until the clock passes them; never afresh.
+if window ~= nil and window > idx then
+  idx = window
+  elapsed = 0
+end
 -- counts[age + 1], as Lua counts from 1.
 local counts = {}
 local shift = n

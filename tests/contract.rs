@@ -949,6 +949,44 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
     assert!(!l.hit(store, 1).await.admitted, "{c}: full again");
 }
 
+/// When the Redis server's clock steps back (a failover to a replica
+/// whose clock is behind), a counter's stored bucket is after the
+/// server's current one: it counts on in that bucket, never afresh. The
+/// step is made by writing the stored bucket three buckets ahead, as a
+/// clock three buckets ahead left it. `cli` runs a command on the node
+/// holding a key.
+async fn a_counter_ahead_of_the_clock_counts_on(
+    store: &dyn Store,
+    cli: impl Fn(&[&str]) -> String,
+) {
+    let l = Limiter::new(
+        "counter-ahead",
+        Algorithm::SlidingWindowCounter,
+        10,
+        Unit::Hour,
+    );
+    let c = store.kind();
+    assert_eq!(l.hit(store, 10).await.remaining, 0, "{c}");
+    let key = KeyBuilder::default()
+        .limiter(&l.as_hit(1, false))
+        .key(Role::State);
+    let w: u64 = cli(&["HGET", &key, "w"])
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{c}: no bucket index in {key}: {e}"));
+    let ahead = (w + 3).to_string();
+    cli(&["HSET", &key, "w", &ahead]);
+    let d = l.hit(store, 1).await;
+    assert!(
+        !d.admitted,
+        "{c}: the stored bucket's 10 hits still count: {d:?}"
+    );
+    assert_eq!(d.remaining, 0, "{c}");
+    // Nothing moved: the state stays in the bucket written.
+    assert_eq!(cli(&["HGET", &key, "w"]).trim(), ahead, "{c}");
+    assert_eq!(cli(&["HGET", &key, "c"]).trim(), "10", "{c}");
+}
+
 /// The token bucket's burst is its own number: a bucket of 30 refilled at
 /// 10 a day admits 30 at once, then one per tenth of a day; tokens given
 /// back never fill it past 30; a cost above 30 is refused and takes nothing.
@@ -1325,6 +1363,7 @@ async fn redis_standalone_contract() {
     run_suite(store.clone()).await;
     run_suite(coalesced(store.clone())).await;
     log_survives_losing_its_metadata(&*store, |key| server.cli(&["DEL", key])).await;
+    a_counter_ahead_of_the_clock_counts_on(&*store, |args| server.cli(args)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1338,6 +1377,13 @@ async fn redis_cluster_contract() {
             .primary_for_key(key)
             .unwrap_or_else(|| panic!("no primary serves {key}"));
         cluster.cli(port, &["DEL", key])
+    })
+    .await;
+    a_counter_ahead_of_the_clock_counts_on(&*store, |args| {
+        let port = cluster
+            .primary_for_key(args[1])
+            .unwrap_or_else(|| panic!("no primary serves {}", args[1]));
+        cluster.cli(port, args)
     })
     .await;
 }

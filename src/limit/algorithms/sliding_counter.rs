@@ -112,9 +112,19 @@ fn decide(
     window: &mut u64,
     counts: &mut Vec<u64>,
 ) -> (Decision, u64) {
-    let b = Buckets::at(now, w, hit);
+    let mut b = Buckets::at(now, w, hit);
+    // Time to the end of the trailing window, from the real `now` (before
+    // a step back moves the current bucket on).
+    let ahead = window.saturating_sub(b.idx);
+    let span = (b.n as u64).saturating_add(ahead).saturating_mul(w);
+    let expires = now.saturating_add(b.real(span - b.elapsed));
+    if !counts.is_empty() && *window > b.idx {
+        // A bucket written after `now`: the clock stepped back. Counted on
+        // in that bucket, from its start, as the script does.
+        b.idx = *window;
+        b.elapsed = 0;
+    }
     b.roll(window, counts);
-    let expires = now + b.real(b.n as u64 * w - b.elapsed);
     let d = if hit.negative {
         b.give_back(counts, hit.hits)
     } else {
@@ -362,6 +372,34 @@ mod tests {
         // Two buckets: the bucket is the window.
         let d = Memory::default().decide(now, &hit(2, 1), 0, &mut exp);
         assert_eq!(d.receipt.unwrap().mark, 300_000);
+    }
+
+    /// A clock that steps back below the bucket last written (a Redis
+    /// failover to a replica whose clock is behind) counts on in that
+    /// bucket, and the limiter lives until the clock passes it: what it
+    /// holds is never counted afresh.
+    #[test]
+    fn a_clock_step_back_counts_on_in_the_bucket_written() {
+        let mut m = Memory::default();
+        let mut exp = 0;
+        let at = 30_000_000 + 500_000;
+        for _ in 0..10 {
+            assert!(m.decide(at, &hit(2, 1), 0, &mut exp).admitted);
+        }
+        // Three seconds back: three buckets before the one written.
+        let back = at - 3_000_000;
+        let mut expires = 0;
+        let d = m.decide(back, &hit(2, 1), 0, &mut expires);
+        assert!(!d.admitted, "{d:?}");
+        assert_eq!(m.counts, [10, 0]);
+        // The state lives past the end of the written bucket's trailing
+        // window on the stepped clock: 31 s plus one bucket.
+        assert!(expires >= 32_000_000, "{expires}");
+        // Once the clock is past the written bucket, the window slides on:
+        // at its end all 10 weigh, half a bucket later half of them.
+        let d = m.decide(at + 500_000, &hit(2, 1), 0, &mut exp);
+        assert!(!d.admitted, "{d:?}");
+        assert!(m.decide(at + 1_000_000, &hit(2, 1), 0, &mut exp).admitted);
     }
 
     #[test]
