@@ -92,6 +92,13 @@ end
 
 local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'r', 'q', 'x')
 local sw = tonumber(st[1])
+-- A window written after now: the server's clock stepped back (a failover
+-- to a replica whose clock is behind, an NTP correction). Count on in
+-- that window until the clock passes its end, never afresh.
+if w > 0 and sw and sw > idx and (tonumber(st[2]) or 0) > 0 then
+  reset = reset + (sw - idx) * w
+  idx = sw
+end
 local current = sw == idx
 local count = 0
 -- The last window holding hits reserved ahead (field `r`), if any: its

@@ -91,7 +91,11 @@ local reset_at = tonumber(st[n + 2])
 -- to a replica whose clock is behind, an NTP correction). Count on in
 -- that bucket, from its start (the oldest bucket weighs whole), so the
 -- hits it holds still count until the clock passes them; never afresh.
-if window ~= nil and window > idx then
+local held = false
+for age = 0, n - 1 do
+  if (tonumber(st[age + 2]) or 0) > 0 then held = true end
+end
+if held and window > idx then
   idx = window
   elapsed = 0
 end

@@ -470,3 +470,75 @@ async fn two_buckets_are_the_classic_counter() {
     f.clock.set_micros(T0 + 105 * SECOND);
     assert_eq!(f.hit(counter, 100, 0).await.remaining, 92);
 }
+
+/// A wall clock that steps back below the window (a counter's bucket)
+/// last written counts on in it: what it holds still counts, on every
+/// algorithm, and a fixed window's reset is its end on the stepped clock.
+#[tokio::test]
+async fn a_clock_step_back_never_counts_afresh() {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+    ] {
+        let f = Fixture::new();
+        f.clock.advance_micros(30 * SECOND);
+        assert_eq!(f.burst(algorithm, 10, 10).await, 10, "{algorithm}");
+        f.clock.step_wall_micros(-3 * MINUTE as i64);
+        let d = f.hit(algorithm, 10, 1).await;
+        assert!(
+            !d.admitted,
+            "{algorithm}: counted afresh after the step: {d:?}"
+        );
+        if algorithm == Algorithm::FixedWindow {
+            // 30 s left of the window written, three minutes later.
+            assert_eq!(d.reset_micros, 3 * MINUTE + 30 * SECOND, "{algorithm}");
+        }
+    }
+}
+
+/// A reset while the clock is stepped back, then a give-back of a hit
+/// recorded before it: the reset is marked no earlier than the window
+/// (bucket) written, so once the clock is back in that window the
+/// give-back takes nothing off the fresh count.
+#[tokio::test]
+async fn a_give_back_from_before_a_reset_in_a_step_back_takes_nothing() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let f = Fixture::new();
+        f.clock.advance_micros(30 * SECOND);
+        let hit = |hits: u64, receipt: bool| Hit {
+            domain: "test",
+            entries: &f.entries,
+            algorithm,
+            limit: 10,
+            window: Unit::Minute.into(),
+            hits,
+            negative: false,
+            usage_reports: false,
+            buckets: 2,
+            burst: 0,
+            shard: tollgate::storage::Shard::NONE,
+            receipt,
+            also: &[],
+            lease: false,
+            ahead: tollgate::storage::Ahead::NONE,
+        };
+        assert!(f.store.hit(hit(5, false)).await.unwrap().admitted);
+        // A minute back: the window written is after now.
+        f.clock.step_wall_micros(-(MINUTE as i64));
+        let d = f.store.hit(hit(5, true)).await.unwrap();
+        assert!(d.admitted, "{algorithm}: {d:?}");
+        let receipt = d.receipt.expect("a receipt");
+        f.store.reset(hit(1, false)).await.unwrap();
+        // Back in the window written, filled afresh after the reset.
+        f.clock.advance_micros(MINUTE);
+        assert_eq!(f.burst(algorithm, 10, 10).await, 10, "{algorithm}");
+        f.store.undo(hit(5, true), receipt).await.unwrap();
+        let d = f.hit(algorithm, 10, 1).await;
+        assert!(
+            !d.admitted,
+            "{algorithm}: the give-back took off the fresh count: {d:?}"
+        );
+    }
+}

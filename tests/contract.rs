@@ -950,41 +950,117 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
 }
 
 /// When the Redis server's clock steps back (a failover to a replica
-/// whose clock is behind), a counter's stored bucket is after the
-/// server's current one: it counts on in that bucket, never afresh. The
-/// step is made by writing the stored bucket three buckets ahead, as a
-/// clock three buckets ahead left it. `cli` runs a command on the node
-/// holding a key.
-async fn a_counter_ahead_of_the_clock_counts_on(
+/// whose clock is behind), a fixed window's or a counter's stored window
+/// (bucket) is after the server's current one: it counts on in it, never
+/// afresh, and a fixed window's reset is that window's end. The step is
+/// made by writing the stored index three windows ahead, as a clock three
+/// windows ahead left it. `cli` runs a command on the node holding a key.
+async fn a_window_ahead_of_the_clock_counts_on(store: &dyn Store, cli: impl Fn(&[&str]) -> String) {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let l = Limiter::new("window-ahead", algorithm, 10, Unit::Hour);
+        let c = format!("{} {algorithm}", store.kind());
+        assert_eq!(l.hit(store, 10).await.remaining, 0, "{c}");
+        let key = KeyBuilder::default()
+            .limiter(&l.as_hit(1, false))
+            .key(Role::State);
+        let w: u64 = cli(&["HGET", &key, "w"])
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{c}: no window index in {key}: {e}"));
+        let ahead = (w + 3).to_string();
+        cli(&["HSET", &key, "w", &ahead]);
+        let d = l.hit(store, 1).await;
+        assert!(
+            !d.admitted,
+            "{c}: the stored window's 10 hits still count: {d:?}"
+        );
+        assert_eq!(d.remaining, 0, "{c}");
+        if algorithm == Algorithm::FixedWindow {
+            assert!(d.reset_micros > 3 * 3_600_000_000, "{c}: {d:?}");
+        }
+        // The state stays in the window written, its count whole (the
+        // fixed window counts a refused hit, as the reference does).
+        assert_eq!(cli(&["HGET", &key, "w"]).trim(), ahead, "{c}");
+        let count = if algorithm == Algorithm::FixedWindow {
+            "11"
+        } else {
+            "10"
+        };
+        assert_eq!(cli(&["HGET", &key, "c"]).trim(), count, "{c}");
+    }
+}
+
+/// A reset while the server's clock is stepped back, then a give-back of
+/// a hit recorded before it in the window written: the reset is marked no
+/// earlier than that window's start, so once the clock reaches it the
+/// give-back takes nothing off the fresh count. One-second windows; the
+/// step is one window (the stored index written one ahead). The final
+/// check must fall in that window: a round the machine slowed past it
+/// (read from the server's clock) is run again.
+async fn a_reset_in_a_step_back_keeps_old_give_backs_out(
     store: &dyn Store,
     cli: impl Fn(&[&str]) -> String,
 ) {
-    let l = Limiter::new(
-        "counter-ahead",
-        Algorithm::SlidingWindowCounter,
-        10,
-        Unit::Hour,
-    );
-    let c = store.kind();
-    assert_eq!(l.hit(store, 10).await.remaining, 0, "{c}");
-    let key = KeyBuilder::default()
-        .limiter(&l.as_hit(1, false))
-        .key(Role::State);
-    let w: u64 = cli(&["HGET", &key, "w"])
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{c}: no bucket index in {key}: {e}"));
-    let ahead = (w + 3).to_string();
-    cli(&["HSET", &key, "w", &ahead]);
-    let d = l.hit(store, 1).await;
-    assert!(
-        !d.admitted,
-        "{c}: the stored bucket's 10 hits still count: {d:?}"
-    );
-    assert_eq!(d.remaining, 0, "{c}");
-    // Nothing moved: the state stays in the bucket written.
-    assert_eq!(cli(&["HGET", &key, "w"]).trim(), ahead, "{c}");
-    assert_eq!(cli(&["HGET", &key, "c"]).trim(), "10", "{c}");
+    let server_micros = || {
+        let time = cli(&["TIME"]);
+        let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+        parts.next().unwrap() * 1_000_000 + parts.next().unwrap()
+    };
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let mut decided = false;
+        for round in 0..5 {
+            let l = Limiter::receipts("reset-step", algorithm, 10, Unit::Second);
+            let c = format!("{} {algorithm} round {round}", store.kind());
+            // Start early in a second: the steps before the window written
+            // begins take well under the rest of it.
+            let now = server_micros();
+            if now % 1_000_000 > 500_000 {
+                tokio::time::sleep(Duration::from_micros(1_010_000 - now % 1_000_000)).await;
+            }
+            assert!(l.hit(store, 5).await.admitted, "{c}");
+            let key = KeyBuilder::default()
+                .limiter(&l.as_hit(1, false))
+                .key(Role::State);
+            let w: u64 = cli(&["HGET", &key, "w"])
+                .trim()
+                .parse()
+                .expect("a window index");
+            cli(&["HSET", &key, "w", &(w + 1).to_string()]);
+            let d = l.hit(store, 5).await;
+            assert!(d.admitted, "{c}: {d:?}");
+            let receipt = d.receipt.expect("a receipt");
+            let before_reset = server_micros();
+            store.reset(l.as_hit(1, false)).await.expect("a reset");
+            // Into the window written, then filled afresh.
+            let next = (before_reset / 1_000_000 + 1) * 1_000_000;
+            if before_reset / 1_000_000 != w {
+                continue;
+            }
+            let wait = next + 20_000 - server_micros();
+            tokio::time::sleep(Duration::from_micros(wait)).await;
+            let mut admitted = 0;
+            for _ in 0..10 {
+                admitted += u64::from(l.hit(store, 1).await.admitted);
+            }
+            l.undo(store, receipt).await;
+            let d = l.hit(store, 1).await;
+            if server_micros() >= next + 1_000_000 {
+                continue;
+            }
+            assert_eq!(admitted, 10, "{c}: a fresh count after the reset");
+            assert!(
+                !d.admitted,
+                "{c}: the give-back took off the fresh count: {d:?}"
+            );
+            decided = true;
+            break;
+        }
+        assert!(
+            decided,
+            "{} {algorithm}: no round fell in one window",
+            store.kind()
+        );
+    }
 }
 
 /// The token bucket's burst is its own number: a bucket of 30 refilled at
@@ -1363,7 +1439,8 @@ async fn redis_standalone_contract() {
     run_suite(store.clone()).await;
     run_suite(coalesced(store.clone())).await;
     log_survives_losing_its_metadata(&*store, |key| server.cli(&["DEL", key])).await;
-    a_counter_ahead_of_the_clock_counts_on(&*store, |args| server.cli(args)).await;
+    a_window_ahead_of_the_clock_counts_on(&*store, |args| server.cli(args)).await;
+    a_reset_in_a_step_back_keeps_old_give_backs_out(&*store, |args| server.cli(args)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1379,7 +1456,7 @@ async fn redis_cluster_contract() {
         cluster.cli(port, &["DEL", key])
     })
     .await;
-    a_counter_ahead_of_the_clock_counts_on(&*store, |args| {
+    a_window_ahead_of_the_clock_counts_on(&*store, |args| {
         let port = cluster
             .primary_for_key(args[1])
             .unwrap_or_else(|| panic!("no primary serves {}", args[1]));

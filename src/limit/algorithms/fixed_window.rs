@@ -67,6 +67,11 @@ impl Embedded for Memory {
         );
     }
 
+    fn written_from(&self, hit: &Hit<'_>) -> Option<u64> {
+        let fixed = hit.window.zone().is_none();
+        (fixed && self.window > 0).then(|| self.window.saturating_mul(hit.window.micros()))
+    }
+
     fn heap_bytes(&self) -> usize {
         self.held
             .as_ref()
@@ -93,12 +98,22 @@ fn decide(
     ahead: &mut [u64; AHEAD],
     held: &mut Option<Box<Held>>,
 ) -> (Decision, u64) {
-    let Span { index: idx, end } = hit.window.span(now);
+    let Span {
+        index: mut idx,
+        mut end,
+    } = hit.window.span(now);
     let fixed = hit.window.zone().is_none();
+    let w = hit.window.micros();
+    if fixed && *window > idx && *count > 0 {
+        // A window written after `now`: the clock stepped back. Counted
+        // on in that window until the clock passes its end, as the script
+        // does.
+        end = end.saturating_add((*window - idx).saturating_mul(w));
+        idx = *window;
+    }
     if *window != idx {
         roll(idx, fixed, window, count, ahead, held);
     }
-    let w = hit.window.micros();
     let now_shared = shared(held, hit, idx);
     let limit = hit.limit;
     let reset = end - now;
@@ -249,6 +264,13 @@ fn undo(
     ahead: &mut [u64; AHEAD],
 ) {
     let idx = hit.window.span(now).index;
+    // After a clock step back, the window written is still the current
+    // one (as in `decide`).
+    let idx = if hit.window.zone().is_none() && *count > 0 {
+        idx.max(window)
+    } else {
+        idx
+    };
     if let Some(reset_at) = reset_at {
         // The first window whose calls may have recorded it: its own, or
         // for a reservation the earliest that could have reserved it.

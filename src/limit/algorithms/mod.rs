@@ -248,6 +248,12 @@ pub(crate) trait Embedded {
     fn heap_bytes(&self) -> usize;
     /// What a reset does to a state kept after it (see [`Reset`]).
     fn forget(&mut self, _now: u64, _hit: &Hit<'_>) {}
+    /// When the window (a counter's bucket) the state last wrote starts,
+    /// on the store's clock: after now only when the clock stepped back.
+    /// A reset is marked no earlier (the scripts' `x`).
+    fn written_from(&self, _hit: &Hit<'_>) -> Option<u64> {
+        None
+    }
 }
 
 impl State {

@@ -65,6 +65,19 @@ impl Embedded for Memory {
     fn heap_bytes(&self) -> usize {
         heap(self.counts.capacity() * size_of::<u64>())
     }
+
+    fn written_from(&self, hit: &Hit<'_>) -> Option<u64> {
+        if self.counts.is_empty() {
+            return None;
+        }
+        // Bucket `window` starts at (window x w - phase) / spans.
+        let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as u128;
+        let scaled = u128::from(self.window) * u128::from(hit.window.micros());
+        let from = scaled
+            .saturating_sub(u128::from(phase_of(hit)))
+            .div_ceil(n - 1);
+        Some(u64::try_from(from).unwrap_or(u64::MAX))
+    }
 }
 
 /// Where `hit`'s buckets start, in scaled units (below: `1 / (n - 1)`
@@ -115,10 +128,14 @@ fn decide(
     let mut b = Buckets::at(now, w, hit);
     // Time to the end of the trailing window, from the real `now` (before
     // a step back moves the current bucket on).
-    let ahead = window.saturating_sub(b.idx);
+    let ahead = if counts.iter().any(|&c| c > 0) {
+        window.saturating_sub(b.idx)
+    } else {
+        0
+    };
     let span = (b.n as u64).saturating_add(ahead).saturating_mul(w);
     let expires = now.saturating_add(b.real(span - b.elapsed));
-    if !counts.is_empty() && *window > b.idx {
+    if counts.iter().any(|&c| c > 0) && *window > b.idx {
         // A bucket written after `now`: the clock stepped back. Counted on
         // in that bucket, from its start, as the script does.
         b.idx = *window;

@@ -378,7 +378,13 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         let index = (self.hasher.hash_one(&key) as usize) % self.shards.len();
         let mut shard = lock(&self.shards[index]);
-        let removed = shard.slots.remove_entry(&key);
+        let mut removed = shard.slots.remove_entry(&key);
+        // No earlier than the start of the window the state last wrote:
+        // after `now` when the clock stepped back (the scripts' `x`).
+        let at = removed
+            .as_mut()
+            .and_then(|(_, slot)| slot.state.ops().written_from(hit))
+            .map_or(now, |from| from.max(now));
         if let Some((held, slot)) = &removed {
             shard.held = shard
                 .held
@@ -387,14 +393,14 @@ impl MemoryStore {
         }
         let reset = hit.algorithm.spec().reset;
         if reset == Reset::MarkWindow {
-            let span = hit.window.span(now);
+            let span = hit.window.span(at);
             let ahead = match hit.window.zone() {
                 None => fixed_window::AHEAD as u64 * hit.window.micros(),
                 Some(_) => 0,
             };
             shard
                 .resets
-                .insert(key, (now, span.end.saturating_add(ahead)));
+                .insert(key, (at, span.end.saturating_add(ahead)));
         } else if reset == Reset::NewBucket {
             self.with_slot(&mut shard, key, hit.algorithm, now, |slot| {
                 slot.state.ops().forget(now, hit);

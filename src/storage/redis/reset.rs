@@ -11,7 +11,8 @@
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use super::*;
-use crate::limit::algorithms::Reset;
+use crate::limit::algorithms::{Reset, sliding_counter};
+use crate::limit::{Algorithm, DEFAULT_BUCKETS, MAX_BUCKETS};
 
 /// How often a replica reads the reset counter: a reset through one
 /// replica reaches the others' caches within about this long.
@@ -23,18 +24,35 @@ pub(super) const RESET_POLL: Duration = Duration::from_millis(200);
 /// give-back recorded before the reset takes nothing off the fresh count
 /// (see `lua/fixed_window.lua` and `lua/sliding_window_counter.lua`).
 ///
+/// When the stored window (a counter's bucket) starts after now, the
+/// server's clock stepped back: `x` is that start instead, so that a
+/// give-back recorded in it before the reset still takes nothing.
+///
 /// KEYS     the limiter's keys, its state hash first
 /// ARGV[1]  the window's length in microseconds; 0 for a calendar window
 /// ARGV[2]  a calendar window: how long `x` is kept, in microseconds
+/// ARGV[3]  a counter's buckets less one (scaled units per microsecond);
+///          1 for a fixed window
+/// ARGV[4]  a counter's phase in scaled units (sliding_counter::phase); 0
 /// Returns 1.
 const RESET_FIXED_LUA: &str = r#"
+local sw = tonumber(redis.call('HGET', KEYS[1], 'w'))
 redis.call('DEL', unpack(KEYS))
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local w = tonumber(ARGV[1])
 local life = tonumber(ARGV[2])
-if w > 0 then life = (math.floor(now / w) + 8) * w - now end
-redis.call('HSET', KEYS[1], 'x', string.format('%d', now))
+local x = now
+if w > 0 and sw then
+  -- Bucket sw starts at (sw x w - phase) / spans microseconds, split so
+  -- that no product passes 2^53.
+  local spans = tonumber(ARGV[3])
+  local q = math.floor(sw / spans)
+  local from = q * w + math.ceil(((sw - q * spans) * w - tonumber(ARGV[4])) / spans)
+  if from > x then x = from end
+end
+if w > 0 then life = (math.floor(x / w) + 8) * w - now end
+redis.call('HSET', KEYS[1], 'x', string.format('%d', x))
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(life / 1000)))
 return 1
 "#;
@@ -89,7 +107,19 @@ impl RedisStore {
             };
             let mut args = vec![RESET_FIXED_LUA.to_string(), keys.len().to_string()];
             args.extend(keys);
-            args.extend([w.to_string(), life.to_string()]);
+            let (spans, phase) = match hit.algorithm {
+                Algorithm::SlidingWindowCounter => (
+                    u64::from(hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS)) - 1,
+                    sliding_counter::phase(hit.domain, hit.entries, hit.window),
+                ),
+                _ => (1, 0),
+            };
+            args.extend([
+                w.to_string(),
+                life.to_string(),
+                spans.to_string(),
+                phase.to_string(),
+            ]);
             self.command(slot, "EVAL", args).await?;
         } else {
             self.command(slot, "DEL", keys).await?;
