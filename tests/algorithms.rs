@@ -34,25 +34,37 @@ impl Fixture {
         self.call(algorithm, limit, hits, false).await
     }
 
+    /// A hit of `hits` on the test's limiter, a minute's window.
+    fn spec(
+        &self,
+        algorithm: Algorithm,
+        limit: u64,
+        hits: u64,
+        negative: bool,
+        receipt: bool,
+    ) -> Hit<'_> {
+        Hit {
+            domain: "test",
+            entries: &self.entries,
+            algorithm,
+            limit,
+            window: Unit::Minute.into(),
+            hits,
+            negative,
+            usage_reports: false,
+            buckets: 2,
+            burst: 0,
+            shard: tollgate::storage::Shard::NONE,
+            receipt,
+            also: &[],
+            lease: false,
+            ahead: tollgate::storage::Ahead::NONE,
+        }
+    }
+
     async fn call(&self, algorithm: Algorithm, limit: u64, hits: u64, negative: bool) -> Decision {
         self.store
-            .hit(Hit {
-                domain: "test",
-                entries: &self.entries,
-                algorithm,
-                limit,
-                window: Unit::Minute.into(),
-                hits,
-                negative,
-                usage_reports: false,
-                buckets: 2,
-                burst: 0,
-                shard: tollgate::storage::Shard::NONE,
-                receipt: false,
-                also: &[],
-                lease: false,
-                ahead: tollgate::storage::Ahead::NONE,
-            })
+            .hit(self.spec(algorithm, limit, hits, negative, false))
             .await
             .expect("the embedded store always answers")
     }
@@ -507,23 +519,7 @@ async fn a_give_back_from_before_a_reset_in_a_step_back_takes_nothing() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
         let f = Fixture::new();
         f.clock.advance_micros(30 * SECOND);
-        let hit = |hits: u64, receipt: bool| Hit {
-            domain: "test",
-            entries: &f.entries,
-            algorithm,
-            limit: 10,
-            window: Unit::Minute.into(),
-            hits,
-            negative: false,
-            usage_reports: false,
-            buckets: 2,
-            burst: 0,
-            shard: tollgate::storage::Shard::NONE,
-            receipt,
-            also: &[],
-            lease: false,
-            ahead: tollgate::storage::Ahead::NONE,
-        };
+        let hit = |hits: u64, receipt: bool| f.spec(algorithm, 10, hits, false, receipt);
         assert!(f.store.hit(hit(5, false)).await.unwrap().admitted);
         // A minute back: the window written is after now.
         f.clock.step_wall_micros(-(MINUTE as i64));

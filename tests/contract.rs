@@ -949,6 +949,20 @@ async fn log_survives_losing_its_metadata(store: &dyn Store, delete: impl Fn(&st
     assert!(!l.hit(store, 1).await.admitted, "{c}: full again");
 }
 
+/// Moves `l`'s stored window index `by` windows ahead, as a server clock
+/// that far ahead left it: its state key and the index it held.
+fn step_stored_window(l: &Limiter, cli: impl Fn(&[&str]) -> String, by: u64) -> (String, u64) {
+    let key = KeyBuilder::default()
+        .limiter(&l.as_hit(1, false))
+        .key(Role::State);
+    let w: u64 = cli(&["HGET", &key, "w"])
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("no window index in {key}: {e}"));
+    cli(&["HSET", &key, "w", &(w + by).to_string()]);
+    (key, w)
+}
+
 /// When the Redis server's clock steps back (a failover to a replica
 /// whose clock is behind), a fixed window's or a counter's stored window
 /// (bucket) is after the server's current one: it counts on in it, never
@@ -960,15 +974,8 @@ async fn a_window_ahead_of_the_clock_counts_on(store: &dyn Store, cli: impl Fn(&
         let l = Limiter::new("window-ahead", algorithm, 10, Unit::Hour);
         let c = format!("{} {algorithm}", store.kind());
         assert_eq!(l.hit(store, 10).await.remaining, 0, "{c}");
-        let key = KeyBuilder::default()
-            .limiter(&l.as_hit(1, false))
-            .key(Role::State);
-        let w: u64 = cli(&["HGET", &key, "w"])
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("{c}: no window index in {key}: {e}"));
+        let (key, w) = step_stored_window(&l, &cli, 3);
         let ahead = (w + 3).to_string();
-        cli(&["HSET", &key, "w", &ahead]);
         let d = l.hit(store, 1).await;
         assert!(
             !d.admitted,
@@ -1018,14 +1025,7 @@ async fn a_reset_in_a_step_back_keeps_old_give_backs_out(
                 tokio::time::sleep(Duration::from_micros(1_010_000 - now % 1_000_000)).await;
             }
             assert!(l.hit(store, 5).await.admitted, "{c}");
-            let key = KeyBuilder::default()
-                .limiter(&l.as_hit(1, false))
-                .key(Role::State);
-            let w: u64 = cli(&["HGET", &key, "w"])
-                .trim()
-                .parse()
-                .expect("a window index");
-            cli(&["HSET", &key, "w", &(w + 1).to_string()]);
+            let (_, w) = step_stored_window(&l, &cli, 1);
             let d = l.hit(store, 5).await;
             assert!(d.admitted, "{c}: {d:?}");
             let receipt = d.receipt.expect("a receipt");
