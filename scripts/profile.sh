@@ -20,7 +20,8 @@
 # what the round trip costs), BENCH_BIN=path (skip the build),
 # SERVE_ENV="VAR=value ..." (environment of the server only, e.g.
 # TOKIO_WORKER_THREADS=1), ALGORITHM=fixed_window (or default: the rule
-# names none), UNIT=second. Needs redis-server and redis-cli; strace and perf
+# names none), UNIT=second, TOP=N (also list the N functions sampled most), CALLGRAPH=1 (record call
+# stacks too, and show who calls memmove: a large future moved shows there). Needs redis-server and redis-cli; strace and perf
 # steps are skipped when the tool is missing or not permitted.
 
 set -euo pipefail
@@ -99,7 +100,9 @@ if command -v strace >/dev/null; then
 fi
 
 if command -v perf >/dev/null && perf record -o /dev/null -- true >/dev/null 2>&1; then
-    perf record -F 999 -p "$PID" -o "$WORK/perf.data" >/dev/null 2>&1 &
+    graph=()
+    [[ -n ${CALLGRAPH:-} ]] && graph=(--call-graph dwarf,16384)
+    perf record -F 999 "${graph[@]}" -p "$PID" -o "$WORK/perf.data" >/dev/null 2>&1 &
     recorder=$!
     sleep 0.5
     load >/dev/null
@@ -115,9 +118,21 @@ if command -v perf >/dev/null && perf record -o /dev/null -- true >/dev/null 2>&
             else if (s ~ /fred|redis_protocol/) c = "Redis client (fred)"
             else if (s ~ /tokio/) c = "tokio runtime"
             else if (s ~ /prost/) c = "protobuf (prost)"
-            else if (s ~ /mi_|malloc|free|cfree/) c = "allocator"
+            else if (s ~ /mi_|malloc|free|cfree|je_|rjem|sdallocx|mallocx/) c = "allocator"
             else if (s ~ /memmove|memcpy|memset|memcmp/) c = "memory copies"
             else if (s ~ /tollgate/) c = "tollgate itself"
             sum[c] += pct
         } END { for (c in sum) printf "  %5.1f%%  %s\n", sum[c], c }' | sort -rn
+    if [[ ${TOP:-0} -gt 0 ]]; then
+        echo
+        echo "the $TOP functions with the most samples:"
+        perf report -i "$WORK/perf.data" --no-children --sort dso,sym --stdio 2>/dev/null |
+            grep '%' | grep -v '^#' | head -n "$TOP" | cut -c1-160
+    fi
+    if [[ -n ${CALLGRAPH:-} ]]; then
+        echo
+        echo "who calls memmove (memory copies), callee first:"
+        perf report -i "$WORK/perf.data" --no-children -S __memmove_avx512_unaligned_erms \
+            --call-graph=callee,0.2,2 --max-stack 4 --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
+    fi
 fi

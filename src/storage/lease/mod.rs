@@ -436,12 +436,17 @@ impl Leasing {
         });
     }
 
-    async fn leased(&self, hit: Hit<'_>) -> Result<Decision, StoreError> {
-        let generation = self.resets_seen();
-        let mut now = self.clock.monotonic_micros();
-        let mut first = true;
+    /// A leased hit whose first step (taken at `now`, after reading the
+    /// reset `generation`) was `step`: what the store's answers make of it.
+    async fn leased(
+        &self,
+        hit: Hit<'_>,
+        generation: (u64, u64),
+        mut now: u64,
+        mut step: Step,
+    ) -> Result<Decision, StoreError> {
         let (size, ahead, unused, asking) = loop {
-            match self.step(&hit, now, first) {
+            match step {
                 Step::Answer(d) => return Ok(d),
                 Step::Alone(unused) => {
                     self.counters.store_calls.fetch_add(1, Ordering::Relaxed);
@@ -459,8 +464,8 @@ impl Leasing {
                     // Ends when the call in flight is over (its sender is
                     // dropped), however it ends.
                     let _ = rx.changed().await;
-                    first = false;
                     now = self.clock.monotonic_micros();
+                    step = self.step(&hit, now, false);
                 }
             }
         };
@@ -504,7 +509,15 @@ impl Leasing {
 impl Store for Leasing {
     fn hit<'a>(&'a self, hit: Hit<'a>) -> BoxFuture<'a, Result<Decision, StoreError>> {
         if leased(&hit) {
-            return Box::pin(self.leased(hit));
+            // Most leased hits are answered from the lease at once: their
+            // future is then just the answer, not the whole state of a
+            // lease call (a kilobyte, allocated and copied per hit).
+            let generation = self.resets_seen();
+            let now = self.clock.monotonic_micros();
+            return match self.step(&hit, now, true) {
+                Step::Answer(d) => Box::pin(std::future::ready(Ok(d))),
+                step => Box::pin(self.leased(hit, generation, now, step)),
+            };
         }
         // Below, `lease` tells a store that a hit is a lease: only leases
         // made here carry it.

@@ -326,9 +326,11 @@ where
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match send().await {
+        // Each on the heap: fred's futures are kilobytes, and held here
+        // they would be copied at every level of the call above.
+        match Box::pin(send()).await {
             Err(e) if attempt < 3 && e.details().starts_with("NOSCRIPT") => {
-                script.load(client).await?;
+                Box::pin(script.load(client)).await?;
             }
             other => return other,
         }
