@@ -12,7 +12,9 @@
 --          that window is current or one of the seven after it, and not
 --          where the hits may have been recorded before the limiter's
 --          last reset (`x`): in the window the reset fell in, or for a
---          reservation in one of the seven before that window
+--          reservation in one of the seven before that window, or in the
+--          ARGV[9] (calendar: ARGV[13]) before it that its receipt says
+--          its lease was taken in
 -- ARGV[5]  unused (the counter's bucket count)
 -- ARGV[6]  1 to record every positive cost, also one that takes the
 --          limiter over or is above the limit (usage reported after the
@@ -35,7 +37,9 @@
 -- Returns {admitted (0/1), remaining, reset_micros} as integers, one triple
 -- per hit in order (a refusal where shares hold part of the window: reset
 -- at most a second); with receipts, each followed by {hits recorded, window
--- index, windows reserved after it}. Undo returns {1}.
+-- index, windows reserved after it}; reserving ahead (ARGV[6] 3), then by
+-- the windows reserved again (as the counter's script answers). Undo
+-- returns {1}.
 -- After a reset (src/storage/redis/reset.rs) the hash holds `x`: when
 -- it was reset (microseconds), kept until the seventh window after the
 -- reset's ends, so that a give-back recorded before it takes nothing off
@@ -145,8 +149,8 @@ if ARGV[4] == '2' then
   if reset_at then
     -- The first window whose calls may have recorded it: its own, or for
     -- a reservation the earliest that could have reserved it.
-    local first = at
-    if at > idx then first = at - 7 end
+    local first = at - (tonumber(ARGV[tail + 2]) or 0)
+    if at > idx and at - 7 < first then first = at - 7 end
     local start
     if w > 0 then start = first * w else start = first * 1000000 end
     if reset_at >= start then hits = 0 end
@@ -223,6 +227,7 @@ if ahead > 0 and out[1] == 1 then
     if granted == 0 then moved = nil end
   end
   out[6] = granted
+  out[7] = granted
 end
 
 if count ~= before or moved then

@@ -5,6 +5,8 @@
 
 mod support;
 
+#[path = "contract/ahead.rs"]
+mod ahead;
 #[path = "contract/shares.rs"]
 mod shares;
 #[path = "contract/timed.rs"]
@@ -1373,6 +1375,7 @@ async fn run_suite(store: DynStore) {
     // through the bucket shifts until the full bucket is the oldest.
     timed.push(Box::pin(timed::a_bucket_keeps_room_for_its_leases(&*store)));
     timed.push(Box::pin(timed::a_lease_reserves_hits_ahead(&*store)));
+    timed.push(Box::pin(ahead::a_counter_reserves_hits_ahead(&*store)));
     timed.push(Box::pin(shares::shares_and_requests_keep_one_count(
         &*store,
     )));

@@ -437,12 +437,14 @@ async fn run(case: &Case, backend: &Backend, coverage: &mut Coverage) -> Result<
         );
     }
     drop(envoys);
-    coverage.leased += world
+    for l in world
         .replicas
         .iter()
         .filter_map(|r| r.engine.store().gauges().lease)
-        .map(|l| l.local)
-        .sum::<u64>();
+    {
+        coverage.leased += l.local;
+        coverage.reserved += l.reserved_hits;
+    }
     oracle.check()
 }
 

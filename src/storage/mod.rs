@@ -96,20 +96,25 @@ pub struct Hit<'a> {
     /// keep their room in the bucket while it lives, the answer's reset
     /// is its life) and [`Store::undo`] of it ends the lease.
     pub lease: bool,
-    /// A fixed window's lease (with a receipt, no further costs, not a
-    /// calendar window) may also reserve hits in the windows after the
-    /// current one: see [`Ahead`].
+    /// A fixed window's or a sliding counter's lease (with a receipt, no
+    /// further costs, not a calendar window) may also reserve hits in the
+    /// windows (buckets) after the current one: see [`Ahead`].
     pub ahead: Ahead,
 }
 
 /// Hits a fixed window's lease reserves in each of the next `windows`
-/// windows (at most [`Ahead::MAX_WINDOWS`]), recorded in their counts at
-/// once, so a replica can spend them when those windows come without a
-/// store call. The store reserves window after window while each has
-/// room for `hits`, and stops at the first that has not (or when the
-/// hit itself is refused); the receipt's `mark` says how many it
-/// reserved. A reservation is taken back with [`Store::undo`] and a
-/// receipt naming its window.
+/// windows (a sliding counter's: buckets; at most [`Ahead::MAX_WINDOWS`]),
+/// recorded in their counts at once, so a replica can spend them when
+/// those windows come without a store call. The store reserves window
+/// after window while each has room for `hits` (a counter's: while every
+/// trailing window the bucket weighs in, counted from the start of each
+/// bucket, holds at most the limit), and stops at the first that has not
+/// (or when the hit itself is refused); the receipt's `ahead` says how
+/// many it reserved. A counter's reservations count from now in every
+/// estimate they will weigh in: hits now are refused where they would
+/// take a trailing window to come over the limit. A reservation is taken
+/// back with [`Store::undo`] and a receipt naming its window
+/// ([`Receipt::reserved`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Ahead {
     pub windows: u8,
@@ -296,7 +301,7 @@ impl Decision {
 /// | algorithm | `at` | `mark` |
 /// |---|---|---|
 /// | `fixed_window` | the window's index | windows reserved after it ([`Hit::ahead`]) |
-/// | `sliding_window_counter` | the bucket's index | 0 |
+/// | `sliding_window_counter` | the bucket's index | µs until that bucket ends, from the store's now |
 /// | `sliding_window_log` | Redis: the member's sequence number; embedded: its time | the member's time (Redis: its score) |
 /// | `token_bucket` | when the tokens were taken (µs) | the bucket's debt right after (units of 1/k µs) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,6 +312,14 @@ pub struct Receipt {
     pub mark: u64,
     /// The shard that recorded it (0 when not sharded).
     pub shard: u16,
+    /// Windows (a counter's buckets) after `at` that the call reserved
+    /// [`Hit::ahead`] hits in, each: 0 unless it asked to.
+    pub ahead: u8,
+    /// A receipt of hits reserved ahead (the leasing layer makes one per
+    /// window reserved): how many windows after the lease's own `at` is,
+    /// so that a give-back takes nothing where a reset came after the
+    /// lease, even one before `at` itself. 0 on any other.
+    pub reserved: u8,
 }
 
 /// Why a store could not answer.

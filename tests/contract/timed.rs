@@ -324,6 +324,8 @@ pub(super) async fn a_lease_reserves_hits_ahead(store: &dyn Store) {
                 at,
                 mark: 0,
                 shard: 0,
+                ahead: 0,
+                reserved: 0,
             },
         )
         .await;

@@ -22,6 +22,8 @@ pub struct Coverage {
     /// on leased rules.
     pub leased: u64,
     pub admitted_on_leased: u64,
+    /// Hits leases reserved in the windows (buckets) after their own.
+    pub reserved: u64,
     /// Requests Envoys' filters admitted, and their reports answered.
     pub envoy_admitted: u64,
     pub envoy_reports: u64,
@@ -215,6 +217,7 @@ pub fn print(store: &str, c: &Coverage, took: Duration) {
     );
     println!("  refusals judged: {}", c.refusals_checked);
     println!("  hits admitted on leased rules: {}", c.admitted_on_leased);
+    println!("  hits leases reserved ahead: {}", c.reserved);
     println!(
         "  takes admitted on limits in flight: {}",
         c.in_flight_admitted

@@ -198,8 +198,10 @@ fn draw_limit(rng: &mut ChaCha8Rng, index: usize, taken: &[Limit], leases: bool)
                     ("Etc/GMT+5", -5 * 3600),
                 ][pick(rng, 3)]
             });
+        // A lease reserves ahead only what is at most a hundredth of the
+        // limit: the larger limits let it.
         let limit = if leases {
-            [20, 50, 100, 200][pick(rng, 4)]
+            [20, 50, 100, 200, 1000, 5000][pick(rng, 6)]
         } else {
             [1, 2, 3, 5, 10, 20, 50, 100, 200, 1000][pick(rng, 10)]
         };

@@ -142,10 +142,11 @@ fn decide(
     if admitted && fixed && hit.receipt && !hit.ahead.is_none() {
         granted = reserve_ahead(hit, idx, ahead, held);
     }
-    (
-        with_receipt(d, hit, *count - before, idx, granted),
-        expires(ahead, held, end, w),
-    )
+    let mut d = with_receipt(d, hit, *count - before, idx, granted);
+    if let Some(r) = d.receipt.as_mut() {
+        r.ahead = granted as u8;
+    }
+    (d, expires(ahead, held, end, w))
 }
 
 /// Moves the state to window `idx`, as the script reads the count: the
@@ -253,7 +254,8 @@ pub(crate) const AHEAD: usize = Ahead::MAX_WINDOWS as usize;
 /// a reset deleted that count, and the count after it holds other hits.
 /// The receipt names its window, not when it was recorded, so a window
 /// the reset fell in (or, for a reservation, one of the seven windows
-/// before it, which may have reserved it) gives nothing back after a
+/// before it, which may have reserved it, or the windows back to the one
+/// its receipt says its lease was taken in) gives nothing back after a
 /// reset: an error towards refusing.
 fn undo(
     now: u64,
@@ -274,10 +276,11 @@ fn undo(
     if let Some(reset_at) = reset_at {
         // The first window whose calls may have recorded it: its own, or
         // for a reservation the earliest that could have reserved it.
+        let first = r.at.saturating_sub(u64::from(r.reserved));
         let first = if r.at > idx {
-            r.at.saturating_sub(AHEAD as u64)
+            first.min(r.at.saturating_sub(AHEAD as u64))
         } else {
-            r.at
+            first
         };
         let start = match hit.window.zone() {
             None => first.saturating_mul(hit.window.micros()),

@@ -324,6 +324,8 @@ pub(crate) fn with_receipt(
             at,
             mark,
             shard: hit.shard.index,
+            ahead: 0,
+            reserved: 0,
         });
     }
     d

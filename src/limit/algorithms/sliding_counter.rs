@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::limit::{DEFAULT_BUCKETS, MAX_BUCKETS};
+use crate::storage::Ahead;
 use crate::storage::memory::heap::heap;
 
 pub const SPEC: Spec = Spec {
@@ -36,6 +37,10 @@ pub(crate) struct Memory {
     window: u64,
     /// Bucket counts by age: `[0]` is the current bucket.
     counts: Vec<u64>,
+    /// Hits reserved ahead ([`crate::storage::Ahead`]) in the buckets
+    /// after `window`: `[j]` in bucket `window + 1 + j`, the last one
+    /// nonzero. Empty (no heap) on a limiter that reserves nothing.
+    ahead: Vec<u64>,
 }
 
 impl Embedded for Memory {
@@ -45,7 +50,7 @@ impl Embedded for Memory {
             hit.window.micros(),
             hit,
             &mut self.window,
-            &mut self.counts,
+            (&mut self.counts, &mut self.ahead),
         );
         *expires_at = (*expires_at).max(exp);
         d
@@ -64,6 +69,7 @@ impl Embedded for Memory {
 
     fn heap_bytes(&self) -> usize {
         heap(self.counts.capacity() * size_of::<u64>())
+            + heap(self.ahead.capacity() * size_of::<u64>())
     }
 
     fn written_from(&self, hit: &Hit<'_>) -> Option<u64> {
@@ -123,30 +129,35 @@ fn decide(
     w: u64,
     hit: &Hit<'_>,
     window: &mut u64,
-    counts: &mut Vec<u64>,
+    (counts, ahead): (&mut Vec<u64>, &mut Vec<u64>),
 ) -> (Decision, u64) {
     let mut b = Buckets::at(now, w, hit);
-    // Time to the end of the trailing window, from the real `now` (before
-    // a step back moves the current bucket on).
-    let ahead = if counts.iter().any(|&c| c > 0) {
-        window.saturating_sub(b.idx)
-    } else {
-        0
-    };
-    let span = (b.n as u64).saturating_add(ahead).saturating_mul(w);
-    let expires = now.saturating_add(b.real(span - b.elapsed));
-    if counts.iter().any(|&c| c > 0) && *window > b.idx {
+    let (now_idx, now_elapsed) = (b.idx, b.elapsed);
+    let held = counts.iter().any(|&c| c > 0) || !ahead.is_empty();
+    if held && *window > b.idx {
         // A bucket written after `now`: the clock stepped back. Counted on
         // in that bucket, from its start, as the script does.
         b.idx = *window;
         b.elapsed = 0;
     }
-    b.roll(window, counts);
-    let d = if hit.negative {
-        b.give_back(counts, hit.hits)
+    b.roll(window, counts, ahead);
+    let mut d = if hit.negative {
+        b.give_back(counts, ahead, hit.hits)
     } else {
-        b.take(counts, hit)
+        b.take(counts, ahead, hit)
     };
+    if d.admitted && hit.receipt && !hit.ahead.is_none() {
+        let granted = b.reserve_ahead(counts, ahead, hit);
+        if let Some(r) = d.receipt.as_mut() {
+            r.ahead = granted;
+        }
+    }
+    // Until the last bucket that holds hits has left the trailing window,
+    // from the real `now` (before a step back moves the current bucket
+    // on): the current bucket and those reserved after it, plus n - 1.
+    let later = (b.idx - now_idx).saturating_add(ahead.len() as u64);
+    let span = (b.n as u64).saturating_add(later).saturating_mul(w);
+    let expires = now.saturating_add(b.real(span - now_elapsed));
     (d, expires)
 }
 
@@ -191,8 +202,9 @@ impl Buckets {
 
     /// Moves the counts to the current bucket, as the script reads them:
     /// shifted by the buckets gone by, all zero after `n` of them (or when
-    /// the bucket count changed).
-    fn roll(&self, window: &mut u64, counts: &mut Vec<u64>) {
+    /// the bucket count changed); a bucket after the stored one counts
+    /// what was reserved in it, and the reservations left are moved on.
+    fn roll(&self, window: &mut u64, counts: &mut Vec<u64>, ahead: &mut Vec<u64>) {
         let (n, idx) = (self.n, self.idx);
         if counts.len() != n {
             counts.clear();
@@ -206,7 +218,71 @@ impl Buckets {
         } else if idx != *window {
             counts.fill(0);
         }
+        if idx > *window && !ahead.is_empty() {
+            let shift = idx - *window;
+            for (age, c) in counts.iter_mut().enumerate() {
+                // Bucket idx - age, reserved in as ahead[shift - age - 1].
+                if let Some(j) = shift.checked_sub(age as u64 + 1)
+                    && let Some(&r) = ahead.get(j as usize)
+                {
+                    *c = r;
+                }
+            }
+            ahead.drain(..(shift as usize).min(ahead.len()));
+            if ahead.is_empty() {
+                *ahead = Vec::new();
+            }
+        }
         *window = idx;
+    }
+
+    /// The count of the trailing window that starts where bucket
+    /// `idx + y` starts (`y >= 1`), each of its buckets whole: the
+    /// script's `span`.
+    fn span(&self, counts: &[u64], ahead: &[u64], y: usize) -> u64 {
+        let n = self.n;
+        // Buckets idx + y - n + 1 ..= idx: ages 0 .. n - y.
+        let past: u64 = counts[..n.saturating_sub(y)].iter().sum();
+        // Buckets idx + max(1, y - n + 1) ..= idx + y.
+        let from = y.saturating_sub(n).min(ahead.len());
+        let to = y.min(ahead.len());
+        past.saturating_add(ahead[from..to].iter().sum())
+    }
+
+    /// The script's `estimate`: the estimate now, or where buckets ahead
+    /// hold reservations, the count of the fullest trailing window a hit
+    /// now would weigh in.
+    fn fullest(&self, counts: &[u64], ahead: &[u64]) -> f64 {
+        let mut e = self.estimate(counts);
+        for y in 1..=ahead.len().min(self.n - 1) {
+            e = e.max(self.span(counts, ahead, y) as f64);
+        }
+        e
+    }
+
+    /// The script's "Reservations in the next buckets, for an admitted
+    /// lease": the lease's `hit.ahead.hits` in each of the next buckets,
+    /// bucket after bucket while every trailing window it weighs in holds
+    /// at most the limit. Returns the buckets reserved.
+    fn reserve_ahead(&self, counts: &[u64], ahead: &mut Vec<u64>, hit: &Hit<'_>) -> u8 {
+        let (wanted, each) = (hit.ahead.windows.min(Ahead::MAX_WINDOWS), hit.ahead.hits);
+        let before = ahead.len();
+        let mut granted = 0;
+        for j in 1..=wanted {
+            let at = usize::from(j) - 1;
+            if ahead.len() <= at {
+                ahead.resize(at + 1, 0);
+            }
+            ahead[at] = ahead[at].saturating_add(each);
+            let y = usize::from(j);
+            if (y..y + self.n).any(|y| self.span(counts, ahead, y) > self.limit) {
+                ahead[at] -= each;
+                break;
+            }
+            granted = j;
+        }
+        ahead.truncate(before.max(usize::from(granted)));
+        granted
     }
 
     /// The script's `estimate`, in the same floating-point steps.
@@ -265,29 +341,29 @@ impl Buckets {
 
     /// The negative branch of the script's `decide`: gives `hits` back,
     /// newest bucket first, never below zero.
-    fn give_back(&self, counts: &mut [u64], hits: u64) -> Decision {
+    fn give_back(&self, counts: &mut [u64], ahead: &[u64], hits: u64) -> Decision {
         let mut back = hits;
         for c in counts.iter_mut() {
             let take = back.min(*c);
             *c -= take;
             back -= take;
         }
-        let est = self.estimate(counts);
+        let est = self.fullest(counts, ahead);
         decision(true, self.remaining(est), self.ok_reset(counts))
     }
 
     /// The rest of the script's `decide`: refuses a cost above the limit,
     /// admits one that fits, records a usage report that does not (and
     /// refuses it), or refuses.
-    fn take(&self, counts: &mut [u64], hit: &Hit<'_>) -> Decision {
+    fn take(&self, counts: &mut [u64], ahead: &[u64], hit: &Hit<'_>) -> Decision {
         let limit = self.limit;
-        let est = self.estimate(counts);
+        let est = self.fullest(counts, ahead);
         if hit.hits > limit && !hit.usage_reports {
             return decision(false, self.remaining(est), self.w);
         }
         if est + hit.hits as f64 <= limit as f64 {
             counts[0] += hit.hits;
-            let est = self.estimate(counts);
+            let est = self.fullest(counts, ahead);
             let d = decision(true, self.remaining(est), self.ok_reset(counts));
             // The receipt's mark: how long the bucket it recorded in
             // stays current (a lease is spent only until then).
@@ -297,7 +373,7 @@ impl Buckets {
         if hit.usage_reports {
             // Recorded all the same; refused until a check would pass.
             counts[0] = counts[0].saturating_add(hit.hits).min(MAX_COUNT);
-            let est = self.estimate(counts);
+            let est = self.fullest(counts, ahead);
             return decision(false, self.remaining(est), self.wait_for(counts, 0));
         }
         decision(false, self.remaining(est), self.wait_for(counts, hit.hits))
@@ -327,7 +403,9 @@ fn undo(
     let spans = n as u64 - 1;
     let phase = u128::from(phase_of(hit));
     let bucket = |t: u64| ((u128::from(t) * u128::from(spans) + phase) / u128::from(w)) as u64;
-    if reset_at.is_some_and(|at| bucket(at) >= r.at) {
+    // A reservation may have been recorded in its lease's bucket, before.
+    let first = r.at.saturating_sub(u64::from(r.reserved));
+    if reset_at.is_some_and(|at| bucket(at) >= first) {
         return;
     }
     let idx = bucket(now);

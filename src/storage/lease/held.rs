@@ -12,7 +12,7 @@ use super::{
     SLOT_MICROS, STORE_SHARE,
 };
 use crate::limit::algorithms::Leasing;
-use crate::limit::effective_burst;
+use crate::limit::{DEFAULT_BUCKETS, MAX_BUCKETS, effective_burst};
 use crate::storage::{Ahead, Decision, Hit, Receipt};
 
 /// One limiter's lease on this replica.
@@ -219,19 +219,34 @@ impl Held {
         counters.expired_hits.fetch_add(lapsed, Ordering::Relaxed);
     }
 
-    /// What the next lease reserves in the windows after the current one:
-    /// on a fixed window of at most [`AHEAD_WINDOW_MICROS`], when this
+    /// What the next lease reserves in the windows after the current one
+    /// (a sliding counter's: in the buckets after the current one, whose
+    /// length stands for the window here): on a window of at most
+    /// [`AHEAD_WINDOW_MICROS`], when this
     /// replica holds no reservation, the store had plenty left (half the
     /// limit), and a window's demand with its margin (see [`Held::size`])
-    /// is at most a [`KEEP_DIVISOR`]-th of the limit: that much in each of
+    /// is at most a [`KEEP_DIVISOR`]-th of the limit (a counter's: as seen
+    /// over at least a bucket): that much in each of
     /// the next [`Ahead::MAX_WINDOWS`] windows, so a limiter hit a few
     /// times a window asks the store once every few windows.
     pub(super) fn ahead(&self, now: u64, limit: u64) -> Ahead {
-        let w = self.id.window.micros();
-        if self.id.algorithm.spec().leasing != Leasing::Window
-            || w > AHEAD_WINDOW_MICROS
-            || !self.reserved.is_empty()
-            || !self.plenty(now, limit)
+        // A counter reserves in its buckets, `w / (n - 1)` each.
+        let w = match self.id.algorithm.spec().leasing {
+            Leasing::Window => self.id.window.micros(),
+            Leasing::Bucket => {
+                let spans = u64::from(self.id.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS)) - 1;
+                self.id.window.micros() / spans
+            }
+            _ => return Ahead::NONE,
+        };
+        if w > AHEAD_WINDOW_MICROS || !self.reserved.is_empty() || !self.plenty(now, limit) {
+            return Ahead::NONE;
+        }
+        // A counter's demand seen over less than a bucket says little of
+        // the next seven: its second hit would reserve at the rate of one
+        // gap, and a replica that then goes idle strands it all, each
+        // bucket's weighing in the next one too.
+        if self.id.algorithm.spec().leasing == Leasing::Bucket && now.saturating_sub(self.since) < w
         {
             return Ahead::NONE;
         }
@@ -491,11 +506,15 @@ impl Held {
 }
 
 /// The hits a lease asked `now` and answered (`d`) at `answered`
-/// reserved in the windows after its own: as many windows as the
-/// receipt's mark says, `ahead.hits` each, window `j` spendable from the
-/// `j`-th window start after the answer (the store's reset counted from
-/// the answer, never before the window's start) to its end counted from
-/// the ask (never after it).
+/// reserved in the windows (a counter's buckets) after its own: as many
+/// as its receipt says, `ahead.hits` each, the `j`-th spendable from its
+/// start as seen from the answer (never before it) to its end as seen
+/// from the ask (never after it). A fixed window's `j`-th window after
+/// the lease's starts `(j - 1) x w` after the store's reset; a counter's
+/// bucket `(j - 1) x w / (n - 1)` after the lease's bucket ends (the
+/// receipt's mark, rounded up). Each has a receipt naming its window and
+/// how far after the lease's it is, so that a give-back of it takes
+/// nothing after a reset in between ([`Receipt::reserved`]).
 pub(super) fn reservations(
     hit: &Hit<'_>,
     d: &Decision,
@@ -507,18 +526,38 @@ pub(super) fn reservations(
         return Vec::new();
     };
     let w = hit.window.micros();
-    (1..=r.mark.min(u64::from(Ahead::MAX_WINDOWS)))
+    let counter = hit.algorithm.spec().leasing == Leasing::Bucket;
+    let spans = if counter {
+        u64::from(hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS)) - 1
+    } else {
+        1
+    };
+    // Where the lease's own window (bucket) ends: at most `end_late`
+    // after the answer, at least `end_early` after the ask.
+    let (end_late, end_early) = if counter {
+        (r.mark, r.mark.saturating_sub(1))
+    } else {
+        (d.reset_micros, d.reset_micros)
+    };
+    (1..=r.ahead.min(Ahead::MAX_WINDOWS))
         .map(|j| Reserved {
             tokens: ahead.hits,
-            from: answered.saturating_add(d.reset_micros + (j - 1) * w),
-            until: now.saturating_add(d.reset_micros + j * w),
+            from: answered
+                .saturating_add(end_late)
+                .saturating_add((u64::from(j - 1) * w).div_ceil(spans)),
+            until: now
+                .saturating_add(end_early)
+                .saturating_add(u64::from(j) * w / spans),
             receipt: Receipt {
                 hits: ahead.hits,
-                at: r.at + j,
+                at: r.at + u64::from(j),
                 mark: 0,
+                ahead: 0,
+                reserved: j,
                 ..r
             },
         })
+        .filter(|r| r.from < r.until)
         .collect()
 }
 

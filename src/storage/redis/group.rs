@@ -84,6 +84,8 @@ impl RedisStore {
                         at: at as u64,
                         mark: mark as u64,
                         shard: hit.shard.index,
+                        ahead: 0,
+                        reserved: 0,
                     }),
                     _ => None,
                 };

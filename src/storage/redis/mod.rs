@@ -265,13 +265,15 @@ impl RedisStore {
 
     /// Runs a script for `expected` hits: one `{admitted, remaining,
     /// reset}` triple each, followed by a receipt `{hits, at, mark}` when
-    /// `receipt` (of `shard`) is asked for.
+    /// `receipt` (of `shard`) is asked for; a lone hit that reserved
+    /// ahead ([`scripts::ahead`]: `ahead` asked) then by the windows
+    /// reserved.
     async fn run(
         &self,
         slot: u16,
         call: Call,
         expected: usize,
-        receipt: Option<u16>,
+        (receipt, ahead): (Option<u16>, bool),
     ) -> Result<Vec<Decision>, StoreError> {
         let timeout = self.inner.command_timeout;
         // fred applies the same timeout per command; this one also bounds a
@@ -282,6 +284,17 @@ impl RedisStore {
         };
         let unexpected = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
         let width = if receipt.is_some() { 6 } else { 3 };
+        // A lease reserving ahead: one more value, the windows reserved.
+        let (reply, windows) = match reply.split_at_checked(6) {
+            Some((body, &[windows])) if ahead && receipt.is_some() && expected == 1 => {
+                let windows = u8::try_from(windows)
+                    .ok()
+                    .filter(|&r| r <= Ahead::MAX_WINDOWS)
+                    .ok_or_else(unexpected)?;
+                (body, windows)
+            }
+            _ => (&reply[..], 0),
+        };
         if reply.len() != width * expected {
             return Err(unexpected());
         }
@@ -301,6 +314,8 @@ impl RedisStore {
                                 at: u64::try_from(at).map_err(|_| unexpected())?,
                                 mark: u64::try_from(mark).map_err(|_| unexpected())?,
                                 shard,
+                                ahead: windows,
+                                reserved: 0,
                             }),
                             _ => None,
                         },
@@ -333,6 +348,13 @@ impl RedisStore {
         };
         call.args
             .extend([r.at.min(MAX_EXACT) as i64, r.mark.min(MAX_EXACT) as i64]);
+        if matches!(
+            hit.algorithm.spec().leasing,
+            Leasing::Window | Leasing::Bucket
+        ) {
+            // A reservation's: how many windows after its lease's it is.
+            call.args.push(i64::from(r.reserved));
+        }
         let timeout = self.inner.command_timeout;
         let reply = match tokio::time::timeout(timeout, self.call(slot, call)).await {
             Err(_) => return Err(StoreError::Timeout(timeout.as_millis() as u64)),
@@ -433,8 +455,9 @@ impl Store for RedisStore {
         }
         let (slot, call) = self.prepare(&hit, &[]);
         let receipt = hit.receipt.then_some(hit.shard.index);
+        let ahead = !hit.ahead.is_none();
         Box::pin(async move {
-            let mut decisions = self.run(slot, call, 1, receipt).await?;
+            let mut decisions = self.run(slot, call, 1, (receipt, ahead)).await?;
             decisions
                 .pop()
                 .ok_or_else(|| StoreError::Protocol("empty script reply".into()))
@@ -451,7 +474,7 @@ impl Store for RedisStore {
         }
         let (slot, call) = self.prepare(&hit, more);
         let receipt = hit.receipt.then_some(hit.shard.index);
-        Box::pin(self.run(slot, call, 1 + more.len(), receipt))
+        Box::pin(self.run(slot, call, 1 + more.len(), (receipt, false)))
     }
 
     fn undo<'a>(&'a self, hit: Hit<'a>, receipt: Receipt) -> BoxFuture<'a, Result<(), StoreError>> {

@@ -216,10 +216,13 @@ return out
 }
 
 /// Whether a call reserves hits ahead ([`Hit::ahead`]): a fixed window's
-/// lease with a receipt, alone, on a window of fixed length.
+/// or a sliding counter's lease with a receipt, alone, on a window of
+/// fixed length.
 pub(super) fn ahead(hit: &Hit<'_>, calendar: bool, more: &[Cost]) -> bool {
-    hit.algorithm.spec().leasing == Leasing::Window
-        && hit.receipt
+    matches!(
+        hit.algorithm.spec().leasing,
+        Leasing::Window | Leasing::Bucket
+    ) && hit.receipt
         && !hit.ahead.is_none()
         && !calendar
         && more.is_empty()
