@@ -827,10 +827,16 @@ async fn few_times_a_window(algorithm: Algorithm, most: f64) {
         shape.keys as u64 * windows * 3,
         c.local
     );
-    assert!(per < most, "{algorithm}: {per:.3} store calls per limiter and window");
+    assert!(
+        per < most,
+        "{algorithm}: {per:.3} store calls per limiter and window"
+    );
     let walked = c.walked as f64 / (shape.keys as u64 * windows) as f64;
     eprintln!("the walk looked at each limiter {walked:.1} times a window");
-    assert!(walked < 6.0, "{algorithm}: {walked:.1} looks per limiter and window");
+    assert!(
+        walked < 6.0,
+        "{algorithm}: {walked:.1} looks per limiter and window"
+    );
     assert!(c.reserved_hits > 0, "{algorithm}: {c:?}");
 }
 

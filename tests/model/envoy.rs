@@ -277,15 +277,15 @@ pub trait Observer {
     /// A bucket's filter after a change; `answered`: by an answer the
     /// ledger made (not a store failure's re-sent assignment).
     fn filter(&mut self, track: usize, now: u64, filter: &Filter, gained: f64, answered: bool);
-    /// `n` requests admitted at `now`; `allow_all`: under an `ALLOW_ALL`
-    /// assignment.
+    /// `n` requests offered from `since` to `now`, admitted at `now`;
+    /// `allow_all`: under an `ALLOW_ALL` assignment.
     #[allow(clippy::too_many_arguments)]
     fn admitted(
         &mut self,
         track: usize,
         key: &str,
         value: &str,
-        now: u64,
+        offered: (u64, u64),
         seq: usize,
         n: u64,
         allow_all: bool,
@@ -388,6 +388,7 @@ impl Envoy {
     ) {
         let dt = now.saturating_sub(self.last_tick);
         if dt >= TICK_MICROS || now >= self.next_report {
+            let since = self.last_tick;
             self.last_tick = now;
             for i in 0..self.buckets.len() {
                 let b = &mut self.buckets[i];
@@ -417,7 +418,15 @@ impl Envoy {
                 }
                 if admitted > 0 {
                     let allow_all = b.filter.allows_all(now);
-                    obs.admitted(b.track, &b.key, &b.value, now, seq, admitted, allow_all);
+                    obs.admitted(
+                        b.track,
+                        &b.key,
+                        &b.value,
+                        (since, now),
+                        seq,
+                        admitted,
+                        allow_all,
+                    );
                 }
                 obs.filter(
                     b.track,

@@ -56,6 +56,9 @@ pub struct Track {
     /// answer its share is forgotten by the store, and README lets its
     /// spending come on top of the limit.
     pub grace: bool,
+    /// When the last such grace ended: requests its filter was offered
+    /// before then came during it, whenever the filter decided them.
+    pub grace_ended: u64,
 }
 
 impl Track {

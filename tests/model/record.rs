@@ -287,8 +287,9 @@ impl Observer for Observe<'_> {
     ) {
         let t = &mut self.oracle.tracks[track];
         t.push(now, filter, gained);
-        if answered {
+        if answered && t.grace {
             t.grace = false;
+            t.grace_ended = now;
         }
     }
 
@@ -297,12 +298,16 @@ impl Observer for Observe<'_> {
         track: usize,
         key: &str,
         value: &str,
-        now: u64,
+        (since, now): (u64, u64),
         seq: usize,
         n: u64,
         allow_all: bool,
     ) {
-        if self.oracle.tracks[track].grace {
+        // Offered while the share was forgotten (the filter decides them
+        // when it next ticks, which may be after the answer that ends
+        // it): README's allowance.
+        let t = &self.oracle.tracks[track];
+        if t.grace || since < t.grace_ended {
             return;
         }
         self.admitted += n;
