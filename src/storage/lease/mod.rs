@@ -72,7 +72,14 @@
 //!   early) to its end as seen from when the lease was asked (never
 //!   late), so every hit spent from it falls in the window it counted
 //!   in. A key hit a few times a window asks the store about once every
-//!   eight windows instead of once in each.
+//!   eight windows instead of once in each. A sliding counter's lease
+//!   reserves so in its next seven buckets (of at most
+//!   [`AHEAD_WINDOW_MICROS`]), once its demand was seen over a bucket:
+//!   the store counts each from its bucket's start in every trailing
+//!   window it will weigh in, so the counter's bound holds however they
+//!   are spent. Each reservation's receipt says how many windows after
+//!   its lease's it is, so a give-back of it after a reset in between
+//!   takes nothing.
 //! - **One call at a time.** Hits that find the lease spent while the
 //!   next is on its way wait for that call (it ends however it ends: an
 //!   answer, an error, or its request dropped) and are then decided from
@@ -111,7 +118,8 @@
 //!   idle replica's kept lease (at most a [`KEEP_DIVISOR`]-th of the
 //!   limit, taken while half of it was left) is bounded the same way, and
 //!   so are its reservations, which are not given back: at most a
-//!   [`KEEP_DIVISOR`]-th of the limit in each of the next seven windows.
+//!   [`KEEP_DIVISOR`]-th of the limit in each of the next seven windows
+//!   (a counter's buckets).
 //!
 //! - **Bounded.** The layer holds at most `lease.max_limiters` limiters
 //!   ([`DEFAULT_MAX_LIMITERS`]), a share of it per map, so the values a
