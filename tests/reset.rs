@@ -862,3 +862,103 @@ async fn a_reservation_given_back_after_a_reset_takes_nothing_on_redis() {
         break;
     }
 }
+
+/// A reservation that became its window's count (a fixed window's, a
+/// sliding counter's bucket) and is then given back, after a reset that
+/// came between the lease and that window, takes nothing: the reset
+/// deleted it, and its receipt says its lease was taken a window before
+/// (`Receipt::reserved`), so the store refuses it as it refuses a
+/// give-back from before a reset. The window then admits its limit: 5
+/// hits, the give-back, and 5 more (8 if it had taken 3 off the 5).
+async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing(
+    store: &dyn Store,
+    algorithm: Algorithm,
+    next_window: impl std::future::Future<Output = ()>,
+) -> Option<u64> {
+    let entries = vec![("user".to_string(), unique_domain("reservedown"))];
+    let h = Hit {
+        algorithm,
+        ..fixed(&entries, 10, Unit::Second, 1)
+    };
+    let lease = Hit {
+        hits: 2,
+        receipt: true,
+        ahead: Ahead {
+            windows: 7,
+            hits: 3,
+        },
+        ..h
+    };
+    let old = store.hit(lease).await.unwrap().receipt.unwrap();
+    assert_eq!(old.ahead, 7, "{} {algorithm}: {old:?}", store.kind());
+    store.reset(h).await.unwrap();
+    next_window.await;
+    let first = admitted(store, h, 5).await;
+    let reserved = tollgate::storage::Receipt {
+        hits: 3,
+        at: old.at + 1,
+        mark: 0,
+        ahead: 0,
+        reserved: 1,
+        ..old
+    };
+    store.undo(lease, reserved).await.unwrap();
+    let rest = admitted(store, h, 20).await;
+    Some(first + rest).filter(|_| first == 5)
+}
+
+#[tokio::test]
+async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing_embedded() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let clock = ManualClock::at_secs(1_800_028_800);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let n = a_reservation_in_its_window_given_back_after_a_reset_takes_nothing(
+            &store,
+            algorithm,
+            async { clock.advance_secs(1) },
+        )
+        .await;
+        assert_eq!(n, Some(10), "{algorithm}: admitted in the reserved window");
+    }
+}
+
+/// The same on Redis, on its clock: the lease and the reset early in a
+/// second, the rest early in the next (a case that straddles is tried
+/// again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing_on_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(RedisConfig {
+        url: server.url(),
+        command_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    })
+    .await
+    .expect("valid settings");
+    assert!(store.wait_ready(Duration::from_secs(20)).await, "not ready");
+    let wall = || SystemClock.now_micros();
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        for attempt in 0.. {
+            assert!(attempt < 5, "{algorithm}: no attempt fit its seconds");
+            let into = wall() % 1_000_000;
+            tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
+            let second = wall() / 1_000_000;
+            let next = async {
+                tokio::time::sleep(Duration::from_micros(
+                    ((second + 1) * 1_000_000 + 20_000).saturating_sub(wall()),
+                ))
+                .await
+            };
+            let n = a_reservation_in_its_window_given_back_after_a_reset_takes_nothing(
+                &store, algorithm, next,
+            )
+            .await;
+            // The reset in the lease's second, the rest in the next one.
+            if wall() / 1_000_000 != second + 1 {
+                continue;
+            }
+            assert_eq!(n, Some(10), "{algorithm}: admitted in the reserved window");
+            break;
+        }
+    }
+}

@@ -242,11 +242,13 @@ impl Held {
         if w > AHEAD_WINDOW_MICROS || !self.reserved.is_empty() || !self.plenty(now, limit) {
             return Ahead::NONE;
         }
-        // A counter's demand seen over less than a bucket says little of
-        // the next seven: its second hit would reserve at the rate of one
-        // gap, and a replica that then goes idle strands it all, each
-        // bucket's weighing in the next one too.
-        if self.id.algorithm.spec().leasing == Leasing::Bucket && now.saturating_sub(self.since) < w
+        // A counter's demand seen over less than a bucket (or half the
+        // long-run span: its start falls behind by at least that once it
+        // has aged) says little of the next seven: its second hit would
+        // reserve at the rate of one gap, and a replica that then goes
+        // idle strands it all, each bucket's weighing in the next one too.
+        if self.id.algorithm.spec().leasing == Leasing::Bucket
+            && now.saturating_sub(self.since) < w.min(LONG_MICROS / 2)
         {
             return Ahead::NONE;
         }
