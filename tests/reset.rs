@@ -628,6 +628,33 @@ fn fixed<'a>(entries: &'a [(String, String)], limit: u64, unit: Unit, hits: u64)
     }
 }
 
+/// A lease of 2 hits on `h`'s limiter reserving 3 in each of the next
+/// seven windows.
+fn reserving(h: Hit<'_>) -> Hit<'_> {
+    Hit {
+        hits: 2,
+        receipt: true,
+        ahead: Ahead {
+            windows: 7,
+            hits: 3,
+        },
+        ..h
+    }
+}
+
+/// A Redis store on `server`, ready.
+async fn connect(server: &RedisServer) -> RedisStore {
+    let store = RedisStore::connect(RedisConfig {
+        url: server.url(),
+        command_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    })
+    .await
+    .expect("valid settings");
+    assert!(store.wait_ready(Duration::from_secs(20)).await, "not ready");
+    store
+}
+
 /// Hits of one until the first refusal (at most `most`): how many passed.
 async fn admitted(store: &dyn Store, h: Hit<'_>, most: u64) -> u64 {
     for n in 0..most {
@@ -678,14 +705,7 @@ async fn a_give_back_after_a_reset_takes_nothing_on_the_embedded_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_after_a_reset_takes_nothing_on_redis() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(RedisConfig {
-        url: server.url(),
-        command_timeout: Duration::from_millis(500),
-        ..RedisConfig::default()
-    })
-    .await
-    .expect("valid settings");
-    assert!(store.wait_ready(Duration::from_secs(20)).await, "not ready");
+    let store = connect(&server).await;
     a_give_back_after_a_reset_takes_nothing(&store).await;
 }
 
@@ -698,15 +718,7 @@ async fn a_reservation_given_back_after_a_reset_takes_nothing() {
     let store = MemoryStore::new(Arc::new(clock.clone()));
     let entries = vec![("user".to_string(), "reserved".to_string())];
     let h = fixed(&entries, 10, Unit::Second, 1);
-    let lease = Hit {
-        hits: 2,
-        receipt: true,
-        ahead: Ahead {
-            windows: 7,
-            hits: 3,
-        },
-        ..h
-    };
+    let lease = reserving(h);
     let old = store.hit(lease).await.unwrap().receipt.unwrap();
     store.reset(h).await.unwrap();
     let new = store.hit(lease).await.unwrap().receipt.unwrap();
@@ -811,14 +823,7 @@ async fn a_lease_asked_during_a_reset_is_not_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_given_back_after_a_reset_takes_nothing_on_redis() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(RedisConfig {
-        url: server.url(),
-        command_timeout: Duration::from_millis(500),
-        ..RedisConfig::default()
-    })
-    .await
-    .expect("valid settings");
-    assert!(store.wait_ready(Duration::from_secs(20)).await, "not ready");
+    let store = connect(&server).await;
     let wall = || SystemClock.now_micros();
     for attempt in 0.. {
         assert!(attempt < 5, "no attempt fit in one second");
@@ -827,15 +832,7 @@ async fn a_reservation_given_back_after_a_reset_takes_nothing_on_redis() {
         tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
         let entries = vec![("user".to_string(), unique_domain("reserved"))];
         let h = fixed(&entries, 10, Unit::Second, 1);
-        let lease = Hit {
-            hits: 2,
-            receipt: true,
-            ahead: Ahead {
-                windows: 7,
-                hits: 3,
-            },
-            ..h
-        };
+        let lease = reserving(h);
         let old = store.hit(lease).await.unwrap().receipt.unwrap();
         store.reset(h).await.unwrap();
         let new = store.hit(lease).await.unwrap().receipt.unwrap();
@@ -880,15 +877,7 @@ async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing(
         algorithm,
         ..fixed(&entries, 10, Unit::Second, 1)
     };
-    let lease = Hit {
-        hits: 2,
-        receipt: true,
-        ahead: Ahead {
-            windows: 7,
-            hits: 3,
-        },
-        ..h
-    };
+    let lease = reserving(h);
     let old = store.hit(lease).await.unwrap().receipt.unwrap();
     assert_eq!(old.ahead, 7, "{} {algorithm}: {old:?}", store.kind());
     store.reset(h).await.unwrap();
@@ -928,14 +917,7 @@ async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing_embe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing_on_redis() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(RedisConfig {
-        url: server.url(),
-        command_timeout: Duration::from_millis(500),
-        ..RedisConfig::default()
-    })
-    .await
-    .expect("valid settings");
-    assert!(store.wait_ready(Duration::from_secs(20)).await, "not ready");
+    let store = connect(&server).await;
     let wall = || SystemClock.now_micros();
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
         for attempt in 0.. {

@@ -15,7 +15,14 @@ async fn early_in_a_second() {
     }
 }
 
-async fn lease(store: &dyn Store, l: &Limiter, hits: u64, windows: u8, each: u64) -> Decision {
+/// A lease of `hits` on `l` reserving `each` in the next `windows`.
+pub(super) async fn lease(
+    store: &dyn Store,
+    l: &Limiter,
+    hits: u64,
+    windows: u8,
+    each: u64,
+) -> Decision {
     let hit = Hit {
         ahead: Ahead {
             windows,

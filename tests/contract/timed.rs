@@ -275,16 +275,7 @@ pub(super) async fn a_bucket_keeps_room_for_its_leases(store: &dyn Store) {
 /// back.
 pub(super) async fn a_lease_reserves_hits_ahead(store: &dyn Store) {
     let c = ctx(store, Algorithm::FixedWindow);
-    async fn lease(store: &dyn Store, l: &Limiter, hits: u64, windows: u8, each: u64) -> Decision {
-        let hit = Hit {
-            ahead: Ahead {
-                windows,
-                hits: each,
-            },
-            ..l.as_hit(hits, false)
-        };
-        store.hit(hit).await.unwrap()
-    }
+    use super::ahead::lease;
     // The four leases count from one window: on a busy machine they may
     // straddle two, and then the case starts again on a fresh limiter.
     let mut tries = 0;

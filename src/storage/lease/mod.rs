@@ -72,14 +72,11 @@
 //!   early) to its end as seen from when the lease was asked (never
 //!   late), so every hit spent from it falls in the window it counted
 //!   in. A key hit a few times a window asks the store about once every
-//!   eight windows instead of once in each. A sliding counter's lease
-//!   reserves so in its next seven buckets (of at most
-//!   [`AHEAD_WINDOW_MICROS`]), once its demand was seen over a bucket:
-//!   the store counts each from its bucket's start in every trailing
-//!   window it will weigh in, so the counter's bound holds however they
-//!   are spent. Each reservation's receipt says how many windows after
-//!   its lease's it is, so a give-back of it after a reset in between
-//!   takes nothing.
+//!   eight windows instead of once in each. A counter reserves so in its
+//!   next seven buckets, each counted from its start in every trailing
+//!   window it weighs in (the counter's bound holds however they are
+//!   spent); a reservation's receipt says how far after its lease's
+//!   window it is, so its give-back after a reset between takes nothing.
 //! - **One call at a time.** Hits that find the lease spent while the
 //!   next is on its way wait for that call (it ends however it ends: an
 //!   answer, an error, or its request dropped) and are then decided from
