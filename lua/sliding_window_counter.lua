@@ -120,6 +120,8 @@ for age = 0, n - 1 do
   if (tonumber(st[age + 2]) or 0) > 0 then held = true end
 end
 if last then held = true end
+-- The real now's bucket, for the expiry.
+local now_idx, now_elapsed = idx, elapsed
 if held and window > idx then
   idx = window
   elapsed = 0
@@ -228,10 +230,13 @@ local function save()
     if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
   end
   -- The expiry is the last reserved bucket's end (the current one's) plus
-  -- n - 1 buckets: a write in the bucket the key was last written in,
-  -- reserving nothing new, already set it (HSET keeps it).
+  -- n - 1 buckets, from the real now (after a step back, the bucket
+  -- written is still ahead of it): a write in the bucket the key was
+  -- last written in, reserving nothing new, already set it (HSET keeps
+  -- it).
   if window ~= idx or granted > 0 then
-    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(real((n + later) * w - elapsed) / 1000)))
+    local span = (n + later + idx - now_idx) * w - now_elapsed
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(real(span) / 1000)))
   end
 end
 

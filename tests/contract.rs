@@ -997,6 +997,31 @@ async fn a_window_ahead_of_the_clock_counts_on(store: &dyn Store, cli: impl Fn(&
         };
         assert_eq!(cli(&["HGET", &key, "c"]).trim(), count, "{c}");
     }
+    // A counter's lease reserving ahead in the bucket written: its key
+    // lives until the last reserved bucket (ten hours on) has left the
+    // trailing window, counted from the real now, not from the start of
+    // the bucket written.
+    let l = Limiter::receipts(
+        "window-ahead-reserve",
+        Algorithm::SlidingWindowCounter,
+        1_000,
+        Unit::Hour,
+    );
+    l.hit(store, 1).await;
+    let (key, _) = step_stored_window(&l, &cli, 3);
+    let d = ahead::lease(store, &l, 2, 7, 3).await;
+    assert_eq!(
+        d.receipt.map(|r| r.ahead),
+        Some(7),
+        "{}: {d:?}",
+        store.kind()
+    );
+    let ttl: u64 = cli(&["PTTL", &key]).trim().parse().expect("a TTL");
+    assert!(
+        ttl > 10 * 3_600_000,
+        "{}: the key expires in {ttl} ms, before its last reserved bucket ends",
+        store.kind()
+    );
 }
 
 /// A reset while the server's clock is stepped back, then a give-back of

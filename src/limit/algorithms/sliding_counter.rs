@@ -63,7 +63,7 @@ impl Embedded for Memory {
             hit,
             (r, reset_at),
             self.window,
-            &mut self.counts,
+            (&mut self.counts, &mut self.ahead),
         );
     }
 
@@ -394,10 +394,10 @@ fn undo(
     hit: &Hit<'_>,
     (r, reset_at): (&Receipt, Option<u64>),
     window: u64,
-    counts: &mut [u64],
+    (counts, ahead): (&mut [u64], &mut [u64]),
 ) {
     let n = hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS) as usize;
-    if counts.len() != n || r.at > window {
+    if counts.len() != n {
         return;
     }
     let spans = n as u64 - 1;
@@ -409,6 +409,18 @@ fn undo(
         return;
     }
     let idx = bucket(now);
+    if r.at > window {
+        // Hits reserved in a bucket the state has not been moved to: the
+        // script moves it there first, so they are taken back once that
+        // bucket has begun, while it still counts.
+        if r.at <= idx
+            && idx - r.at < n as u64
+            && let Some(a) = ahead.get_mut((r.at - window - 1) as usize)
+        {
+            *a = a.saturating_sub(r.hits);
+        }
+        return;
+    }
     // Buckets the state has not been moved past yet: the receipt's age
     // counts from the state's newest bucket, and one older than the
     // trailing window at `now` has stopped counting anyway.
