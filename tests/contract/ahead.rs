@@ -6,15 +6,6 @@
 
 use super::*;
 
-/// Waits until the wall clock is early in a second (a 1-second bucket of
-/// an epoch-aligned counter), as `timed` does.
-async fn early_in_a_second() {
-    let millis = (wall_micros() / 1_000) % 1_000;
-    if millis > 300 {
-        tokio::time::sleep(Duration::from_millis(1_010 - millis)).await;
-    }
-}
-
 /// A lease of `hits` on `l` reserving `each` in the next `windows`.
 pub(super) async fn lease(
     store: &dyn Store,
@@ -50,7 +41,7 @@ pub(super) async fn a_counter_reserves_hits_ahead(store: &dyn Store) {
             10,
             Unit::Second,
         );
-        early_in_a_second().await;
+        super::timed::early_in_a_second_by(300).await;
         let from = wall_micros();
         let a = lease(store, &l, 2, 9, 4).await;
         let b = lease(store, &l, 1, 3, 7).await;
@@ -60,8 +51,14 @@ pub(super) async fn a_counter_reserves_hits_ahead(store: &dyn Store) {
         }
         let to = wall_micros();
         tries += 1;
-        if from / 1_000_000 == to / 1_000_000 || tries == 5 {
+        if from / 1_000_000 == to / 1_000_000 {
             break (l, a, b, admitted, from / 1_000_000);
+        }
+        if tries == 5 {
+            // The calls straddled a bucket's end every time: what they
+            // admitted tells nothing.
+            eprintln!("{c}: no try kept its calls within one bucket");
+            return;
         }
     };
     let r = a.receipt.expect("a lease has a receipt");
@@ -74,7 +71,7 @@ pub(super) async fn a_counter_reserves_hits_ahead(store: &dyn Store) {
     assert_eq!(b.receipt.map(|r| r.ahead), Some(0), "{c}: {b:?}");
     assert_eq!(now_admitted, 3, "{c}: admitted beside the reservations");
 
-    // Into bucket `bucket + j`, `at_ms` early: hits until refused, and
+    // 20 ms into bucket `bucket + j`: 11 hits, how many admitted, and
     // how far into the bucket the last call came back.
     let (l, c) = (&l, &c);
     let hits_in = |j: u64| async move {

@@ -9,11 +9,16 @@ use super::*;
 /// does not straddle a 1-second window boundary (Redis runs on this
 /// machine's clock).
 async fn early_in_a_second() {
+    early_in_a_second_by(600).await
+}
+
+/// Waits until the wall clock is at most `latest` ms into a second.
+pub(super) async fn early_in_a_second_by(latest: u32) {
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
         .subsec_millis();
-    if millis > 600 {
+    if millis > latest {
         tokio::time::sleep(Duration::from_millis(u64::from(1_010 - millis))).await;
     }
 }
