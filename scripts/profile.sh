@@ -20,7 +20,8 @@
 # what the round trip costs), BENCH_BIN=path (skip the build),
 # SERVE_ENV="VAR=value ..." (environment of the server only, e.g.
 # TOKIO_WORKER_THREADS=1), ALGORITHM=fixed_window (or default: the rule
-# names none), UNIT=second, TOP=N (also list the N functions sampled most), CALLGRAPH=1 (record call
+# names none), UNIT=second, LEASE=false (or true: the rule's `lease`;
+# unset, the rule names none), TOP=N (also list the N functions sampled most), CALLGRAPH=1 (record call
 # stacks too, and show who calls memmove: a large future moved shows there). Needs redis-server and redis-cli; strace and perf
 # steps are skipped when the tool is missing or not permitted.
 
@@ -46,6 +47,7 @@ mkdir "$WORK/rules"
 ALGORITHM=${ALGORITHM:-fixed_window}
 named=", algorithm: $ALGORITHM"
 [[ $ALGORITHM == default ]] && named=""
+[[ -n ${LEASE:-} ]] && named+=", lease: $LEASE"
 cat >"$WORK/rules/bench.yaml" <<EOF
 domain: bench
 descriptors:

@@ -1678,10 +1678,23 @@ fn resident_bytes() -> u64 {
     pages * 4096
 }
 
+/// Values in the memory test of limiters holding reservations ahead: as
+/// many as the map holds, so that its table is as full as in the other.
+const AHEAD_VALUES: u64 = MEMORY_CAP;
+/// What a limiter's reservations may add to its resident memory at most:
+/// the lease layer's run of them and the embedded store's seven counts
+/// beside the counter's, about 80 bytes each with the allocator's own,
+/// and 40 for what seven passes leave free in the heap. (A lease call's
+/// channel kept for as long as the limiter took some 400 more.)
+const AHEAD_BYTES: u64 = 200;
+
 /// One side of the memory test, in a child process of its own (so the
-/// other side's allocations do not count): [`VALUES`] distinct values on
-/// a fixed window of 10 a minute through a leasing layer over the
-/// embedded store, leased or not; prints what resident memory grew by.
+/// other side's allocations do not count), leased or not (`lease`,
+/// `plain`): [`VALUES`] distinct values on a fixed window of 10 a minute
+/// through a leasing layer over the embedded store; or (`ahead-lease`,
+/// `ahead-plain`) [`AHEAD_VALUES`] values on a sliding counter of 100,000
+/// a minute, each hit every 20 s for two minutes, so that leases reserve
+/// ahead. Prints what resident memory grew by.
 #[tokio::test]
 async fn lease_memory_side() {
     let Ok(side) = std::env::var(MEMORY_SIDE) else {
@@ -1691,46 +1704,105 @@ async fn lease_memory_side() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(clock.clone()));
     let layer =
         Leasing::with_max_limiters(store, clock.clone() as Arc<dyn Clock>, MEMORY_CAP as usize);
+    let ahead = side.starts_with("ahead");
+    let lease = side.ends_with("lease");
     let shape = Shape {
-        algorithm: Algorithm::FixedWindow,
-        limit: 10,
+        algorithm: if ahead {
+            Algorithm::SlidingWindowCounter
+        } else {
+            Algorithm::FixedWindow
+        },
+        limit: if ahead { 100_000 } else { 10 },
         unit: Unit::Minute,
         keys: 1,
         step: 0,
         quiet: false,
     };
+    let (values, passes) = if ahead {
+        (AHEAD_VALUES, 7)
+    } else {
+        (VALUES, 1)
+    };
     let before = resident_bytes();
     let mut entries = vec![("api_key".to_string(), String::new())];
-    for i in 0..VALUES {
-        entries[0].1 = format!("key-{i:012}");
-        let d = layer
-            .hit(hit_of(shape, &entries, side == "lease"))
-            .await
-            .unwrap();
-        assert!(d.admitted, "value {i}: {d:?}");
-        clock.advance_micros(20);
+    for _ in 0..passes {
+        for i in 0..values {
+            entries[0].1 = format!("key-{i:012}");
+            let d = layer.hit(hit_of(shape, &entries, lease)).await.unwrap();
+            assert!(d.admitted, "value {i}: {d:?}");
+            clock.advance_micros(20);
+        }
+        if ahead {
+            clock.advance_micros(20_000_000 - values * 20);
+            layer.give_back_idle().await;
+        }
     }
-    // Past the cap a limiter is decided in the store, exactly.
-    entries[0].1 = "one-more".to_string();
-    let mut admitted = 0;
-    for _ in 0..15 {
-        admitted += u64::from(
-            layer
-                .hit(hit_of(shape, &entries, true))
-                .await
-                .unwrap()
-                .admitted,
-        );
+    if !ahead {
+        // Past the cap a limiter is decided in the store, exactly.
+        entries[0].1 = "one-more".to_string();
+        let mut admitted = 0;
+        for _ in 0..15 {
+            admitted += u64::from(
+                layer
+                    .hit(hit_of(shape, &entries, true))
+                    .await
+                    .unwrap()
+                    .admitted,
+            );
+        }
+        assert_eq!(admitted, 10, "{:?}", layer.counts());
     }
-    assert_eq!(admitted, 10, "{:?}", layer.counts());
     let c = layer.counts();
     println!(
-        "grew={} limiters={} past_cap={} bytes={}",
+        "grew={} limiters={} past_cap={} bytes={} reserving={} store_bytes={}",
         resident_bytes().saturating_sub(before),
         c.limiters,
         c.past_cap,
-        c.bytes
+        c.bytes,
+        c.reserving,
+        layer.gauges().bytes.unwrap_or(0)
     );
+}
+
+/// Runs one side of the memory test in a child process: (grew, limiters,
+/// past_cap, bytes, reserving, the store's bytes).
+fn memory_side(side: &str) -> (u64, u64, u64, u64, u64, u64) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "lease_memory_side",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(MEMORY_SIDE, side)
+        .output()
+        .expect("the test binary runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{side}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find_map(|l| l.find("grew=").map(|at| l[at..].to_string()))
+        .expect(&text);
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (
+        field("grew="),
+        field("limiters="),
+        field("past_cap="),
+        field("bytes="),
+        field("reserving="),
+        field("store_bytes="),
+    )
 }
 
 /// A client sending [`VALUES`] distinct values on a leased rule (random
@@ -1744,46 +1816,11 @@ async fn lease_memory_side() {
 /// per side, measured from /proc.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_s_values_keep_the_lease_map_bounded() {
-    let run = |side: &str| {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "lease_memory_side",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(MEMORY_SIDE, side)
-            .output()
-            .expect("the test binary runs");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{side}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = text
-            .lines()
-            .find_map(|l| l.find("grew=").map(|at| l[at..].to_string()))
-            .expect(&text);
-        let field = |name: &str| -> u64 {
-            line.split_whitespace()
-                .find_map(|f| f.strip_prefix(name))
-                .unwrap()
-                .parse()
-                .unwrap()
-        };
-        (
-            field("grew="),
-            field("limiters="),
-            field("past_cap="),
-            field("bytes="),
-        )
-    };
-    let (leased, limiters, past_cap, counted) = tokio::task::spawn_blocking(move || run("lease"))
-        .await
-        .unwrap();
-    let (plain, _, _, _) = tokio::task::spawn_blocking(move || run("plain"))
+    let (leased, limiters, past_cap, counted, ..) =
+        tokio::task::spawn_blocking(move || memory_side("lease"))
+            .await
+            .unwrap();
+    let (plain, ..) = tokio::task::spawn_blocking(move || memory_side("plain"))
         .await
         .unwrap();
     let extra = leased.saturating_sub(plain);
@@ -1813,6 +1850,45 @@ async fn a_client_s_values_keep_the_lease_map_bounded() {
         counted <= extra && counted * 10 >= extra * 7,
         "counted {counted} bytes of {extra}"
     );
+}
+
+/// Limiters holding reservations ahead (a sliding counter hit a few
+/// times a bucket) stay bounded too: each adds at most [`AHEAD_BYTES`] to
+/// what [`BYTES_PER_LIMITER`] allows, and `tollgate_lease_bytes` counts
+/// their runs. Resident memory of a child process per side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_ahead_keep_a_limiter_small() {
+    let (leased, limiters, _, counted, reserving, store_leased) =
+        tokio::task::spawn_blocking(move || memory_side("ahead-lease"))
+            .await
+            .unwrap();
+    let (plain, .., store_plain) = tokio::task::spawn_blocking(move || memory_side("ahead-plain"))
+        .await
+        .unwrap();
+    eprintln!("the store counts {store_leased} bytes leased, {store_plain} plain");
+    let extra = leased.saturating_sub(plain);
+    let per = extra / limiters.max(1);
+    eprintln!(
+        "{AHEAD_VALUES} values on a counter: leased +{:.1} MiB ({limiters} limiters held, \
+         {reserving} reserving, {:.1} MiB counted), plain +{:.1} MiB: {per} bytes a limiter",
+        leased as f64 / 1048576.0,
+        counted as f64 / 1048576.0,
+        plain as f64 / 1048576.0,
+    );
+    // The map's cap is per shard of it: a few values find theirs full.
+    assert!(
+        limiters * 100 >= AHEAD_VALUES * 98,
+        "{limiters} values held"
+    );
+    assert!(
+        reserving * 10 >= limiters * 8,
+        "{reserving} of {limiters} limiters hold reservations: the case measures nothing else"
+    );
+    assert!(
+        per <= BYTES_PER_LIMITER + AHEAD_BYTES,
+        "a reserving limiter takes {per} bytes: leased +{leased} bytes, plain +{plain}"
+    );
+    assert!(counted <= extra, "counted {counted} bytes of {extra}");
 }
 
 /// Leases are on by default: a rule naming no algorithm and no `lease`

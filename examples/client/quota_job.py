@@ -21,8 +21,10 @@ answer to a cost above the limit (waiting would never help).
 """
 
 import argparse
+import atexit
 import importlib
 import pathlib
+import shutil
 import sys
 import tempfile
 import time
@@ -35,6 +37,8 @@ PROTO = pathlib.Path(__file__).resolve().parents[2] / "proto"
 
 def load_stubs():
     out = tempfile.mkdtemp(prefix="tollgate-stubs-")
+    # The modules are imported at start, so the directory can go at exit.
+    atexit.register(shutil.rmtree, out, True)
     files = [str(p.relative_to(PROTO)) for p in PROTO.rglob("*.proto")]
     include = str(pathlib.Path(protoc.__file__).parent / "_proto")
     if protoc.main(["protoc", f"-I{PROTO}", f"-I{include}", f"--python_out={out}",

@@ -146,7 +146,7 @@ pub const SETTINGS: &[Setting] = &[
         "lease.max_limiters",
         Some("200000"),
         count(1, u64::MAX),
-        "leased limiters one replica holds leases and demand estimates of (about 370 bytes each, so some 75 MB at most at the default; `tollgate_lease_bytes` is what they take); past it a new limiter's hits go to the store as without leases (neither refused nor admitted unchecked), counted in `tollgate_lease_past_cap_hits_total`, until limiters idle for two minutes are forgotten",
+        "leased limiters one replica holds leases and demand estimates of (about 370 bytes each and 80 more while one holds reservations ahead, so some 90 MB at most at the default; `tollgate_lease_bytes` is what they take); past it a new limiter's hits go to the store as without leases (neither refused nor admitted unchecked), counted in `tollgate_lease_past_cap_hits_total`, until limiters idle for two minutes are forgotten",
     ),
     s(
         "shadow_mode",
@@ -459,7 +459,7 @@ pub const SETTINGS: &[Setting] = &[
         "memory.max_bytes",
         Some("134217728"),
         count(1 << 20, u64::MAX),
-        "estimated bytes the embedded store's limiters take (identities, state, log members, map overhead); least recently used evicted past it. 128 MiB, half the Helm chart's 256 MiB memory limit: the rest is for the runtime, connections, the over-limit cache, the lease layer (`lease.max_limiters`, some 75 MB at most by default, reached only by 200,000 limiters hit within two minutes) and the allocator's slack",
+        "estimated bytes the embedded store's limiters take (identities, state, log members, map overhead); least recently used evicted past it. 128 MiB, half the Helm chart's 256 MiB memory limit: the rest is for the runtime, connections, the over-limit cache, the lease layer (`lease.max_limiters`, some 90 MB at most by default, reached only by 200,000 limiters hit within two minutes) and the allocator's slack",
     ),
     s(
         "over_limit_cache.enabled",

@@ -26,10 +26,11 @@ pub struct LeaseCounts {
     /// Leased hits on limiters the layer had no room for
     /// (`lease.max_limiters`), decided in the store as without leases.
     pub past_cap: u64,
-    /// Limiters held now.
+    /// Limiters held now, and of them those holding reservations ahead.
     pub limiters: u64,
-    /// The memory they take: the maps' slots and walk queues, and the
-    /// limiters' keys.
+    pub reserving: u64,
+    /// The memory they take: the maps' slots and walk queues, the
+    /// limiters' keys and their reservations.
     pub bytes: u64,
 }
 
@@ -60,6 +61,7 @@ impl Counters {
             walked: c.walked.load(Ordering::Relaxed),
             past_cap: c.past_cap.load(Ordering::Relaxed),
             limiters: 0,
+            reserving: 0,
             bytes: 0,
         }
     }

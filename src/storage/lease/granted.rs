@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use tokio::sync::watch;
 
 use super::Leasing;
-use super::held::reservations;
 use super::hits::store_hit;
+use super::reserved::reservations;
 use crate::limit::algorithms::{Leasing as Leases, sliding_log};
 use crate::storage::{Ahead, Decision, Hit, Receipt, StoreError};
 
@@ -48,6 +48,7 @@ impl Leasing {
         self.with_held(hit, answered, |h| {
             h.tight_until = now.saturating_add(d.reset_micros);
             h.store_left = 0;
+            h.asking = None;
         });
         drop(asking);
         if size == hit.hits {
@@ -81,7 +82,7 @@ impl Leasing {
         } = asked;
         let until = lease_until(hit, &d, now);
         let reserved = reservations(hit, &d, ahead, now, answered);
-        let reserved_hits: u64 = reserved.iter().map(|r| r.tokens).sum();
+        let reserved_hits = reserved.hits();
         self.counters.taken.fetch_add(1, Ordering::Relaxed);
         self.counters
             .taken_hits
@@ -94,6 +95,8 @@ impl Leasing {
         // A lease asked concurrently may have landed meanwhile: the older
         // one's unused hits go back.
         let kept = self.with_held(hit, answered, |h| {
+            // The call is over: who waits on it holds the channel.
+            h.asking = None;
             // Under the map's lock, which a reset takes to forget the
             // lease after the store's reset: a lease asked before a reset
             // completed is either refused here or forgotten by it.
@@ -108,7 +111,10 @@ impl Leasing {
             h.store_left = d.remaining;
             h.store_left_until = now.saturating_add(d.reset_micros);
             h.leased_at = now;
-            h.reserved.extend(reserved);
+            let dropped = h.reserved.set(reserved);
+            self.counters
+                .expired_hits
+                .fetch_add(dropped, Ordering::Relaxed);
             Some((older, h.local_reset(now)))
         });
         let Some((older, reset)) = kept.flatten() else {

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::watch;
 
 use super::key::LeaseKey;
+use super::reserved::Reservations;
 use super::{
     AHEAD_WINDOW_MICROS, Counters, FORGET_MICROS, IDLE_MICROS, KEEP_DIVISOR, LEASE_SHARE,
     LONG_MICROS, MAX_HORIZON_MICROS, MAX_IDLE_MICROS, MAX_LEASE_DIVISOR, PLENTY_HITS, RECENT_HITS,
@@ -13,7 +14,7 @@ use super::{
 };
 use crate::limit::algorithms::Leasing;
 use crate::limit::{DEFAULT_BUCKETS, MAX_BUCKETS, effective_burst};
-use crate::storage::{Ahead, Decision, Hit, Receipt};
+use crate::storage::{Ahead, Receipt};
 
 /// One limiter's lease on this replica.
 pub(super) struct Held {
@@ -55,77 +56,6 @@ pub(super) struct Held {
     /// When the housekeeping walk looks at this limiter next: the time of
     /// its one live entry in its map's queue (`u64::MAX`: none).
     pub(super) queued: u64,
-}
-
-/// Hits a lease reserved in a window to come ([`Ahead`]), spent once that
-/// window has begun.
-pub(super) struct Reserved {
-    pub(super) tokens: u64,
-    /// Spendable from `from` until `until` (this replica's monotonic clock): from
-    /// the window's start as seen from when the lease's answer came, to
-    /// its end as seen from when the lease was asked, so every hit spent
-    /// from it falls in its window.
-    pub(super) from: u64,
-    pub(super) until: u64,
-    pub(super) receipt: Receipt,
-}
-
-/// A limiter's reservations, in window order: none for most limiters, so
-/// kept off the entry, in a thin pointer's room, until there are some.
-#[derive(Default)]
-#[expect(
-    clippy::box_collection,
-    reason = "a thin pointer: 8 bytes in every held limiter's slot, not a Vec's 24 or a boxed slice's 16"
-)]
-pub(super) struct Reservations(Option<Box<Vec<Reserved>>>);
-
-impl Reservations {
-    pub(super) fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Reserved> {
-        self.0.iter().flat_map(|v| v.iter())
-    }
-
-    /// Drops the list once it is empty: `None` is the only empty form.
-    fn settle(&mut self) {
-        if self.0.as_ref().is_some_and(|v| v.is_empty()) {
-            self.0 = None;
-        }
-    }
-
-    /// The first reservation, taken out if its window has begun at `now`.
-    fn take_first(&mut self, now: u64) -> Option<Reserved> {
-        let list = self.0.as_mut()?;
-        if list.first()?.from > now {
-            return None;
-        }
-        let first = list.remove(0);
-        self.settle();
-        Some(first)
-    }
-
-    pub(super) fn retain(&mut self, keep: impl FnMut(&Reserved) -> bool) {
-        if let Some(list) = self.0.as_mut() {
-            list.retain(keep);
-            self.settle();
-        }
-    }
-
-    pub(super) fn clear(&mut self) {
-        self.0 = None;
-    }
-
-    pub(super) fn extend(&mut self, more: Vec<Reserved>) {
-        if more.is_empty() {
-            return;
-        }
-        match self.0.as_mut() {
-            Some(list) => list.extend(more),
-            None => self.0 = Some(Box::new(more)),
-        }
-    }
 }
 
 impl Held {
@@ -186,7 +116,8 @@ impl Held {
         if let Some(back) = self.back_when_idle(now) {
             due = due.min(back);
         }
-        self.reserved.iter().fold(due, |d, r| d.min(r.until))
+        // Their ends come in order: the first's is the soonest.
+        self.reserved.first().map_or(due, |r| due.min(r.until))
     }
 
     /// When the lease goes back if unused until then, as its demand
@@ -209,13 +140,7 @@ impl Held {
             lapsed += std::mem::take(&mut self.tokens);
             self.receipt = None;
         }
-        self.reserved.retain(|r| {
-            let live = now < r.until;
-            if !live {
-                lapsed += r.tokens;
-            }
-            live
-        });
+        lapsed += self.reserved.lapse(now);
         counters.expired_hits.fetch_add(lapsed, Ordering::Relaxed);
     }
 
@@ -429,6 +354,19 @@ impl Held {
     }
 
     /// The lease call in flight on this limiter, if one is.
+    /// Drops the lease call's channel once the call is over: what waited
+    /// on it holds its own, and a channel kept would hold its memory for
+    /// as long as the limiter.
+    pub(super) fn drop_closed_ask(&mut self) {
+        if self
+            .asking
+            .as_ref()
+            .is_some_and(|rx| rx.has_changed().is_err())
+        {
+            self.asking = None;
+        }
+    }
+
     pub(super) fn in_flight(&self) -> Option<watch::Receiver<()>> {
         self.asking
             .as_ref()
@@ -505,62 +443,6 @@ impl Held {
             ..r
         })
     }
-}
-
-/// The hits a lease asked `now` and answered (`d`) at `answered`
-/// reserved in the windows (a counter's buckets) after its own: as many
-/// as its receipt says, `ahead.hits` each, the `j`-th spendable from its
-/// start as seen from the answer (never before it) to its end as seen
-/// from the ask (never after it). A fixed window's `j`-th window after
-/// the lease's starts `(j - 1) x w` after the store's reset; a counter's
-/// bucket `(j - 1) x w / (n - 1)` after the lease's bucket ends (the
-/// receipt's mark, rounded up). Each has a receipt naming its window and
-/// how far after the lease's it is, so that a give-back of it takes
-/// nothing after a reset in between ([`Receipt::reserved`]).
-pub(super) fn reservations(
-    hit: &Hit<'_>,
-    d: &Decision,
-    ahead: Ahead,
-    now: u64,
-    answered: u64,
-) -> Vec<Reserved> {
-    let Some(r) = d.receipt.filter(|_| !ahead.is_none()) else {
-        return Vec::new();
-    };
-    let w = hit.window.micros();
-    let counter = hit.algorithm.spec().leasing == Leasing::Bucket;
-    let spans = if counter {
-        u64::from(hit.buckets.clamp(DEFAULT_BUCKETS, MAX_BUCKETS)) - 1
-    } else {
-        1
-    };
-    // Where the lease's own window (bucket) ends: at most `end_late`
-    // after the answer, at least `end_early` after the ask.
-    let (end_late, end_early) = if counter {
-        (r.mark, r.mark.saturating_sub(1))
-    } else {
-        (d.reset_micros, d.reset_micros)
-    };
-    (1..=r.ahead.min(Ahead::MAX_WINDOWS))
-        .map(|j| Reserved {
-            tokens: ahead.hits,
-            from: answered
-                .saturating_add(end_late)
-                .saturating_add((u64::from(j - 1) * w).div_ceil(spans)),
-            until: now
-                .saturating_add(end_early)
-                .saturating_add(u64::from(j) * w / spans),
-            receipt: Receipt {
-                hits: ahead.hits,
-                at: r.at + u64::from(j),
-                mark: 0,
-                ahead: 0,
-                reserved: j,
-                ..r
-            },
-        })
-        .filter(|r| r.from < r.until)
-        .collect()
 }
 
 /// A demand with its margin: twice it and two hits, within a quarter more

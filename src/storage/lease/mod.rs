@@ -70,13 +70,14 @@
 //!   spent once its window has begun, from the window's start as seen
 //!   when the answer came (the store's reset counted from then, never
 //!   early) to its end as seen from when the lease was asked (never
-//!   late), so every hit spent from it falls in the window it counted
-//!   in. A key hit a few times a window asks the store about once every
-//!   eight windows instead of once in each. A counter reserves so in its
-//!   next seven buckets, each counted from its start in every trailing
-//!   window it weighs in (the counter's bound holds however they are
-//!   spent); a reservation's receipt says how far after its lease's
-//!   window it is, so its give-back after a reset between takes nothing.
+//!   late, by a replica's clock up to 100 ppm slow), so every hit spent
+//!   from it falls in its window. A key hit a few times a window asks the
+//!   store about once in eight windows. A counter reserves in its next
+//!   seven buckets, each counted from its start in every trailing window
+//!   it weighs in (its bound holds however they are spent). A
+//!   reservation's receipt says how far after its lease's window it is,
+//!   so its give-back after a reset between takes nothing. A limiter's
+//!   reservations are one run of fixed size, counted in its bytes.
 //! - **One call at a time.** Hits that find the lease spent while the
 //!   next is on its way wait for that call (it ends however it ends: an
 //!   answer, an error, or its request dropped) and are then decided from
@@ -150,6 +151,7 @@ mod granted;
 mod held;
 mod hits;
 mod key;
+mod reserved;
 mod walk;
 
 use counts::Counters;
@@ -203,9 +205,9 @@ const LONG_MICROS: u64 = 60_000_000;
 const FORGET_MICROS: u64 = 2 * LONG_MICROS;
 /// Limiters the layer holds at most, by default (`lease.max_limiters`):
 /// about 370 bytes each (a slot of its maps, its key's text, its place in
-/// the walk queue), so some 75 MB at most (measured in `tests/lease.rs`:
-/// a client's 150,000 values held 50,000 limiters in 17.5 MiB of
-/// resident memory beyond the same rule without leases).
+/// the walk queue) and 80 more while it holds reservations ahead, so some
+/// 90 MB at most (`tests/lease.rs` measures both beside the same rule
+/// without leases).
 pub const DEFAULT_MAX_LIMITERS: usize = 200_000;
 
 /// The leasing layer over any store. Cheap to share.
@@ -301,14 +303,15 @@ impl Leasing {
     }
 
     pub fn counts(&self) -> LeaseCounts {
-        let (mut limiters, mut bytes) = (0, 0);
-        for map in self.held.iter() {
-            let map = lock(map);
+        let (mut limiters, mut reserving, mut bytes) = (0, 0, 0);
+        for map in self.held.iter().map(lock) {
             limiters += map.len() as u64;
+            reserving += map.reserving() as u64;
             bytes += map.heap_bytes() as u64;
         }
         LeaseCounts {
             limiters,
+            reserving,
             bytes,
             ..self.counters.read()
         }
@@ -434,9 +437,7 @@ impl Leasing {
     /// Forgets this replica's lease of `hit`'s limiter, if it holds one.
     fn forget(&self, hit: &Hit<'_>) {
         self.existing(hit, |h| {
-            h.tokens = 0;
-            h.receipt = None;
-            h.tight_until = 0;
+            (h.tokens, h.receipt, h.tight_until) = (0, None, 0);
             h.reserved.clear();
         });
     }

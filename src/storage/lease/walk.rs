@@ -19,6 +19,7 @@ use hashbrown::HashTable;
 
 use super::held::Held;
 use super::key::LeaseKey;
+use super::reserved::Reservations;
 use super::{FORGET_MICROS, Leasing};
 use crate::storage::{Cost, Hit};
 
@@ -36,6 +37,16 @@ pub(super) struct Shard {
     queue: BinaryHeap<Reverse<(u64, u64)>>,
     /// The bytes of the keys' text ([`LeaseKey::heap_bytes`]).
     text_bytes: usize,
+    /// The bytes of the limiters' reservations ([`Reservations::heap_bytes`]).
+    reserved_bytes: usize,
+}
+
+/// `f` on `h`, its reservations' bytes kept in `bytes`.
+fn counting<T>(bytes: &mut usize, h: &mut Held, f: impl FnOnce(&mut Held) -> T) -> T {
+    let before = h.reserved.heap_bytes();
+    let out = f(h);
+    *bytes = (*bytes + h.reserved.heap_bytes()).saturating_sub(before);
+    out
 }
 
 pub(super) type HeldMap = Mutex<Shard>;
@@ -69,7 +80,8 @@ impl Shard {
                 .insert_unique(fingerprint, Held::new(fingerprint, key), |h| h.fingerprint);
         }
         let h = self.limiters.find_mut(fingerprint, found)?;
-        let out = f(h);
+        let out = counting(&mut self.reserved_bytes, h, f);
+        h.drop_closed_ask();
         let due = h.due(now);
         if due < h.queued {
             h.queued = due;
@@ -87,11 +99,10 @@ impl Shard {
         hit: &Hit<'_>,
         f: impl FnOnce(&mut Held) -> T,
     ) -> Option<T> {
-        self.limiters
-            .find_mut(fingerprint, |h| {
-                h.fingerprint == fingerprint && h.id.is(hit)
-            })
-            .map(f)
+        let h = self.limiters.find_mut(fingerprint, |h| {
+            h.fingerprint == fingerprint && h.id.is(hit)
+        })?;
+        Some(counting(&mut self.reserved_bytes, h, f))
     }
 
     /// Forgets every limiter.
@@ -99,6 +110,7 @@ impl Shard {
         self.limiters.clear();
         self.queue.clear();
         self.text_bytes = 0;
+        self.reserved_bytes = 0;
     }
 
     /// Limiters held.
@@ -106,12 +118,18 @@ impl Shard {
         self.limiters.len()
     }
 
-    /// The heap bytes the map holds: its table's slots, its queue's and
-    /// the keys' text.
+    /// Limiters holding reservations.
+    pub(super) fn reserving(&self) -> usize {
+        self.reserved_bytes / Reservations::RUN_BYTES
+    }
+
+    /// The heap bytes the map holds: its table's slots, its queue's, the
+    /// keys' text and the reservations.
     pub(super) fn heap_bytes(&self) -> usize {
         self.limiters.capacity() * (std::mem::size_of::<Held>() + 1)
             + self.queue.capacity() * std::mem::size_of::<Reverse<(u64, u64)>>()
             + self.text_bytes
+            + self.reserved_bytes
     }
 
     /// The earliest queued time (`u64::MAX`: nothing queued).
@@ -146,7 +164,8 @@ impl Leasing {
                     }
                     walked += 1;
                     h.queued = u64::MAX;
-                    h.lapse(now, &self.counters);
+                    counting(&mut map.reserved_bytes, h, |h| h.lapse(now, &self.counters));
+                    h.drop_closed_ask();
                     let ended = h.back_at_end() && h.tokens > 0 && now >= h.until;
                     if (ended || h.back_when_idle(now).is_some_and(|back| now >= back))
                         && let Some(r) = h.take_unused(now, &self.counters)
