@@ -41,7 +41,7 @@
 -- the windows reserved again (as the counter's script answers). Undo
 -- returns {1}.
 -- After a reset (src/storage/redis/reset.rs) the hash holds `x`: when
--- it was reset (microseconds), kept until the seventh window after the
+-- it was reset (microseconds), kept until the eighth window after the
 -- reset's ends, so that a give-back recorded before it takes nothing off
 -- the fresh count.
 -- The hash also holds, where a lease reserved hits ahead, `r<index>`: hits

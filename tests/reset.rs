@@ -911,6 +911,100 @@ async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing_embe
     }
 }
 
+/// A counter of two buckets takes a receipt back while its bucket is in
+/// the trailing window, so a bucket after its own: the last reservation
+/// a lease made before a reset (seven buckets on), given back in the
+/// bucket after its own, takes nothing off what was counted in its
+/// bucket after the reset. (The reset's mark lived until the seventh
+/// window after the reset's ended, a bucket short: the give-back took
+/// 3 of the 5 counted there, and 8 more were admitted instead of 5.)
+/// `to(k)` waits until `k` buckets (seconds) after the lease's.
+async fn the_last_reservation_given_back_a_bucket_late_after_a_reset_takes_nothing<F>(
+    store: &dyn Store,
+    to: impl Fn(u64) -> F,
+) -> Option<u64>
+where
+    F: std::future::Future<Output = ()>,
+{
+    let entries = vec![("user".to_string(), unique_domain("reservelate"))];
+    let h = Hit {
+        algorithm: Algorithm::SlidingWindowCounter,
+        ..fixed(&entries, 10, Unit::Second, 1)
+    };
+    let lease = reserving(h);
+    let old = store.hit(lease).await.unwrap().receipt.unwrap();
+    assert_eq!(old.ahead, 7, "{}: {old:?}", store.kind());
+    store.reset(h).await.unwrap();
+    to(7).await;
+    let counted = admitted(store, h, 5).await;
+    to(8).await;
+    let last = tollgate::storage::Receipt {
+        hits: 3,
+        at: old.at + 7,
+        mark: 0,
+        ahead: 0,
+        reserved: 7,
+        ..old
+    };
+    store.undo(lease, last).await.unwrap();
+    let after = admitted(store, h, 20).await;
+    Some(after).filter(|_| counted == 5)
+}
+
+#[tokio::test]
+async fn the_last_reservation_given_back_a_bucket_late_after_a_reset_takes_nothing_embedded() {
+    let clock = ManualClock::at_secs(1_800_028_800);
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let start = clock.now_micros();
+    let n =
+        the_last_reservation_given_back_a_bucket_late_after_a_reset_takes_nothing(&store, |k| {
+            clock.advance_micros((start + k * 1_000_000).saturating_sub(clock.now_micros()));
+            std::future::ready(())
+        })
+        .await;
+    assert_eq!(
+        n,
+        Some(5),
+        "the bucket's 5 still count at the next one's start"
+    );
+}
+
+/// The same on Redis, on its clock. There `x` is a field of the state
+/// hash, which the hits after the reset keep alive: the script and the
+/// embedded store must agree on the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_reservation_given_back_a_bucket_late_after_a_reset_takes_nothing_on_redis() {
+    let server = RedisServer::start();
+    let store = connect(&server).await;
+    let wall = || SystemClock.now_micros();
+    for attempt in 0.. {
+        assert!(attempt < 3, "no attempt fit its seconds");
+        let into = wall() % 1_000_000;
+        tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
+        let second = wall() / 1_000_000;
+        let n = the_last_reservation_given_back_a_bucket_late_after_a_reset_takes_nothing(
+            &store,
+            |k| {
+                tokio::time::sleep(Duration::from_micros(
+                    ((second + k) * 1_000_000 + 20_000).saturating_sub(wall()),
+                ))
+            },
+        )
+        .await;
+        // Each step in its second: the last in the eighth after the lease's.
+        if wall() / 1_000_000 != second + 8 {
+            continue;
+        }
+        // Early in the bucket, the one before still weighs 0.98 or more.
+        assert_eq!(
+            n,
+            Some(5),
+            "the bucket's 5 still count at the next one's start"
+        );
+        break;
+    }
+}
+
 /// The same on Redis, on its clock: the lease and the reset early in a
 /// second, the rest early in the next (a case that straddles is tried
 /// again).

@@ -99,9 +99,10 @@ struct Shard {
     /// Nodes of removed limiters: hashlink keeps them for the next insert
     /// and frees them only in `shrink_to_fit`, so they still take memory.
     spare_nodes: usize,
-    /// Fixed windows reset here, by key: when (microseconds), and until
-    /// when that matters (the end of the seventh window after the reset's,
-    /// the last a hit reserved before it may name). A give-back recorded
+    /// Fixed windows and counters reset here, by key: when (microseconds),
+    /// and until when that matters (the end of the eighth window after the
+    /// reset's: a hit reserved before it may name the seventh, and a
+    /// counter takes one back a bucket after its own). A give-back recorded
     /// before the reset finds its count gone: see [`undo::fixed_window`].
     /// Few (a reset is an operator's call) and swept with the limiters.
     resets: std::collections::HashMap<String, (u64, u64)>,
@@ -394,8 +395,11 @@ impl MemoryStore {
         let reset = hit.algorithm.spec().reset;
         if reset == Reset::MarkWindow {
             let span = hit.window.span(at);
+            // As the script's: until the eighth window after the reset's
+            // ends (reservations reach the seventh; a counter's receipt
+            // is taken back a bucket after its own).
             let ahead = match hit.window.zone() {
-                None => fixed_window::AHEAD as u64 * hit.window.micros(),
+                None => (fixed_window::AHEAD as u64 + 1) * hit.window.micros(),
                 Some(_) => 0,
             };
             shard

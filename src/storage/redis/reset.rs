@@ -20,9 +20,12 @@ pub(super) const RESET_POLL: Duration = Duration::from_millis(200);
 
 /// A fixed window's or a sliding counter's reset: its keys deleted, and
 /// its state hash left holding `x`, when it was reset (the server's
-/// clock), until the seventh window after the reset's ends, so that a
+/// clock), until the eighth window after the reset's ends, so that a
 /// give-back recorded before the reset takes nothing off the fresh count
-/// (see `lua/fixed_window.lua` and `lua/sliding_window_counter.lua`).
+/// (see `lua/fixed_window.lua` and `lua/sliding_window_counter.lua`): a
+/// reservation reaches seven windows on (a counter of two buckets: seven
+/// buckets, a window each), and a counter's receipt is taken back while
+/// its bucket is in the trailing window, a bucket more.
 ///
 /// When the stored window (a counter's bucket) starts after now, the
 /// server's clock stepped back: `x` is that start instead, so that a
@@ -51,7 +54,7 @@ if w > 0 and sw then
   local from = q * w + math.ceil(((sw - q * spans) * w - tonumber(ARGV[4])) / spans)
   if from > x then x = from end
 end
-if w > 0 then life = (math.floor(x / w) + 8) * w - now end
+if w > 0 then life = (math.floor(x / w) + 9) * w - now end
 redis.call('HSET', KEYS[1], 'x', string.format('%d', x))
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(life / 1000)))
 return 1
