@@ -242,13 +242,19 @@ end
 
 local dirty = false
 
--- Refused: the first bucket (k buckets on) where the full ones fit a hit of
--- `cost`, then the moment in it when the oldest has lost enough weight:
+-- Refused: the first bucket (k buckets on) where the full ones, and what
+-- is reserved up to it, fit a hit of `cost`, and so does each window to
+-- come that it weighs in (where buckets after it hold reservations), then
+-- the moment in it when the oldest has lost enough weight:
 -- oldest * (w - e) / w <= room  holds from  e = w - floor(w * room / oldest).
 local function wait_for(cost)
   local need = limit - cost
   for k = 0, n - 1 do
     local full = sum_full(n - 1 - k)
+    for x = idx + 1, idx + k do full = full + (rv[x] or 0) end
+    for y = k + 1, math.min(k + n - 1, later) do
+      if span(y) + cost > limit then full = need + 1 end
+    end
     if full <= need then
       local oldest = counts[n - k]
       local at = 0

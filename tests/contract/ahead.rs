@@ -34,7 +34,7 @@ pub(super) async fn lease(
 pub(super) async fn a_counter_reserves_hits_ahead(store: &dyn Store) {
     let c = ctx(store, Algorithm::SlidingWindowCounter);
     let mut tries = 0;
-    let (l, a, b, now_admitted, bucket) = loop {
+    let (l, a, b, now_admitted, refused, to, bucket) = loop {
         let l = Limiter::receipts(
             "counterahead",
             Algorithm::SlidingWindowCounter,
@@ -46,13 +46,18 @@ pub(super) async fn a_counter_reserves_hits_ahead(store: &dyn Store) {
         let a = lease(store, &l, 2, 9, 4).await;
         let b = lease(store, &l, 1, 3, 7).await;
         let mut admitted = 0;
+        let mut refused = None;
         for _ in 0..11 {
-            admitted += u64::from(l.hit(store, 1).await.admitted);
+            let d = l.hit(store, 1).await;
+            admitted += u64::from(d.admitted);
+            if !d.admitted {
+                refused = Some(d);
+            }
         }
         let to = wall_micros();
         tries += 1;
         if from / 1_000_000 == to / 1_000_000 {
-            break (l, a, b, admitted, from / 1_000_000);
+            break (l, a, b, admitted, refused, to, from / 1_000_000);
         }
         if tries == 5 {
             // The calls straddled a bucket's end every time: what they
@@ -70,6 +75,15 @@ pub(super) async fn a_counter_reserves_hits_ahead(store: &dyn Store) {
     assert!(b.admitted, "{c}: {b:?}");
     assert_eq!(b.receipt.map(|r| r.ahead), Some(0), "{c}: {b:?}");
     assert_eq!(now_admitted, 3, "{c}: admitted beside the reservations");
+    // A refused hit is told to wait at least until the next bucket: no
+    // moment in this one admits it, the window that starts then holding
+    // its 6 and the next bucket's 4 already.
+    let refused = refused.expect("hits refused");
+    assert!(
+        to + refused.reset_micros >= (bucket + 1) * 1_000_000,
+        "{c}: told to come back {} µs after a call before {to}, in bucket {bucket}: {refused:?}",
+        refused.reset_micros
+    );
 
     // 20 ms into bucket `bucket + j`: 11 hits, how many admitted, and
     // how far into the bucket the last call came back.

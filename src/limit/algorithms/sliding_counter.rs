@@ -312,15 +312,24 @@ impl Buckets {
     }
 
     /// The script's `wait_for`: refused, the first bucket (j buckets on)
-    /// where the full ones fit a hit of `cost`, then the moment in it when
+    /// where the full ones, and what is reserved up to it, fit a hit of
+    /// `cost`, and so does each window to come that it weighs in (where
+    /// buckets after it hold reservations), then the moment in it when
     /// the oldest has lost enough weight: oldest x (w - e) / w <= room
     /// holds from e = w - floor(w x room / oldest).
-    fn wait_for(&self, counts: &[u64], cost: u64) -> u64 {
+    fn wait_for(&self, counts: &[u64], ahead: &[u64], cost: u64) -> u64 {
         let (n, w) = (self.n, self.w);
         let wf = w as f64;
         let need = (self.limit - cost) as f64;
         for j in 0..n {
-            let full: u64 = counts[..n - 1 - j].iter().sum();
+            let later = (j + n - 1).min(ahead.len());
+            if (j + 1..=later)
+                .any(|y| self.span(counts, ahead, y).saturating_add(cost) > self.limit)
+            {
+                continue;
+            }
+            let reserved: u64 = ahead[..j.min(ahead.len())].iter().sum();
+            let full = counts[..n - 1 - j].iter().sum::<u64>() + reserved;
             if full as f64 > need {
                 continue;
             }
@@ -374,9 +383,13 @@ impl Buckets {
             // Recorded all the same; refused until a check would pass.
             counts[0] = counts[0].saturating_add(hit.hits).min(MAX_COUNT);
             let est = self.fullest(counts, ahead);
-            return decision(false, self.remaining(est), self.wait_for(counts, 0));
+            return decision(false, self.remaining(est), self.wait_for(counts, ahead, 0));
         }
-        decision(false, self.remaining(est), self.wait_for(counts, hit.hits))
+        decision(
+            false,
+            self.remaining(est),
+            self.wait_for(counts, ahead, hit.hits),
+        )
     }
 }
 
