@@ -642,6 +642,12 @@ fn reserving(h: Hit<'_>) -> Hit<'_> {
     }
 }
 
+/// Sleeps until 20 ms into the next second of the wall clock (Redis's).
+async fn early_in_a_second() {
+    let into = SystemClock.now_micros() % 1_000_000;
+    tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
+}
+
 /// A Redis store on `server`, ready.
 async fn connect(server: &RedisServer) -> RedisStore {
     let store = RedisStore::connect(RedisConfig {
@@ -827,9 +833,7 @@ async fn a_reservation_given_back_after_a_reset_takes_nothing_on_redis() {
     let wall = || SystemClock.now_micros();
     for attempt in 0.. {
         assert!(attempt < 5, "no attempt fit in one second");
-        // Early in a second.
-        let into = wall() % 1_000_000;
-        tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
+        early_in_a_second().await;
         let entries = vec![("user".to_string(), unique_domain("reserved"))];
         let h = fixed(&entries, 10, Unit::Second, 1);
         let lease = reserving(h);
@@ -979,8 +983,7 @@ async fn the_last_reservation_given_back_a_bucket_late_after_a_reset_takes_nothi
     let wall = || SystemClock.now_micros();
     for attempt in 0.. {
         assert!(attempt < 3, "no attempt fit its seconds");
-        let into = wall() % 1_000_000;
-        tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
+        early_in_a_second().await;
         let second = wall() / 1_000_000;
         let n = the_last_reservation_given_back_a_bucket_late_after_a_reset_takes_nothing(
             &store,
@@ -1016,8 +1019,7 @@ async fn a_reservation_in_its_window_given_back_after_a_reset_takes_nothing_on_r
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
         for attempt in 0.. {
             assert!(attempt < 5, "{algorithm}: no attempt fit its seconds");
-            let into = wall() % 1_000_000;
-            tokio::time::sleep(Duration::from_micros(1_000_000 - into + 20_000)).await;
+            early_in_a_second().await;
             let second = wall() / 1_000_000;
             let next = async {
                 tokio::time::sleep(Duration::from_micros(
