@@ -252,10 +252,11 @@ local function wait_for(cost)
   for k = 0, n - 1 do
     local full = sum_full(n - 1 - k)
     for x = idx + 1, idx + k do full = full + (rv[x] or 0) end
+    local fits = full <= need
     for y = k + 1, math.min(k + n - 1, later) do
-      if span(y) + cost > limit then full = need + 1 end
+      if span(y) + cost > limit then fits = false end
     end
-    if full <= need then
+    if fits then
       local oldest = counts[n - k]
       local at = 0
       if oldest > 0 then at = w - math.min(math.floor(w * (need - full) / oldest), w) end

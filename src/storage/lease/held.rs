@@ -353,10 +353,10 @@ impl Held {
         }
     }
 
-    /// The lease call in flight on this limiter, if one is.
     /// Drops the lease call's channel once the call is over: what waited
     /// on it holds its own, and a channel kept would hold its memory for
-    /// as long as the limiter.
+    /// as long as the limiter. (A call that ends in a lease or a refusal
+    /// drops it itself; this is for one that failed or was cut.)
     pub(super) fn drop_closed_ask(&mut self) {
         if self
             .asking
@@ -367,6 +367,7 @@ impl Held {
         }
     }
 
+    /// The lease call in flight on this limiter, if one is.
     pub(super) fn in_flight(&self) -> Option<watch::Receiver<()>> {
         self.asking
             .as_ref()

@@ -81,7 +81,6 @@ impl Shard {
         }
         let h = self.limiters.find_mut(fingerprint, found)?;
         let out = counting(&mut self.reserved_bytes, h, f);
-        h.drop_closed_ask();
         let due = h.due(now);
         if due < h.queued {
             h.queued = due;
