@@ -74,6 +74,31 @@ pub async fn away_from_an_hour_boundary() {
     tokio::time::sleep(wait_past_an_hour_boundary()).await;
 }
 
+/// Waits, when fewer than `span` are left in the current UTC hour, until
+/// the next hour has begun, so that `span` from now stays in one
+/// hour-long window. Returns the hour (since the epoch) it stays in: a
+/// caller whose work ran longer than `span` compares it with
+/// [`hour_now`] after it, to know what its check may assume.
+pub async fn within_one_hour(span: std::time::Duration) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let left = 3_600_000 - (now.as_millis() as u64) % 3_600_000;
+    if u128::from(left) < span.as_millis() {
+        tokio::time::sleep(std::time::Duration::from_millis(left + 1_000)).await;
+    }
+    hour_now()
+}
+
+/// The current UTC hour, counted from the epoch.
+pub fn hour_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600
+}
+
 /// Waits, within the last two minutes of a UTC day, until the next day
 /// has begun: the next two minutes stay in one day-long window.
 pub async fn away_from_a_day_boundary() {
